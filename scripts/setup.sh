@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Idempotent machine setup for ebpflb on Debian 12 (run as root, from the repo root).
+#
+# 1. Debian packages: BCC (python3-bpfcc, libbpfcc), bpftool, kernel headers, iproute2.
+# 2. /lib/modules/$(uname -r)/{build,source} links when the running kernel ships no headers:
+#    BCC compiles at start-up and needs them; Debian's newest linux-headers-*-amd64 work for
+#    the structs the programs use (uapi bpf.h, in.h).
+# 3. bpffs at /sys/fs/bpf.
+# 4. .venv on Debian's python3 with the `bcc` module made visible by a .pth file (never the
+#    unrelated PyPI package "bcc"), and this package installed editable with its test extras.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+venv="$repo/.venv"
+python=/usr/bin/python3
+
+log() { printf 'setup: %s\n' "$*"; }
+
+[ "$(id -u)" = 0 ] || { echo "setup: must run as root (installs packages, links headers, mounts bpffs)" >&2; exit 1; }
+
+packages=(python3-bpfcc libbpfcc bpftool linux-headers-amd64 iproute2 iptables nftables
+          python3-venv util-linux procps kmod)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+kernel=$(uname -r)
+moddir=/lib/modules/$kernel
+if [ ! -e "$moddir/build/include/generated/autoconf.h" ] && [ ! -e "$moddir/build/Makefile" ]; then
+    # Newest installed Debian header set: linux-headers-<ver>-amd64 (+ its -common).
+    hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | grep -v -e '-rt-' -e '-cloud-' | sort -V | tail -n 1)
+    [ -n "$hdr" ] || { echo "setup: no /usr/src/linux-headers-*-amd64 after installing linux-headers-amd64" >&2; exit 1; }
+    common=${hdr%-amd64}-common
+    [ -d "$common" ] || { echo "setup: $common missing" >&2; exit 1; }
+    mkdir -p "$moddir"
+    ln -sfn "$hdr" "$moddir/build"
+    ln -sfn "$common" "$moddir/source"
+    log "linked $moddir/build -> $hdr (running kernel $kernel has no headers package)"
+fi
+
+if ! awk '$3 == "bpf" && $2 == "/sys/fs/bpf" {found=1} END {exit !found}' /proc/mounts; then
+    mount -t bpf bpf /sys/fs/bpf
+    log "mounted bpffs at /sys/fs/bpf"
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+    log "creating $venv"
+    "$python" -m venv "$venv"
+fi
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+bcc_dir=$("$python" -c 'import bcc, os; print(os.path.dirname(os.path.dirname(bcc.__file__)))')
+# Expose only Debian's bcc package: a directory holding a link to it, put on sys.path by a .pth.
+mkdir -p "$venv/debian-bcc"
+ln -sfn "$bcc_dir/bcc" "$venv/debian-bcc/bcc"
+echo "$venv/debian-bcc" > "$site/debian-bcc.pth"
+
+stamp="$venv/.installed-$(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
+if [ ! -e "$stamp" ]; then
+    log "installing ebpflb (editable) and its dependencies"
+    "$venv/bin/pip" install -q --disable-pip-version-check -e "$repo[test]"
+    rm -f "$venv"/.installed-*
+    touch "$stamp"
+fi
+"$venv/bin/python" -c 'import bcc, ebpflb' || { echo "setup: venv cannot import bcc/ebpflb" >&2; exit 1; }
+log "ready: $venv/bin/ebpflb"
