@@ -1,0 +1,108 @@
+/* Load-balancing helpers shared by the socket programs (and later the tc/xdp programs):
+ * frontend lookup, Maglev slot -> backend selection, refusal, socket reverse entries. */
+#ifndef EBPFLB_LB_H
+#define EBPFLB_LB_H
+
+#include <linux/errno.h>
+#include "maps.h"
+
+static __always_inline void stat_inc(__u32 idx)
+{
+	__u64 *count = ebpflb_stats.lookup(&idx);
+
+	if (count)
+		*count += 1; /* per-CPU slot: no atomic needed */
+}
+
+/* Finalizer of MurmurHash3 (fmix64): spreads sequential socket cookies over all slots. */
+static __always_inline __u32 mix64(__u64 x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	x ^= x >> 33;
+	return (__u32)x;
+}
+
+static __always_inline struct lb4_svc_val *lb4_lookup_service(__be32 addr, __be16 port,
+							       __u8 proto, __u8 scope)
+{
+	struct lb4_svc_key key = {
+		.addr = addr,
+		.port = port,
+		.proto = proto,
+		.scope = scope,
+	};
+
+	return ebpflb_svc4.lookup(&key);
+}
+
+/* Backend in slot (hash mod M) of the service's table; NULL when the service has no
+ * usable backend (table_size == 0) or, counted as STAT_SLOT_MISS, when a slot or backend
+ * is missing. */
+static __always_inline struct lb4_backend *lb4_select_backend(const struct lb4_svc_val *svc,
+							      __u32 hash)
+{
+	struct lb4_backend *backend;
+	__u32 slot, *backend_id;
+
+	if (svc->table_size == 0)
+		return NULL;
+	slot = svc->table_off + hash % svc->table_size;
+	backend_id = ebpflb_slots.lookup(&slot);
+	if (!backend_id || *backend_id == 0)
+		goto miss;
+	backend = ebpflb_be4.lookup(backend_id);
+	if (!backend)
+		goto miss;
+	return backend;
+miss:
+	stat_inc(STAT_SLOT_MISS);
+	return NULL;
+}
+
+/* Make the refused syscall fail with ECONNREFUSED, as kube-proxy's REJECT rule does.
+ * Without bpf_set_retval (< 5.18) the kernel reports EPERM for a program returning 0. */
+static __always_inline void lb_set_refused(void)
+{
+#if EBPFLB_HAVE_SET_RETVAL
+	((long (*)(int))BPF_FUNC_set_retval)(-ECONNREFUSED);
+#endif
+}
+
+/* Remember which frontend a socket's backend stands for. Written only when missing or
+ * different, so a UDP socket's sendmsg() does not update the map per datagram. */
+static __always_inline void lb4_revsk_store(__u64 cookie, const struct lb4_backend *backend,
+					    __be32 vaddr, __be16 vport)
+{
+	struct lb4_revsk_key key = {
+		.cookie = cookie,
+		.addr = backend->addr,
+		.port = backend->port,
+	};
+	struct lb4_revsk_val val = {
+		.addr = vaddr,
+		.port = vport,
+	};
+	struct lb4_revsk_val *old = ebpflb_revsk4.lookup(&key);
+
+	if (old && old->addr == vaddr && old->port == vport)
+		return;
+	if (ebpflb_revsk4.update(&key, &val) != 0)
+		stat_inc(STAT_REVSK_UPDATE_FAIL);
+}
+
+static __always_inline struct lb4_revsk_val *lb4_revsk_lookup(__u64 cookie, __be32 addr,
+							     __be16 port)
+{
+	struct lb4_revsk_key key = {
+		.cookie = cookie,
+		.addr = addr,
+		.port = port,
+	};
+
+	return ebpflb_revsk4.lookup(&key);
+}
+
+#endif /* EBPFLB_LB_H */

@@ -1,0 +1,78 @@
+/* Socket-LB: cgroup sock_addr programs translating a frontend (ClusterIP:port) to a backend
+ * when the socket addresses it, so no packet ever carries the ClusterIP and nothing is
+ * NATed per packet. Attached to a cgroup v2 directory (BPF_F_ALLOW_MULTI) by
+ * ebpflb/datapath/loader.py.
+ *
+ * Return codes: 1 lets the syscall proceed (translated or not); 0 makes it fail (EPERM, or
+ * the errno set by lb_set_refused()). recvmsg4 and getpeername4 must always return 1.
+ */
+#include <uapi/linux/bpf.h>
+#include <linux/in.h>
+
+#include "lib/lb.h"
+
+/* Translate ctx's destination if it is a frontend; `hash` picks the Maglev slot. */
+static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u32 hash, __u32 stat)
+{
+	__be32 vaddr = ctx->user_ip4;
+	__be16 vport = (__be16)ctx->user_port;
+	struct lb4_svc_val *svc;
+	struct lb4_backend *backend;
+
+	svc = lb4_lookup_service(vaddr, vport, (__u8)ctx->protocol, LB_SCOPE_EXTERNAL);
+	if (!svc)
+		return 1; /* not a frontend: leave the socket alone */
+	backend = lb4_select_backend(svc, hash);
+	if (!backend) {
+		stat_inc(STAT_NO_BACKEND);
+		lb_set_refused();
+		return 0;
+	}
+	lb4_revsk_store(bpf_get_socket_cookie(ctx), backend, vaddr, vport);
+	ctx->user_ip4 = backend->addr;
+	ctx->user_port = (__u32)backend->port;
+	stat_inc(stat);
+	return 1;
+}
+
+/* Show the frontend instead of the backend the socket really talks to. */
+static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx, __u32 stat)
+{
+	struct lb4_revsk_val *frontend;
+
+	frontend = lb4_revsk_lookup(bpf_get_socket_cookie(ctx), ctx->user_ip4,
+				    (__be16)ctx->user_port);
+	if (!frontend)
+		return;
+	ctx->user_ip4 = frontend->addr;
+	ctx->user_port = (__u32)frontend->port;
+	stat_inc(stat);
+}
+
+/* connect(): TCP and connected UDP. A uniformly random slot per connect. */
+int ebpflb_connect4(struct bpf_sock_addr *ctx)
+{
+	return sock4_xlate_fwd(ctx, bpf_get_prandom_u32(), STAT_CONNECT_XLATED);
+}
+
+/* sendmsg() with a destination (unconnected UDP). The slot is a hash of the socket
+ * cookie, so all datagrams of one socket reach one backend while the table is unchanged,
+ * as conntrack makes kube-proxy's DNAT sticky per flow. */
+int ebpflb_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return sock4_xlate_fwd(ctx, mix64(bpf_get_socket_cookie(ctx)), STAT_SENDMSG_XLATED);
+}
+
+/* recvmsg() on UDP: the datagram's source becomes the frontend the socket sent to. */
+int ebpflb_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	sock4_xlate_rev(ctx, STAT_RECVMSG_XLATED);
+	return 1;
+}
+
+/* getpeername(): a connected socket's peer is reported as the frontend. */
+int ebpflb_getpeer4(struct bpf_sock_addr *ctx)
+{
+	sock4_xlate_rev(ctx, STAT_PEER_XLATED);
+	return 1;
+}

@@ -1,0 +1,3 @@
+from ebpflb.cli import main
+
+raise SystemExit(main())

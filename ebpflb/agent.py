@@ -1,0 +1,172 @@
+"""The agent's sync path: objects -> trackers -> desired state -> reconciler -> maps.
+
+One loop, one tracker per kind, one reconciler, whatever the source. Sources call the
+ObjectSink methods from their threads; the runner's thread does every map write. Nothing
+is written until every kind's initial list is in, as in kube-proxy, so a start-up never
+removes services that simply have not been listed yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ebpflb.clock import Clock, RealClock
+from ebpflb.config import Config
+from ebpflb.datapath.maps import MapSet
+from ebpflb.desired import DesiredFrontend, frontends_for_service
+from ebpflb.errors import InvalidObjectError
+from ebpflb.metrics import Metrics
+from ebpflb.model import Frontend, NamespacedName
+from ebpflb.reconcile import ApplyResult, Reconciler
+from ebpflb.runner import BoundedFrequencyRunner, SyncKind
+from ebpflb.sources.base import Kind
+from ebpflb.tracker import EndpointSliceTracker, ServiceTracker, service_state
+from ebpflb.translate import translate_service, translate_slice
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    """Implements ObjectSink; `run()` drives the sync loop until stopped."""
+
+    def __init__(
+        self,
+        config: Config,
+        maps: MapSet,
+        metrics: Metrics,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.services = ServiceTracker()
+        self.slices = EndpointSliceTracker()
+        self.reconciler = Reconciler(
+            maps,
+            hash_seed=config.hash_seed,
+            max_table_size=config.maglev_max_table_size,
+            metrics=metrics,
+        )
+        self.runner = BoundedFrequencyRunner(
+            self._sync,
+            min_interval=config.min_sync_period,
+            max_interval=config.max_sync_period,
+            retry_interval=config.retry_period,
+            clock=clock or RealClock(),
+        )
+        self._listed: set[Kind] = set()
+        self._retry: set[NamespacedName] = set()
+        self._warned_orphans: set[NamespacedName] = set()
+        self._restored = False
+        self.synced = threading.Event()  # set after the first successful sync
+        self.last_result: ApplyResult | None = None
+
+    # ---- ObjectSink ----------------------------------------------------------------------
+
+    def object_updated(self, kind: Kind, obj: Mapping[str, Any]) -> None:
+        try:
+            if kind is Kind.SERVICE:
+                translation = translate_service(obj)
+                if translation.ipv6_skipped:
+                    self.metrics.ipv6_skipped.inc(translation.ipv6_skipped)
+                previous = self.services.get(translation.ref)
+                if translation.skipped and (previous is None or previous.skipped != translation.skipped):
+                    log.info("skipping service %s: %s", translation.ref, translation.skipped)
+                pending = self.services.update(translation)
+            else:
+                slice_ = translate_slice(obj)
+                if slice_.skipped == "addressType IPv6":
+                    self.metrics.ipv6_skipped.inc()
+                pending = self.slices.update(slice_)
+        except InvalidObjectError as exc:
+            # The object's last good version (if any) stays programmed.
+            log.error("invalid %s, skipped: %s", exc.kind, exc)
+            self.metrics.invalid_objects.labels(exc.kind).inc()
+            return
+        if pending:
+            self._changed()
+
+    def object_deleted(self, kind: Kind, ref: NamespacedName) -> None:
+        tracker = self.services if kind is Kind.SERVICE else self.slices
+        if tracker.delete(ref):
+            self._changed()
+
+    def initial_list_done(self, kind: Kind) -> None:
+        self._listed.add(kind)
+        if self._listed == set(Kind):
+            self.runner.enable()
+
+    def _changed(self) -> None:
+        self.metrics.pending_changes.set(self.services.pending() + self.slices.pending())
+        self.runner.request()
+
+    # ---- sync ----------------------------------------------------------------------------
+
+    def desired_for(self, ref: NamespacedName) -> dict[Frontend, DesiredFrontend]:
+        state = service_state(self.services, self.slices, ref)
+        if state is None:
+            return {}
+        return frontends_for_service(state, self.config.node_name)
+
+    def _sync(self, kind: SyncKind) -> bool:
+        started = time.monotonic()
+        changed = self.services.take_changes() | self.slices.take_changes() | self._retry
+        self._retry = set()
+        self.metrics.pending_changes.set(0)
+        self._warn_orphan_slices()
+        result: ApplyResult | None = None
+        if not self._restored:
+            # First sync: learn what a previous agent left in the maps, then make every
+            # service right; unchanged entries are not rewritten.
+            self.reconciler.restore()
+            self._restored = True
+            result = self.reconciler.apply(self._all_desired(), full=True)
+        else:
+            if changed:
+                result = self.reconciler.apply({ref: self.desired_for(ref) for ref in changed})
+            if kind is SyncKind.FULL:
+                repair = self._full_resync()
+                result = repair if result is None else result
+        elapsed = time.monotonic() - started
+        if result is not None:
+            self._retry |= result.failed
+            self.last_result = result
+        ok = not self._retry
+        self.metrics.sync_duration.labels(kind.value).observe(elapsed)
+        self.metrics.syncs.labels(kind.value, "ok" if ok else "error").inc()
+        if not self.synced.is_set():
+            log.info(
+                "initial sync complete in %.3fs: %d frontends, %d errors",
+                elapsed, len(self.reconciler.realized), len(result.errors) if result else 0,
+            )
+            self.synced.set()
+        return ok
+
+    def _full_resync(self) -> ApplyResult:
+        """Re-read the maps and repair anything that differs from the desired state."""
+        self.reconciler.restore()
+        result = self.reconciler.apply(self._all_desired(), full=True)
+        for map_name, count in result.writes.items():
+            self.metrics.drift_repaired.labels(map_name).inc(count)
+        if result.writes:
+            log.warning("full resync repaired drift: %s", result.writes)
+        return result
+
+    def _all_desired(self) -> dict[NamespacedName, dict[Frontend, DesiredFrontend]]:
+        return {ref: self.desired_for(ref) for ref in self.services.refs()}
+
+    def _warn_orphan_slices(self) -> None:
+        known = self.services.refs()
+        for service in sorted(self.slices.services() - known - self._warned_orphans):
+            names = ", ".join(str(s.ref) for s in self.slices.slices_for(service))
+            log.warning("EndpointSlice %s names unknown service %s: ignored until it exists",
+                        names, service)
+            self._warned_orphans.add(service)
+        self._warned_orphans &= self.slices.services() - known
+
+    def run(self, stop: threading.Event) -> None:
+        self.runner.loop(stop)

@@ -1,0 +1,119 @@
+"""Allocators for the dense ids and slot ranges the maps are keyed by. Pure.
+
+Both can be rebuilt from what is in the pinned maps (``reserve``), so a restarted agent
+keeps every id and range and rewrites nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+
+from ebpflb.errors import MapFullError
+
+
+class IdAllocator:
+    """Lowest-free ids in [1, limit]; 0 is never handed out (an all-zero value is "none")."""
+
+    def __init__(self, map_name: str, limit: int) -> None:
+        self.map_name = map_name
+        self.limit = limit
+        self._next = 1
+        self._free: list[int] = []
+        self._used: set[int] = set()
+
+    def allocate(self, needed_by: str) -> int:
+        while self._free:
+            candidate = heapq.heappop(self._free)
+            if candidate not in self._used:
+                self._used.add(candidate)
+                return candidate
+        while self._next in self._used:
+            self._next += 1
+        if self._next > self.limit:
+            raise MapFullError(self.map_name, self.limit, needed_by)
+        self._used.add(self._next)
+        self._next += 1
+        return self._next - 1
+
+    def reserve(self, ident: int) -> None:
+        self._used.add(ident)
+
+    def release(self, ident: int) -> None:
+        if ident in self._used:
+            self._used.discard(ident)
+            heapq.heappush(self._free, ident)
+
+    def __len__(self) -> int:
+        return len(self._used)
+
+
+class SlotAllocator:
+    """First-fit ranges of the slot pool, with free neighbours merged on release."""
+
+    def __init__(self, map_name: str, capacity: int) -> None:
+        self.map_name = map_name
+        self.capacity = capacity
+        self._starts: list[int] = [0]  # free extents, sorted by start
+        self._lengths: dict[int, int] = {0: capacity}
+        self.used = 0
+
+    def allocate(self, size: int, needed_by: str) -> int:
+        for start in self._starts:
+            length = self._lengths[start]
+            if length >= size:
+                self._take(start, size)
+                return start
+        raise MapFullError(
+            self.map_name,
+            self.capacity,
+            f"{needed_by} ({size} slots; {self.capacity - self.used} free but fragmented"
+            f" or too few)",
+        )
+
+    def reserve(self, start: int, size: int) -> None:
+        """Mark [start, start+size) used (restoring from the maps); it must be free."""
+        index = bisect.bisect_right(self._starts, start) - 1
+        if index < 0:
+            raise ValueError(f"slot range {start}+{size} overlaps a used range")
+        extent = self._starts[index]
+        length = self._lengths[extent]
+        if start + size > extent + length:
+            raise ValueError(f"slot range {start}+{size} overlaps a used range")
+        del self._starts[index]
+        del self._lengths[extent]
+        if start > extent:
+            self._insert(extent, start - extent)
+        if extent + length > start + size:
+            self._insert(start + size, extent + length - start - size)
+        self.used += size
+
+    def release(self, start: int, size: int) -> None:
+        index = bisect.bisect_left(self._starts, start)
+        end = start + size
+        # Merge with the following and the preceding free extent when adjacent.
+        if index < len(self._starts) and self._starts[index] == end:
+            following = self._starts.pop(index)
+            end += self._lengths.pop(following)
+        if index > 0:
+            previous = self._starts[index - 1]
+            if previous + self._lengths[previous] == start:
+                self._lengths[previous] = end - previous
+                self.used -= size
+                return
+        self._insert(start, end - start)
+        self.used -= size
+
+    def _take(self, start: int, size: int) -> None:
+        length = self._lengths.pop(start)
+        self._starts.remove(start)
+        if length > size:
+            self._insert(start + size, length - size)
+        self.used += size
+
+    def _insert(self, start: int, length: int) -> None:
+        bisect.insort(self._starts, start)
+        self._lengths[start] = length
+
+    def largest_free(self) -> int:
+        return max(self._lengths.values(), default=0)

@@ -1,0 +1,172 @@
+"""Command line: argument parsing and dispatch only; the work happens in the modules named."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from ebpflb import __version__
+from ebpflb.config import DEFAULT_BPFFS_DIR, DEFAULT_METRICS_BIND_ADDRESS, Config
+from ebpflb.errors import EbpflbError
+from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE
+
+log = logging.getLogger("ebpflb")
+DEFAULTS = Config()
+
+EXAMPLES = """\
+examples:
+  ebpflb run --manifests examples/                 # program the Services in examples/
+  ebpflb maps dump                                 # what the pinned maps hold
+  ebpflb maps dump --json --tables                 # ... with every Maglev slot
+  ebpflb bench maglev                              # balance, disruption, memory, speed
+  ebpflb cleanup                                   # detach programs, remove pins
+"""
+
+
+def _add_datapath_args(parser: argparse.ArgumentParser, *, cgroup: bool = True) -> None:
+    parser.add_argument(
+        "--bpffs", type=Path, default=DEFAULT_BPFFS_DIR, metavar="DIR",
+        help=f"bpffs directory holding the pinned maps (default {DEFAULT_BPFFS_DIR})",
+    )
+    if cgroup:
+        parser.add_argument(
+            "--cgroup", type=Path, metavar="DIR",
+            help="cgroup v2 directory the socket programs attach to "
+                 "(default: the cgroup2 mount root, from /proc/mounts)",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ebpflb",
+        description="eBPF Kubernetes service load balancer (kube-proxy replacement).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"ebpflb {__version__}")
+    parser.add_argument("--debug", action="store_true", help="debug logging and tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the agent in the foreground")
+    run.add_argument(
+        "--manifests", type=Path, metavar="PATH", required=True,
+        help="YAML file or directory of v1 Services and discovery.k8s.io/v1 EndpointSlices",
+    )
+    _add_datapath_args(run)
+    run.add_argument("--node-name", default="", help="this node's name (marks local endpoints)")
+    run.add_argument("--hash-seed", default=DEFAULT_HASH_SEED,
+                     help="Maglev hash seed; must be identical on every node")
+    run.add_argument("--maglev-max-table-size", type=int, default=DEFAULT_MAX_TABLE_SIZE,
+                     help="largest Maglev table (a prime)")
+    run.add_argument("--max-services", type=int, default=DEFAULTS.max_services,
+                     help="frontend map size")
+    run.add_argument("--max-backends", type=int, default=DEFAULTS.max_backends,
+                     help="backend map size")
+    run.add_argument("--slot-pool-size", type=int, default=DEFAULTS.slot_pool_size,
+                     help="slots shared by all Maglev tables (4 bytes each)")
+    run.add_argument("--min-sync-period", type=float, default=DEFAULTS.min_sync_period,
+                     help="seconds between syncs at most (bursts coalesce)")
+    run.add_argument("--sync-period", type=float, default=DEFAULTS.max_sync_period,
+                     help="seconds between full resyncs that repair drift")
+    run.add_argument("--metrics-bind-address", default=DEFAULT_METRICS_BIND_ADDRESS,
+                     help="HOST:PORT for /metrics; empty disables")
+
+    cleanup = sub.add_parser("cleanup", help="detach ebpflb's programs and remove its pins")
+    _add_datapath_args(cleanup)
+
+    maps = sub.add_parser("maps", help="inspect the pinned maps")
+    maps_sub = maps.add_subparsers(dest="maps_command", required=True)
+    dump = maps_sub.add_parser("dump", help="print frontends, backends and slot counts")
+    _add_datapath_args(dump, cgroup=False)
+    dump.add_argument("--json", action="store_true", help="machine-readable output")
+    dump.add_argument("--tables", action="store_true",
+                      help="with --json: every Maglev slot's backend, in slot order")
+
+    bench = sub.add_parser("bench", help="measure ebpflb")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    mb = bench_sub.add_parser("maglev", help="Maglev balance, disruption, memory, build time")
+    mb.add_argument("--json", action="store_true")
+    mb.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    return parser
+
+
+def _setup_logging(debug: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ebpflb import app
+
+    config = Config(
+        bpffs_dir=args.bpffs,
+        cgroup_dir=args.cgroup,
+        node_name=args.node_name,
+        hash_seed=args.hash_seed,
+        maglev_max_table_size=args.maglev_max_table_size,
+        max_services=args.max_services,
+        max_backends=args.max_backends,
+        slot_pool_size=args.slot_pool_size,
+        min_sync_period=args.min_sync_period,
+        max_sync_period=args.sync_period,
+        metrics_bind_address=args.metrics_bind_address,
+    )
+    app.run(config, app.manifest_source(args.manifests))
+    return 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from ebpflb.datapath import loader
+    from ebpflb.datapath.mounts import cgroup2_root
+
+    cgroup = args.cgroup or cgroup2_root()
+    programs, pins = loader.cleanup(args.bpffs, cgroup)
+    print(f"detached {programs} programs from {cgroup}, removed {pins} pins under {args.bpffs}")
+    return 0
+
+
+def cmd_maps_dump(args: argparse.Namespace) -> int:
+    from ebpflb.datapath import dump
+    from ebpflb.datapath.kernel import KernelMapSet
+
+    with KernelMapSet(args.bpffs) as maps:
+        report = dump.collect(maps, tables=args.tables)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(dump.render_text(report))
+    return 0
+
+
+def cmd_bench_maglev(args: argparse.Namespace) -> int:
+    from ebpflb.bench import maglev as bench
+
+    report = bench.run_maglev_bench(quick=args.quick)
+    print(json.dumps(report, indent=2) if args.json else bench.render_text(report))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.debug)
+    handler = {
+        "run": cmd_run,
+        "cleanup": cmd_cleanup,
+        "maps": cmd_maps_dump,
+        "bench": cmd_bench_maglev,
+    }[args.command]
+    try:
+        return handler(args)
+    except EbpflbError as exc:
+        if args.debug:
+            log.exception("failed")
+        print(f"ebpflb: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

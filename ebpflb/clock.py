@@ -1,0 +1,44 @@
+"""Clocks: the real one and a fake one, so timing logic is tested without sleeping."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Monotonic seconds."""
+        ...
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        """Wait for `event` at most `timeout` seconds; True if it was set."""
+        ...
+
+
+class RealClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        return event.wait(timeout)
+
+
+class FakeClock:
+    """Time moves only when a test calls advance(); wait() advances to the timeout."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        if event.is_set():
+            return True
+        self._now += max(timeout, 0.0)
+        return False

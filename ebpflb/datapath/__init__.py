@@ -1,0 +1,1 @@
+"""The datapath adapter: the only package that talks to BCC and the bpf(2) syscall."""

@@ -1,0 +1,315 @@
+"""Compile bpf/*.c with BCC, load the programs, attach them, and take them away again.
+
+Attachments outlive the agent on purpose: cgroup programs attached with bpf_prog_attach stay
+until detached, and maps are pinned, so traffic keeps flowing while the agent restarts. A
+new agent attaches its programs next to the old ones (BPF_F_ALLOW_MULTI) and then detaches
+the old ones, so there is no moment without translation; two ebpflb connect4 programs in a
+row are harmless because the second sees an already-translated backend address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes as ct
+import enum
+import logging
+import os
+import re
+import time
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from bcc import BPF, BPFAttachType
+
+from ebpflb.config import Config
+from ebpflb.datapath import bpfsys, layout
+from ebpflb.datapath.mounts import cgroup2_root, is_bpffs
+from ebpflb.datapath.maps import MapName
+from ebpflb.errors import AttachError, BpfLoadError, KernelSetupError
+
+log = logging.getLogger(__name__)
+
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+PROGRAM_PREFIX = "ebpflb_"  # every program ebpflb loads; cleanup detaches exactly these
+BPF_F_ALLOW_MULTI = 1 << 1
+
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+
+
+class SockHook(enum.Enum):
+    """Socket-LB programs and the cgroup hook each attaches to (kernel version it needs)."""
+
+    CONNECT4 = ("ebpflb_connect4", BPFAttachType.CGROUP_INET4_CONNECT, "4.17")
+    SENDMSG4 = ("ebpflb_sendmsg4", BPFAttachType.CGROUP_UDP4_SENDMSG, "4.18")
+    RECVMSG4 = ("ebpflb_recvmsg4", BPFAttachType.CGROUP_UDP4_RECVMSG, "5.2")
+    GETPEERNAME4 = ("ebpflb_getpeer4", BPFAttachType.CGROUP_INET4_GETPEERNAME, "5.8")
+
+    @property
+    def function(self) -> str:
+        return self.value[0]
+
+    @property
+    def attach_type(self) -> int:
+        return int(self.value[1])
+
+    @property
+    def since(self) -> str:
+        return self.value[2]
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """Kernel capabilities found by probing, not by version numbers."""
+
+    set_retval: bool  # bpf_set_retval in cgroup programs (5.18): ECONNREFUSED, not EPERM
+
+    def cflags(self) -> list[str]:
+        return [f"-DEBPFLB_HAVE_SET_RETVAL={int(self.set_retval)}"]
+
+
+def assemble_source(main: Path) -> str:
+    """Inline the local (quoted) includes of a program, with #line markers.
+
+    BCC rewrites map accesses (map.lookup(...)) only in the main file, so the helpers in
+    bpf/lib/*.h must become part of it; #line keeps compiler messages pointing at the real
+    file and line.
+    """
+    seen: set[Path] = set()
+
+    def expand(path: Path) -> Iterator[str]:
+        yield f'#line 1 "{path.relative_to(BPF_DIR.parent)}"\n'
+        for lineno, line in enumerate(path.read_text().splitlines(keepends=True), start=1):
+            match = _LOCAL_INCLUDE.match(line)
+            if not match:
+                yield line
+                continue
+            header = (path.parent / match.group(1)).resolve()
+            if header not in seen:
+                seen.add(header)
+                yield from expand(header)
+            yield f'#line {lineno + 1} "{path.relative_to(BPF_DIR.parent)}"\n'
+
+    return "".join(expand(main.resolve()))
+
+
+def compile_program(source: Path, cflags: list[str]) -> BPF:
+    try:
+        return BPF(text=assemble_source(source).encode(), cflags=cflags)
+    except Exception as exc:  # BCC raises bare Exception; its message names the file
+        raise BpfLoadError(f"compiling {source.name} failed: {exc}") from exc
+
+
+@cache
+def probe_features() -> Features:
+    """Try the optional helpers on this kernel; each probe loads (and drops) a tiny program."""
+    text = b"""
+#include <uapi/linux/bpf.h>
+#include <linux/errno.h>
+int probe_set_retval(struct bpf_sock_addr *ctx)
+{
+    ((long (*)(int))BPF_FUNC_set_retval)(-ECONNREFUSED);
+    return 0;
+}
+"""
+    set_retval = False
+    with contextlib.suppress(Exception):  # compile or verifier failure: helper absent
+        probe = BPF(text=text)
+        try:
+            probe.load_func(
+                b"probe_set_retval",
+                BPF.CGROUP_SOCK_ADDR,
+                attach_type=BPFAttachType.CGROUP_INET4_CONNECT,
+            )
+            set_retval = True
+        finally:
+            probe.cleanup()
+    features = Features(set_retval=set_retval)
+    if not set_retval:
+        log.warning(
+            "kernel lacks bpf_set_retval (5.18+): connect() to a service without endpoints "
+            "fails with EPERM instead of ECONNREFUSED"
+        )
+    return features
+
+
+def ensure_bpffs(pin_dir: Path) -> None:
+    """Create the pin directory; mount bpffs at /sys/fs/bpf if nothing is mounted there."""
+    if not any(is_bpffs(p) for p in (pin_dir, *pin_dir.parents)):
+        default = Path("/sys/fs/bpf")
+        if default not in (pin_dir, *pin_dir.parents):
+            raise KernelSetupError(f"{pin_dir} is not on a bpf filesystem")
+        rc = os.system("mount -t bpf bpf /sys/fs/bpf")
+        if rc != 0:
+            raise KernelSetupError("bpffs is not mounted at /sys/fs/bpf and mounting it failed")
+        log.info("mounted bpffs at /sys/fs/bpf")
+    pin_dir.mkdir(parents=True, exist_ok=True)
+
+
+def expected_map_layout(config: Config) -> dict[str, tuple[str, int, int, int]]:
+    """(type, key size, value size, max entries) of every pinned map, from the config."""
+    return {
+        MapName.SERVICES.value: (
+            "hash",
+            ct.sizeof(layout.Lb4SvcKey),
+            ct.sizeof(layout.Lb4SvcVal),
+            config.max_services,
+        ),
+        MapName.BACKENDS.value: ("hash", 4, ct.sizeof(layout.Lb4Backend), config.max_backends),
+        MapName.SLOTS.value: ("array", 4, 4, config.slot_pool_size),
+        MapName.SERVICE_META.value: (
+            "hash",
+            4,
+            ct.sizeof(layout.Lb4SvcMeta),
+            config.max_services,
+        ),
+        MapName.REVERSE_SOCK.value: (
+            "lru_hash",
+            ct.sizeof(layout.Lb4RevskKey),
+            ct.sizeof(layout.Lb4RevskVal),
+            config.rev_sk_max,
+        ),
+        MapName.STATS.value: ("percpu_array", 4, 8, layout.STATS_SIZE),
+    }
+
+
+def drop_incompatible_pins(config: Config) -> list[str]:
+    """Unpin maps whose layout differs from this configuration (a size change or upgrade).
+
+    BCC would otherwise reuse a pinned map of any shape. The service, backend and slot maps
+    are rebuilt from the desired state right after start; a dropped reverse-translation map
+    only costs getpeername() on sockets connected before the restart.
+    """
+    dropped = []
+    for name, expected in expected_map_layout(config).items():
+        path = config.bpffs_dir / name
+        if not path.exists():
+            continue
+        fd = bpfsys.obj_get(str(path))
+        try:
+            info = bpfsys.map_info(fd)
+        finally:
+            os.close(fd)
+        actual = (info.type_name, info.key_size, info.value_size, info.max_entries)
+        if actual != expected:
+            log.warning("pinned map %s has layout %s, config wants %s: recreating it",
+                        path, actual, expected)
+            path.unlink()
+            dropped.append(name)
+    return dropped
+
+
+class SocketLB:
+    """The compiled socket-LB programs; attaching leaves them in the kernel after exit."""
+
+    def __init__(self, config: Config, features: Features | None = None) -> None:
+        self.config = config
+        self.features = features or probe_features()
+        ensure_bpffs(config.bpffs_dir)
+        drop_incompatible_pins(config)
+        started = time.monotonic()
+        self._bpf = compile_program(BPF_DIR / "sock_lb.c", config.cflags() + self.features.cflags())
+        self._functions = {}
+        for hook in SockHook:
+            try:
+                self._functions[hook] = self._bpf.load_func(
+                    hook.function.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=hook.attach_type
+                )
+            except Exception as exc:
+                raise BpfLoadError(
+                    f"loading {hook.function} for the {hook.name.lower()} hook failed "
+                    f"(needs kernel {hook.since}+): {exc}"
+                ) from exc
+        self.load_seconds = time.monotonic() - started
+        log.info("compiled and loaded socket-LB programs in %.2fs", self.load_seconds)
+
+    def attach(self, cgroup: Path) -> None:
+        """Attach to `cgroup`, then detach any older ebpflb programs there (restart)."""
+        fd = _open_cgroup(cgroup)
+        try:
+            mine = set()
+            for hook, function in self._functions.items():
+                try:
+                    BPF.attach_func(function, fd, hook.attach_type, BPF_F_ALLOW_MULTI)
+                except Exception as exc:
+                    raise AttachError(
+                        f"attaching {hook.function} to cgroup {cgroup} failed: {exc}"
+                    ) from exc
+                mine.add(bpfsys.prog_info(function.fd).id)
+            replaced = _detach_ebpflb_programs(fd, keep=mine)
+        finally:
+            os.close(fd)
+        if replaced:
+            log.info("replaced %d programs of a previous ebpflb on %s", replaced, cgroup)
+
+    def close(self) -> None:
+        """Drop this process's handles; attached programs and pins stay in the kernel."""
+        self._bpf.cleanup()
+
+
+def _open_cgroup(cgroup: Path) -> int:
+    try:
+        return os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise AttachError(f"cannot open cgroup {cgroup}: {exc.strerror}") from exc
+
+
+def _detach_ebpflb_programs(cgroup_fd: int, keep: Collection[int] = ()) -> int:
+    detached = 0
+    for hook in SockHook:
+        for prog_id in bpfsys.prog_query(cgroup_fd, hook.attach_type):
+            if prog_id in keep:
+                continue
+            try:
+                prog_fd = bpfsys.prog_fd_by_id(prog_id)
+            except FileNotFoundError:
+                continue  # detached meanwhile
+            try:
+                if bpfsys.prog_info(prog_fd).name.startswith(PROGRAM_PREFIX):
+                    bpfsys.prog_detach(cgroup_fd, prog_fd, hook.attach_type)
+                    detached += 1
+            finally:
+                os.close(prog_fd)
+    return detached
+
+
+def attached_programs(cgroup: Path) -> list[tuple[str, str]]:
+    """(hook, program name) of every ebpflb program attached to `cgroup`."""
+    fd = _open_cgroup(cgroup)
+    found = []
+    try:
+        for hook in SockHook:
+            for prog_id in bpfsys.prog_query(fd, hook.attach_type):
+                prog_fd = bpfsys.prog_fd_by_id(prog_id)
+                try:
+                    name = bpfsys.prog_info(prog_fd).name
+                finally:
+                    os.close(prog_fd)
+                if name.startswith(PROGRAM_PREFIX):
+                    found.append((hook.name.lower(), name))
+    finally:
+        os.close(fd)
+    return found
+
+
+def cleanup(bpffs_dir: Path, cgroup: Path) -> tuple[int, int]:
+    """Detach every ebpflb program from `cgroup` and remove the pins; (programs, pins)."""
+    detached = 0
+    if cgroup.exists():
+        fd = _open_cgroup(cgroup)
+        try:
+            detached = _detach_ebpflb_programs(fd)
+        finally:
+            os.close(fd)
+    removed = 0
+    if bpffs_dir.exists():
+        for name in MapName:
+            pin = bpffs_dir / name.value
+            if pin.exists():
+                pin.unlink()
+                removed += 1
+        with contextlib.suppress(OSError):  # not empty: somebody else's pins, keep them
+            bpffs_dir.rmdir()
+    return detached, removed
+

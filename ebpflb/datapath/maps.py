@@ -1,0 +1,179 @@
+"""The map layer as the control plane sees it: typed entries and a Protocol.
+
+``KernelMapSet`` (ebpflb.datapath.kernel) implements it over the pinned BPF maps;
+``FakeMapSet`` here implements it over dicts for unit tests of the reconciler, with the
+same capacity limits, so "map full" paths are tested without a kernel.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ebpflb.errors import MapFullError
+from ebpflb.model import Backend, BackendFlags, Frontend, SvcFlags
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+SlotArray = npt.NDArray[np.uint32]
+
+
+class MapName(str, enum.Enum):
+    """Pinned map names (bpf/lib/maps.h); also the file names under the bpffs directory."""
+
+    SERVICES = "ebpflb_svc4"
+    BACKENDS = "ebpflb_be4"
+    SLOTS = "ebpflb_slots"
+    SERVICE_META = "ebpflb_svcmeta"
+    REVERSE_SOCK = "ebpflb_revsk4"
+    STATS = "ebpflb_stats"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceEntry:
+    """Value of ebpflb_svc4 (struct lb4_svc_val). table_size == 0 means "refuse"."""
+
+    svc_id: int
+    table_off: int
+    table_size: int
+    backend_count: int
+    flags: SvcFlags
+
+
+@dataclass(frozen=True, slots=True)
+class BackendEntry:
+    """Value of ebpflb_be4 (struct lb4_backend)."""
+
+    backend: Backend
+    flags: BackendFlags = BackendFlags.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class ReverseSockEntry:
+    """One ebpflb_revsk4 entry: a socket talking to `backend` asked for `frontend`."""
+
+    cookie: int
+    backend_address: str
+    frontend_address: str
+
+
+class KeyValueMap(Protocol[K, V]):
+    """One BPF hash map with typed keys and values."""
+
+    name: str
+    capacity: int
+
+    def get(self, key: K) -> V | None: ...
+
+    def put(self, key: K, value: V) -> None:
+        """Insert or replace; MapFullError when inserting into a full map."""
+
+    def delete(self, key: K) -> bool:
+        """Remove the key; False (not an error) when it was absent."""
+
+    def items(self) -> Iterator[tuple[K, V]]: ...
+
+    def __len__(self) -> int: ...
+
+
+class SlotPool(Protocol):
+    """The Maglev slot pool: an array of backend ids, written in runs."""
+
+    name: str
+    capacity: int
+
+    def write(self, offset: int, values: SlotArray) -> None:
+        """Store values at [offset, offset + len(values))."""
+
+    def write_at(self, indexes: npt.NDArray[np.int64], values: SlotArray) -> None:
+        """Store values[i] at indexes[i] (sparse delta writes)."""
+
+    def read(self, offset: int, count: int) -> SlotArray: ...
+
+
+class MapSet(Protocol):
+    """Every map the control plane writes."""
+
+    services: KeyValueMap[Frontend, ServiceEntry]
+    backends: KeyValueMap[int, BackendEntry]
+    service_meta: KeyValueMap[int, str]
+    slots: SlotPool
+
+    def counters(self) -> dict[str, int]:
+        """Datapath event counters summed over CPUs (bpf/lib/consts.h STAT_*)."""
+        ...
+
+
+class FakeMap(Generic[K, V]):
+    """Dict-backed KeyValueMap with a capacity, like a BPF hash map."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.data: dict[K, V] = {}
+        self.writes = 0
+        self.deletes = 0
+
+    def get(self, key: K) -> V | None:
+        return self.data.get(key)
+
+    def put(self, key: K, value: V) -> None:
+        if key not in self.data and len(self.data) >= self.capacity:
+            raise MapFullError(self.name, self.capacity, str(key))
+        self.data[key] = value
+        self.writes += 1
+
+    def delete(self, key: K) -> bool:
+        self.deletes += 1
+        return self.data.pop(key, None) is not None
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        return iter(list(self.data.items()))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class FakeSlotPool:
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.array: SlotArray = np.zeros(capacity, dtype=np.uint32)
+        self.slots_written = 0
+
+    def write(self, offset: int, values: SlotArray) -> None:
+        self.array[offset : offset + len(values)] = values
+        self.slots_written += len(values)
+
+    def write_at(self, indexes: npt.NDArray[np.int64], values: SlotArray) -> None:
+        self.array[indexes] = values
+        self.slots_written += len(values)
+
+    def read(self, offset: int, count: int) -> SlotArray:
+        return self.array[offset : offset + count].copy()
+
+
+class FakeMapSet:
+    """All maps in memory; the reconciler's unit tests run against it."""
+
+    def __init__(
+        self,
+        max_services: int = 1024,
+        max_backends: int = 1024,
+        slot_pool_size: int = 1 << 20,
+    ) -> None:
+        self.services: FakeMap[Frontend, ServiceEntry] = FakeMap(
+            MapName.SERVICES.value, max_services
+        )
+        self.backends: FakeMap[int, BackendEntry] = FakeMap(MapName.BACKENDS.value, max_backends)
+        self.service_meta: FakeMap[int, str] = FakeMap(MapName.SERVICE_META.value, max_services)
+        self.slots = FakeSlotPool(MapName.SLOTS.value, slot_pool_size)
+
+    def counters(self) -> dict[str, int]:
+        return {}

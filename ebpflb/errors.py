@@ -1,0 +1,68 @@
+"""ebpflb's own error hierarchy.
+
+Library exceptions (bcc, OSError from syscalls, kubernetes ApiException, yaml errors) are
+wrapped where they enter ebpflb (``raise MapError(...) from exc``), so callers handle one
+family and the CLI can print a one-line message for any ``EbpflbError``.
+"""
+
+from __future__ import annotations
+
+
+class EbpflbError(Exception):
+    """Base of every error ebpflb raises on purpose."""
+
+
+class ConfigError(EbpflbError):
+    """A command-line option or configuration value is invalid."""
+
+
+class InvalidObjectError(EbpflbError):
+    """A Service or EndpointSlice cannot be translated; the object is skipped, others go on."""
+
+    def __init__(self, kind: str, ref: str, reason: str) -> None:
+        super().__init__(f"{kind} {ref}: {reason}")
+        self.kind = kind
+        self.ref = ref
+        self.reason = reason
+
+
+class ManifestError(EbpflbError):
+    """A manifest file or document cannot be read or parsed."""
+
+
+class DatapathError(EbpflbError):
+    """Anything between the agent and the kernel's BPF subsystem."""
+
+
+class KernelSetupError(DatapathError):
+    """The machine lacks something the datapath needs (bpffs, cgroup v2, headers, root)."""
+
+
+class BpfLoadError(DatapathError):
+    """A BPF program failed to compile or was rejected by the verifier."""
+
+
+class AttachError(DatapathError):
+    """A program could not be attached to (or detached from) its hook."""
+
+
+class MapError(DatapathError):
+    """A BPF map operation failed."""
+
+
+class MapFullError(MapError):
+    """A map (or the Maglev slot pool) has no room; names the map and its limit."""
+
+    def __init__(self, map_name: str, limit: int, needed_by: str) -> None:
+        super().__init__(f"{map_name} is full (limit {limit}): cannot add {needed_by}")
+        self.map_name = map_name
+        self.limit = limit
+        self.needed_by = needed_by
+
+
+class NoPinsError(DatapathError):
+    """No pinned ebpflb maps under the given bpffs directory."""
+
+
+class SourceError(EbpflbError):
+    """The source of Services and EndpointSlices (API server, manifests) failed."""

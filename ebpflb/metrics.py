@@ -1,0 +1,105 @@
+"""Prometheus metrics, registered into an injected registry (never the global one), so
+tests and several agents in one process stay isolated.
+
+Datapath counters live in a per-CPU BPF array; ``DatapathCollector`` sums them at scrape
+time instead of copying them periodically.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.sync_duration = Histogram(
+            "ebpflb_sync_duration_seconds",
+            "Time to apply one sync to the BPF maps.",
+            ["kind"],
+            registry=registry,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.syncs = Counter(
+            "ebpflb_syncs_total", "Syncs run, by kind and result.", ["kind", "result"],
+            registry=registry,
+        )
+        self.pending_changes = Gauge(
+            "ebpflb_pending_changes", "Services changed since the last sync.", registry=registry
+        )
+        self.frontends = Gauge(
+            "ebpflb_frontends", "Frontends (VIP:port/proto) programmed.", registry=registry
+        )
+        self.backends = Gauge("ebpflb_backends", "Distinct backends programmed.", registry=registry)
+        self.slots_used = Gauge(
+            "ebpflb_maglev_slots_used", "Slots of the pool owned by Maglev tables.",
+            registry=registry,
+        )
+        self.map_capacity = Gauge(
+            "ebpflb_map_capacity", "max_entries of each BPF map.", ["map"], registry=registry
+        )
+        self.map_errors = Counter(
+            "ebpflb_map_errors_total",
+            "Map writes that failed, by map and reason (full, error).",
+            ["map", "reason"],
+            registry=registry,
+        )
+        self.invalid_objects = Counter(
+            "ebpflb_invalid_objects_total",
+            "Objects skipped because they cannot be translated, by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.ipv6_skipped = Counter(
+            "ebpflb_ipv6_skipped_total",
+            "IPv6 service addresses and endpoint slices ignored (IPv4 only so far).",
+            registry=registry,
+        )
+        self.slots_written = Counter(
+            "ebpflb_maglev_slots_written_total", "Maglev slots written to the pool.",
+            registry=registry,
+        )
+        self.table_resizes = Counter(
+            "ebpflb_maglev_table_resizes_total",
+            "Maglev tables moved to a new size (the service crossed a size rung).",
+            registry=registry,
+        )
+        self.drift_repaired = Counter(
+            "ebpflb_drift_repaired_total",
+            "Map entries found different from the desired state at a full resync and fixed.",
+            ["map"],
+            registry=registry,
+        )
+        self.frontend_conflicts = Counter(
+            "ebpflb_frontend_conflicts_total",
+            "Frontends claimed by two services; the later claim is refused.",
+            registry=registry,
+        )
+
+
+class DatapathCollector(Collector):
+    """Exposes the per-CPU datapath counters (STAT_*) summed at scrape time."""
+
+    def __init__(self, read: Callable[[], dict[str, int]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "ebpflb_datapath_events", "Datapath events counted by the BPF programs.",
+            labels=["event"],
+        )
+        try:
+            counters = self._read()
+        except Exception:  # a scrape must not take the agent down
+            log.exception("reading datapath counters failed")
+            counters = {}
+        for event, value in sorted(counters.items()):
+            family.add_metric([event], value)
+        yield family

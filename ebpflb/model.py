@@ -1,0 +1,163 @@
+"""Pure value types shared by every layer: what a Service means, not its API shape.
+
+Addresses are ``ipaddress.IPv4Address`` and ports host-order ints everywhere in Python;
+conversion to the kernel's byte order happens only in ``ebpflb.datapath.layout``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network
+
+
+class Proto(enum.IntEnum):
+    """L4 protocols ebpflb balances; values are IPPROTO_* numbers as the datapath uses them."""
+
+    TCP = 6
+    UDP = 17
+
+    @classmethod
+    def parse(cls, text: str | None) -> Proto:
+        """Kubernetes protocol string (default TCP) -> Proto; ValueError for SCTP and others."""
+        name = (text or "TCP").upper()
+        try:
+            return cls[name]
+        except KeyError:
+            raise ValueError(f"unsupported protocol {text!r} (TCP and UDP are)") from None
+
+
+class ServiceType(enum.Enum):
+    CLUSTER_IP = "ClusterIP"
+    NODE_PORT = "NodePort"
+    LOAD_BALANCER = "LoadBalancer"
+
+
+class TrafficPolicy(enum.Enum):
+    CLUSTER = "Cluster"
+    LOCAL = "Local"
+
+
+class Scope(enum.IntEnum):
+    """Which backend set a frontend entry describes; mirrors LB_SCOPE_* in bpf/lib/consts.h."""
+
+    EXTERNAL = 0
+    INTERNAL = 1
+
+
+class SvcFlags(enum.IntFlag):
+    """Mirrors SVC_F_* in bpf/lib/consts.h."""
+
+    NONE = 0
+    CLUSTER_IP = 1 << 0
+    NODE_PORT = 1 << 1
+    LOADBALANCER = 1 << 2
+    EXTERNAL_IP = 1 << 3
+    TERMINATING = 1 << 4
+
+    def type_name(self) -> str:
+        """The frontend's service type as `maps dump` prints it."""
+        for flag, name in _TYPE_NAMES:
+            if self & flag:
+                return name
+        return "Unknown"
+
+
+_TYPE_NAMES = (
+    (SvcFlags.CLUSTER_IP, "ClusterIP"),
+    (SvcFlags.NODE_PORT, "NodePort"),
+    (SvcFlags.LOADBALANCER, "LoadBalancer"),
+    (SvcFlags.EXTERNAL_IP, "ExternalIP"),
+)
+
+
+class BackendFlags(enum.IntFlag):
+    """Mirrors BE_F_* in bpf/lib/consts.h."""
+
+    NONE = 0
+    LOCAL = 1 << 0
+    TERMINATING = 1 << 1
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class NamespacedName:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServicePortName:
+    """One port of one Service: the unit kube-proxy (and ebpflb) programs."""
+
+    service: NamespacedName
+    port_name: str
+    protocol: Proto
+
+    def __str__(self) -> str:
+        # kube-proxy's spelling: "ns/name:port" (":" even when the port is unnamed).
+        return f"{self.service}:{self.port_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """What one Service port asks of the proxy, translated from the API object."""
+
+    name: ServicePortName
+    type: ServiceType
+    cluster_ips: tuple[IPv4Address, ...]
+    port: int
+    target_port: int | str
+    node_port: int | None = None
+    external_ips: tuple[IPv4Address, ...] = ()
+    load_balancer_ips: tuple[IPv4Address, ...] = ()
+    load_balancer_source_ranges: tuple[IPv4Network, ...] = ()
+    external_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
+    internal_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
+    health_check_node_port: int | None = None
+
+    @property
+    def protocol(self) -> Proto:
+        return self.name.protocol
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Endpoint:
+    """One endpoint address of one Service port, with kube-proxy's conditions."""
+
+    address: IPv4Address
+    port: int
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    node_name: str | None = None
+    zone: str | None = None
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Frontend:
+    """An address clients use to reach a service port: the key of ebpflb_svc4."""
+
+    address: IPv4Address
+    port: int
+    protocol: Proto
+    scope: Scope = Scope.EXTERNAL
+
+    def __str__(self) -> str:
+        suffix = "" if self.scope == Scope.EXTERNAL else "/internal"
+        return f"{self.address}:{self.port}/{self.protocol.name}{suffix}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Backend:
+    """Where a frontend is translated to; shared by every service using it."""
+
+    address: IPv4Address
+    port: int
+    protocol: Proto
+
+    def __str__(self) -> str:
+        # The Maglev name: identical on every node for the same endpoint.
+        return f"{self.address}:{self.port}"
