@@ -74,7 +74,9 @@ class Agent:
                 if translation.ipv6_skipped:
                     self.metrics.ipv6_skipped.inc(translation.ipv6_skipped)
                 previous = self.services.get(translation.ref)
-                if translation.skipped and (previous is None or previous.skipped != translation.skipped):
+                if translation.skipped and (
+                    previous is None or previous.skipped != translation.skipped
+                ):
                     log.info("skipping service %s: %s", translation.ref, translation.skipped)
                 pending = self.services.update(translation)
             else:
@@ -141,7 +143,9 @@ class Agent:
         if not self.synced.is_set():
             log.info(
                 "initial sync complete in %.3fs: %d frontends, %d errors",
-                elapsed, len(self.reconciler.realized), len(result.errors) if result else 0,
+                elapsed,
+                len(self.reconciler.realized),
+                len(result.errors) if result else 0,
             )
             self.synced.set()
         return ok
@@ -163,8 +167,9 @@ class Agent:
         known = self.services.refs()
         for service in sorted(self.slices.services() - known - self._warned_orphans):
             names = ", ".join(str(s.ref) for s in self.slices.slices_for(service))
-            log.warning("EndpointSlice %s names unknown service %s: ignored until it exists",
-                        names, service)
+            log.warning(
+                "EndpointSlice %s names unknown service %s: ignored until it exists", names, service
+            )
             self._warned_orphans.add(service)
         self._warned_orphans &= self.slices.services() - known
 

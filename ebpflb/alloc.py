@@ -47,6 +47,9 @@ class IdAllocator:
     def __len__(self) -> int:
         return len(self._used)
 
+    def __contains__(self, ident: object) -> bool:
+        return ident in self._used
+
 
 class SlotAllocator:
     """First-fit ranges of the slot pool, with free neighbours merged on release."""

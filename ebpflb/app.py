@@ -58,8 +58,9 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     cgroup = config.cgroup_dir or cgroup2_root()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s: leaving the datapath in place and exiting",
-                 signal.Signals(signum).name)
+        log.info(
+            "received %s: leaving the datapath in place and exiting", signal.Signals(signum).name
+        )
         stop.set()
 
     if threading.current_thread() is threading.main_thread():
@@ -82,9 +83,12 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             source = source_factory(agent)
             source.start()
             try:
-                wake = threading.Thread(target=lambda: (stop.wait(), agent.runner.wake()),
-                                        daemon=True)
-                wake.start()
+
+                def wake_on_stop() -> None:
+                    stop.wait()
+                    agent.runner.wake()
+
+                threading.Thread(target=wake_on_stop, daemon=True).start()
                 agent.run(stop)
             finally:
                 source.stop()

@@ -28,14 +28,19 @@ examples:
 
 def _add_datapath_args(parser: argparse.ArgumentParser, *, cgroup: bool = True) -> None:
     parser.add_argument(
-        "--bpffs", type=Path, default=DEFAULT_BPFFS_DIR, metavar="DIR",
+        "--bpffs",
+        type=Path,
+        default=DEFAULT_BPFFS_DIR,
+        metavar="DIR",
         help=f"bpffs directory holding the pinned maps (default {DEFAULT_BPFFS_DIR})",
     )
     if cgroup:
         parser.add_argument(
-            "--cgroup", type=Path, metavar="DIR",
+            "--cgroup",
+            type=Path,
+            metavar="DIR",
             help="cgroup v2 directory the socket programs attach to "
-                 "(default: the cgroup2 mount root, from /proc/mounts)",
+            "(default: the cgroup2 mount root, from /proc/mounts)",
         )
 
 
@@ -52,27 +57,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the agent in the foreground")
     run.add_argument(
-        "--manifests", type=Path, metavar="PATH", required=True,
+        "--manifests",
+        type=Path,
+        metavar="PATH",
+        required=True,
         help="YAML file or directory of v1 Services and discovery.k8s.io/v1 EndpointSlices",
     )
     _add_datapath_args(run)
     run.add_argument("--node-name", default="", help="this node's name (marks local endpoints)")
-    run.add_argument("--hash-seed", default=DEFAULT_HASH_SEED,
-                     help="Maglev hash seed; must be identical on every node")
-    run.add_argument("--maglev-max-table-size", type=int, default=DEFAULT_MAX_TABLE_SIZE,
-                     help="largest Maglev table (a prime)")
-    run.add_argument("--max-services", type=int, default=DEFAULTS.max_services,
-                     help="frontend map size")
-    run.add_argument("--max-backends", type=int, default=DEFAULTS.max_backends,
-                     help="backend map size")
-    run.add_argument("--slot-pool-size", type=int, default=DEFAULTS.slot_pool_size,
-                     help="slots shared by all Maglev tables (4 bytes each)")
-    run.add_argument("--min-sync-period", type=float, default=DEFAULTS.min_sync_period,
-                     help="seconds between syncs at most (bursts coalesce)")
-    run.add_argument("--sync-period", type=float, default=DEFAULTS.max_sync_period,
-                     help="seconds between full resyncs that repair drift")
-    run.add_argument("--metrics-bind-address", default=DEFAULT_METRICS_BIND_ADDRESS,
-                     help="HOST:PORT for /metrics; empty disables")
+    run.add_argument(
+        "--hash-seed",
+        default=DEFAULT_HASH_SEED,
+        help="Maglev hash seed; must be identical on every node",
+    )
+    run.add_argument(
+        "--maglev-max-table-size",
+        type=int,
+        default=DEFAULT_MAX_TABLE_SIZE,
+        help="largest Maglev table (a prime)",
+    )
+    run.add_argument(
+        "--max-services", type=int, default=DEFAULTS.max_services, help="frontend map size"
+    )
+    run.add_argument(
+        "--max-backends", type=int, default=DEFAULTS.max_backends, help="backend map size"
+    )
+    run.add_argument(
+        "--slot-pool-size",
+        type=int,
+        default=DEFAULTS.slot_pool_size,
+        help="slots shared by all Maglev tables (4 bytes each)",
+    )
+    run.add_argument(
+        "--min-sync-period",
+        type=float,
+        default=DEFAULTS.min_sync_period,
+        help="seconds between syncs at most (bursts coalesce)",
+    )
+    run.add_argument(
+        "--sync-period",
+        type=float,
+        default=DEFAULTS.max_sync_period,
+        help="seconds between full resyncs that repair drift",
+    )
+    run.add_argument(
+        "--metrics-bind-address",
+        default=DEFAULT_METRICS_BIND_ADDRESS,
+        help="HOST:PORT for /metrics; empty disables",
+    )
 
     cleanup = sub.add_parser("cleanup", help="detach ebpflb's programs and remove its pins")
     _add_datapath_args(cleanup)
@@ -82,8 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     dump = maps_sub.add_parser("dump", help="print frontends, backends and slot counts")
     _add_datapath_args(dump, cgroup=False)
     dump.add_argument("--json", action="store_true", help="machine-readable output")
-    dump.add_argument("--tables", action="store_true",
-                      help="with --json: every Maglev slot's backend, in slot order")
+    dump.add_argument(
+        "--tables",
+        action="store_true",
+        help="with --json: every Maglev slot's backend, in slot order",
+    )
 
     bench = sub.add_parser("bench", help="measure ebpflb")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

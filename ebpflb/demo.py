@@ -44,25 +44,39 @@ def main() -> int:
         cgroup = Cgroup.create("ebpflb-demo")
         for name, ip in PODS.items():
             topo.start_server(topo.add_pod(name, ip), tcp=[8080], udp=[5353], lifetime=600)
-        print(f"topology: node namespace {topo.node_ns} ({topo.node_ip}), pods {', '.join(PODS.values())}")
+        pods = ", ".join(PODS.values())
+        print(f"topology: node namespace {topo.node_ns} ({topo.node_ip}), pods {pods}")
         agent = AgentProcess(
-            ["--manifests", str(ROOT / "examples"), "--bpffs", str(BPFFS),
-             "--cgroup", str(cgroup.path)]
+            [
+                "--manifests",
+                str(ROOT / "examples"),
+                "--bpffs",
+                str(BPFFS),
+                "--cgroup",
+                str(cgroup.path),
+            ]
         )
         agent.wait_ready()
         print("agent: " + "\n       ".join(line.split(": ", 1)[-1] for line in agent.lines))
 
-        _spread("TCP  10.96.0.10:80 (default/web:http)",
-                topo.requests(topo.node_ns, "tcp", "10.96.0.10:80", 300, cgroup))
-        _spread("UDP  10.96.0.53:53 (kube-system/dns:dns, one socket per query)",
-                topo.requests(topo.node_ns, "udp", "10.96.0.53:53", 90, cgroup))
-        _spread("TCP  10.96.0.99:80 (default/pending:http, no endpoints)",
-                topo.requests(topo.node_ns, "tcp", "10.96.0.99:80", 3, cgroup))
+        _spread(
+            "TCP  10.96.0.10:80 (default/web:http)",
+            topo.requests(topo.node_ns, "tcp", "10.96.0.10:80", 300, cgroup),
+        )
+        _spread(
+            "UDP  10.96.0.53:53 (kube-system/dns:dns, one socket per query)",
+            topo.requests(topo.node_ns, "udp", "10.96.0.53:53", 90, cgroup),
+        )
+        _spread(
+            "TCP  10.96.0.99:80 (default/pending:http, no endpoints)",
+            topo.requests(topo.node_ns, "tcp", "10.96.0.99:80", 3, cgroup),
+        )
 
         print("\n$ ebpflb maps dump")
         sys.stdout.flush()
-        subprocess.run([sys.executable, "-m", "ebpflb", "maps", "dump", "--bpffs", str(BPFFS)],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "ebpflb", "maps", "dump", "--bpffs", str(BPFFS)], check=True
+        )
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted: tearing down")
@@ -71,8 +85,19 @@ def main() -> int:
         if agent is not None:
             agent.stop()
         if cgroup is not None:
-            subprocess.run([sys.executable, "-m", "ebpflb", "cleanup", "--bpffs", str(BPFFS),
-                            "--cgroup", str(cgroup.path)], capture_output=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "ebpflb",
+                    "cleanup",
+                    "--bpffs",
+                    str(BPFFS),
+                    "--cgroup",
+                    str(cgroup.path),
+                ],
+                capture_output=True,
+            )
             cgroup.close()
         if topo is not None:
             topo.close()

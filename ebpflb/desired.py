@@ -63,7 +63,11 @@ def frontends_for_port(
             WeightedBackend(
                 Backend(ep.address, ep.port, port.protocol),
                 DEFAULT_WEIGHT,
-                (BackendFlags.LOCAL if node_name and ep.node_name == node_name else BackendFlags.NONE)
+                (
+                    BackendFlags.LOCAL
+                    if node_name and ep.node_name == node_name
+                    else BackendFlags.NONE
+                )
                 | (BackendFlags.TERMINATING if ep.terminating else BackendFlags.NONE),
             )
             for ep in chosen
@@ -78,7 +82,9 @@ def frontends_for_port(
     ]
 
 
-def frontends_for_service(state: ServiceState, node_name: str = "") -> dict[Frontend, DesiredFrontend]:
+def frontends_for_service(
+    state: ServiceState, node_name: str = ""
+) -> dict[Frontend, DesiredFrontend]:
     result: dict[Frontend, DesiredFrontend] = {}
     for name, port in sorted(state.ports.items()):
         for desired in frontends_for_port(port, state.endpoints.get(name, ()), node_name):

@@ -344,7 +344,7 @@ def _check_size(size: int, n_weighted: int) -> None:
 
 
 def _is_prime(n: int) -> bool:
-    """Trial division: sizes are at most a few million, and the ladder short-circuits it."""
+    """Trial division is enough: tables hold at most a few million slots."""
     if n < 2 or n % 2 == 0:
         return n == 2
     return all(n % d for d in range(3, int(n**0.5) + 1, 2))

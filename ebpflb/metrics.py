@@ -28,7 +28,9 @@ class Metrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
         self.syncs = Counter(
-            "ebpflb_syncs_total", "Syncs run, by kind and result.", ["kind", "result"],
+            "ebpflb_syncs_total",
+            "Syncs run, by kind and result.",
+            ["kind", "result"],
             registry=registry,
         )
         self.pending_changes = Gauge(
@@ -39,7 +41,8 @@ class Metrics:
         )
         self.backends = Gauge("ebpflb_backends", "Distinct backends programmed.", registry=registry)
         self.slots_used = Gauge(
-            "ebpflb_maglev_slots_used", "Slots of the pool owned by Maglev tables.",
+            "ebpflb_maglev_slots_used",
+            "Slots of the pool owned by Maglev tables.",
             registry=registry,
         )
         self.map_capacity = Gauge(
@@ -63,7 +66,8 @@ class Metrics:
             registry=registry,
         )
         self.slots_written = Counter(
-            "ebpflb_maglev_slots_written_total", "Maglev slots written to the pool.",
+            "ebpflb_maglev_slots_written_total",
+            "Maglev slots written to the pool.",
             registry=registry,
         )
         self.table_resizes = Counter(
@@ -92,7 +96,8 @@ class DatapathCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
-            "ebpflb_datapath_events", "Datapath events counted by the BPF programs.",
+            "ebpflb_datapath_events",
+            "Datapath events counted by the BPF programs.",
             labels=["event"],
         )
         try:

@@ -105,6 +105,7 @@ class Reconciler:
         self._refs: dict[int, int] = {}
         self._quarantine: list[tuple[int, int]] = []  # slot ranges freed by the last apply
         self._orphan_meta: list[int] = []
+        self._stray: list[Frontend] = []  # entries restore could not adopt (duplicate ids)
 
     # ---- restore -------------------------------------------------------------------------
 
@@ -117,12 +118,13 @@ class Reconciler:
         self._id_of.clear()
         self._backend_entry.clear()
         self._refs.clear()
+        self._stray = []
 
-        for backend_id, entry in self.maps.backends.items():
+        for backend_id, backend_entry in self.maps.backends.items():
             # The same backend under two ids: the unreferenced one is collected.
-            if entry.backend not in self._id_of:
-                self._id_of[entry.backend] = backend_id
-            self._backend_entry[backend_id] = entry
+            if backend_entry.backend not in self._id_of:
+                self._id_of[backend_entry.backend] = backend_id
+            self._backend_entry[backend_id] = backend_entry
             self._backend_ids.reserve(backend_id)
             self._refs.setdefault(backend_id, 0)
 
@@ -130,7 +132,8 @@ class Reconciler:
         used_ids: set[int] = set()
         for frontend, entry in sorted(self.maps.services.items()):
             if entry.svc_id in used_ids or entry.svc_id == 0:
-                continue  # a duplicate id: not realized, so the next apply rewrites it
+                self._stray.append(frontend)  # a duplicate id: rewritten or removed by apply
+                continue
             used_ids.add(entry.svc_id)
             self._svc_ids.reserve(entry.svc_id)
             table: SlotArray | None = _EMPTY
@@ -184,6 +187,12 @@ class Reconciler:
                     self._conflict(result, frontend, owner, first[0])
 
         # Removals first: they free capacity the additions may need.
+        if full:
+            for frontend in self._stray:
+                if frontend not in wanted:
+                    self.maps.services.delete(frontend)
+                    result.count_write(self.maps.services.name)
+            self._stray = []
         for frontend, realized in list(self.realized.items()):
             if frontend in wanted:
                 continue
@@ -213,8 +222,9 @@ class Reconciler:
 
         if full:
             for svc_id in self._orphan_meta:
-                self.maps.service_meta.delete(svc_id)
-                result.count_write(self.maps.service_meta.name)
+                if svc_id not in self._svc_ids:  # not taken again by this apply
+                    self.maps.service_meta.delete(svc_id)
+                    result.count_write(self.maps.service_meta.name)
             self._orphan_meta = []
         self._collect_backends(result)
         self._update_gauges(result)
@@ -239,7 +249,12 @@ class Reconciler:
         *,
         full: bool,
     ) -> None:
-        if current is not None and current.desired == want and not full and current.table is not None:
+        if (
+            current is not None
+            and current.desired == want
+            and not full
+            and current.table is not None
+        ):
             result.unchanged += 1
             return
         name = str(want.service)
@@ -254,7 +269,9 @@ class Reconciler:
             for backend in new_ids:
                 allocated_ids.append(self._backend_ids.allocate(f"backend {backend} of {name}"))
             ids = dict(zip(new_ids, allocated_ids, strict=True))
-            ids.update({b.backend: self._id_of[b.backend] for b in usable if b.backend in self._id_of})
+            ids.update(
+                {b.backend: self._id_of[b.backend] for b in usable if b.backend in self._id_of}
+            )
             table, size = self._table_for(usable, ids, current)
             reuse = (
                 current is not None
@@ -291,7 +308,12 @@ class Reconciler:
             written = size
         else:
             offset = 0
-        if current is not None and current.entry.table_size and not reuse and current.table is not None:
+        if (
+            current is not None
+            and current.entry.table_size
+            and not reuse
+            and current.table is not None
+        ):
             self._quarantine.append((current.entry.table_off, current.entry.table_size))
             if size and self.metrics:
                 self.metrics.table_resizes.inc()
@@ -321,22 +343,31 @@ class Reconciler:
             result.added += 1
             log.info(
                 "service %s %s added: %d backends, %s",
-                name, frontend, len(usable),
+                name,
+                frontend,
+                len(usable),
                 f"{size} slots at {offset}" if size else "no usable endpoint (refusing)",
             )
         elif current.entry != entry or written:
             result.updated += 1
             added = sorted(str(self._backend_entry[i].backend) for i in new_id_set - old_ids)
-            gone = sorted(str(self._backend_entry[i].backend) for i in old_ids - new_id_set
-                          if i in self._backend_entry)
+            gone = sorted(
+                str(self._backend_entry[i].backend)
+                for i in old_ids - new_id_set
+                if i in self._backend_entry
+            )
             log.info(
                 "service %s %s updated: backends %d -> %d%s%s, %d slots written%s",
-                name, frontend, current.entry.backend_count, len(usable),
+                name,
+                frontend,
+                current.entry.backend_count,
+                len(usable),
                 f" +{','.join(added)}" if added else "",
                 f" -{','.join(gone)}" if gone else "",
                 written,
                 f" (table {current.entry.table_size} -> {size})"
-                if current.entry.table_size != size else "",
+                if current.entry.table_size != size
+                else "",
             )
         else:
             result.unchanged += 1
@@ -350,7 +381,9 @@ class Reconciler:
         if not usable:
             return _EMPTY, 0
         current_size = current.entry.table_size if current and current.entry.table_size else None
-        size = maglev.table_size_for(len(usable), max_size=self.max_table_size, current=current_size)
+        size = maglev.table_size_for(
+            len(usable), max_size=self.max_table_size, current=current_size
+        )
         table = maglev.build_table(
             {str(b.backend): b.weight for b in usable}, size, seed=self.hash_seed
         )

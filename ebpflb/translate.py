@@ -89,7 +89,9 @@ def translate_service(obj: Obj) -> ServiceTranslation:
     except ValueError:
         if spec.get("type") == "ExternalName":
             return ServiceTranslation(ref, skipped="ExternalName service")
-        raise InvalidObjectError("Service", str(ref), f"unknown type {spec.get('type')!r}") from None
+        raise InvalidObjectError(
+            "Service", str(ref), f"unknown type {spec.get('type')!r}"
+        ) from None
 
     raw_ips = list(spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else []))
     if not raw_ips:
@@ -186,17 +188,23 @@ def translate_slice(obj: Obj) -> SliceTranslation:
             SlicePort(
                 str(raw.get("name") or ""),
                 proto,
-                None if number is None else _port_number(number, ref, f"{where}.port", "EndpointSlice"),
+                None
+                if number is None
+                else _port_number(number, ref, f"{where}.port", "EndpointSlice"),
             )
         )
 
     endpoints = []
     for index, raw in enumerate(obj.get("endpoints") or []):
         if not isinstance(raw, Mapping):
-            raise InvalidObjectError("EndpointSlice", str(ref), f"endpoints[{index}] is not a mapping")
+            raise InvalidObjectError(
+                "EndpointSlice", str(ref), f"endpoints[{index}] is not a mapping"
+            )
         addresses = raw.get("addresses") or []
         if not addresses:
-            raise InvalidObjectError("EndpointSlice", str(ref), f"endpoints[{index}] has no address")
+            raise InvalidObjectError(
+                "EndpointSlice", str(ref), f"endpoints[{index}] has no address"
+            )
         # kube-proxy uses the first address: the others are the same pod's.
         address = _ipv4(addresses[0], ref, f"endpoints[{index}].addresses[0]", "EndpointSlice")
         conditions = raw.get("conditions") or {}
@@ -260,7 +268,9 @@ def _split_families(
         try:
             addr = ip_address(str(text))
         except ValueError:
-            raise InvalidObjectError("Service", str(ref), f"{what} {text!r} is not an IP address") from None
+            raise InvalidObjectError(
+                "Service", str(ref), f"{what} {text!r} is not an IP address"
+            ) from None
         if isinstance(addr, IPv4Address):
             v4.append(addr)
         else:
@@ -272,7 +282,9 @@ def _ipv4(text: Any, ref: NamespacedName, what: str, kind: str) -> IPv4Address:
     try:
         return IPv4Address(str(text))
     except AddressValueError:
-        raise InvalidObjectError(kind, str(ref), f"{what} {text!r} is not an IPv4 address") from None
+        raise InvalidObjectError(
+            kind, str(ref), f"{what} {text!r} is not an IPv4 address"
+        ) from None
 
 
 def _network(text: str, ref: NamespacedName) -> IPv4Network:
@@ -290,7 +302,9 @@ def _policy(value: Any, ref: NamespacedName, what: str) -> TrafficPolicy:
     try:
         return TrafficPolicy(value)
     except ValueError:
-        raise InvalidObjectError("Service", str(ref), f"{what} {value!r} is not Cluster or Local") from None
+        raise InvalidObjectError(
+            "Service", str(ref), f"{what} {value!r} is not Cluster or Local"
+        ) from None
 
 
 def _port_number(value: Any, ref: NamespacedName, what: str, kind: str = "Service") -> int:

@@ -91,7 +91,10 @@ def render_text(report: dict[str, Any]) -> str:
             cell = f"{be['address']} ({be['slots']}){flags}"
             rows.append((*first, cell) if i == 0 else ("", "", "", "", cell))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
     summary = report["summary"]
     lines.append("")
     lines.append(

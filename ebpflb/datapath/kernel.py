@@ -49,7 +49,9 @@ class Codec(Generic[K]):
 U32: Codec[int] = Codec(ct.c_uint32, ct.c_uint32, lambda raw: int(raw.value))
 FRONTEND: Codec[Frontend] = Codec(layout.Lb4SvcKey, layout.encode_frontend, layout.decode_frontend)
 SERVICE: Codec[ServiceEntry] = Codec(layout.Lb4SvcVal, layout.encode_service, layout.decode_service)
-BACKEND: Codec[BackendEntry] = Codec(layout.Lb4Backend, layout.encode_backend, layout.decode_backend)
+BACKEND: Codec[BackendEntry] = Codec(
+    layout.Lb4Backend, layout.encode_backend, layout.decode_backend
+)
 META: Codec[str] = Codec(layout.Lb4SvcMeta, layout.encode_meta, layout.decode_meta)
 
 

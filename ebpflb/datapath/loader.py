@@ -25,8 +25,8 @@ from bcc import BPF, BPFAttachType
 
 from ebpflb.config import Config
 from ebpflb.datapath import bpfsys, layout
-from ebpflb.datapath.mounts import cgroup2_root, is_bpffs
 from ebpflb.datapath.maps import MapName
+from ebpflb.datapath.mounts import is_bpffs
 from ebpflb.errors import AttachError, BpfLoadError, KernelSetupError
 
 log = logging.getLogger(__name__)
@@ -193,8 +193,12 @@ def drop_incompatible_pins(config: Config) -> list[str]:
             os.close(fd)
         actual = (info.type_name, info.key_size, info.value_size, info.max_entries)
         if actual != expected:
-            log.warning("pinned map %s has layout %s, config wants %s: recreating it",
-                        path, actual, expected)
+            log.warning(
+                "pinned map %s has layout %s, config wants %s: recreating it",
+                path,
+                actual,
+                expected,
+            )
             path.unlink()
             dropped.append(name)
     return dropped
@@ -312,4 +316,3 @@ def cleanup(bpffs_dir: Path, cgroup: Path) -> tuple[int, int]:
         with contextlib.suppress(OSError):  # not empty: somebody else's pins, keep them
             bpffs_dir.rmdir()
     return detached, removed
-

@@ -24,7 +24,7 @@ V = TypeVar("V")
 SlotArray = npt.NDArray[np.uint32]
 
 
-class MapName(str, enum.Enum):
+class MapName(enum.StrEnum):
     """Pinned map names (bpf/lib/maps.h); also the file names under the bpffs directory."""
 
     SERVICES = "ebpflb_svc4"
@@ -66,8 +66,11 @@ class ReverseSockEntry:
 class KeyValueMap(Protocol[K, V]):
     """One BPF hash map with typed keys and values."""
 
-    name: str
-    capacity: int
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capacity(self) -> int: ...
 
     def get(self, key: K) -> V | None: ...
 
@@ -85,8 +88,11 @@ class KeyValueMap(Protocol[K, V]):
 class SlotPool(Protocol):
     """The Maglev slot pool: an array of backend ids, written in runs."""
 
-    name: str
-    capacity: int
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capacity(self) -> int: ...
 
     def write(self, offset: int, values: SlotArray) -> None:
         """Store values at [offset, offset + len(values))."""
@@ -100,10 +106,17 @@ class SlotPool(Protocol):
 class MapSet(Protocol):
     """Every map the control plane writes."""
 
-    services: KeyValueMap[Frontend, ServiceEntry]
-    backends: KeyValueMap[int, BackendEntry]
-    service_meta: KeyValueMap[int, str]
-    slots: SlotPool
+    @property
+    def services(self) -> KeyValueMap[Frontend, ServiceEntry]: ...
+
+    @property
+    def backends(self) -> KeyValueMap[int, BackendEntry]: ...
+
+    @property
+    def service_meta(self) -> KeyValueMap[int, str]: ...
+
+    @property
+    def slots(self) -> SlotPool: ...
 
     def counters(self) -> dict[str, int]:
         """Datapath event counters summed over CPUs (bpf/lib/consts.h STAT_*)."""

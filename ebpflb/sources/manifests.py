@@ -93,8 +93,10 @@ def load(path: Path) -> Snapshot:
                     continue  # other kinds (Deployments, ...) share these files
                 key = (kind, object_ref(obj))
                 if key in objects:
-                    errors.append(f"{file} document {index}: {kind.value} {key[1]} defined twice;"
-                                  " the later one wins")
+                    errors.append(
+                        f"{file} document {index}: {kind.value} {key[1]} defined twice;"
+                        " the later one wins"
+                    )
                 objects[key] = obj
     return Snapshot(objects, tuple(errors))
 

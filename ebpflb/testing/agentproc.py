@@ -32,7 +32,10 @@ class AgentProcess:
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._log = log_file.open("a") if log_file else None
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -61,7 +64,10 @@ class AgentProcess:
             if remaining <= 0:
                 raise TimeoutError(f"agent did not log {text!r} in {timeout}s:\n" + self.output())
             try:
-                if self._queue.get(timeout=min(remaining, 0.2)) is None and self.proc.poll() is not None:
+                if (
+                    self._queue.get(timeout=min(remaining, 0.2)) is None
+                    and self.proc.poll() is not None
+                ):
                     for line in self.lines[seen:]:
                         if text in line:
                             return line

@@ -72,7 +72,10 @@ def _udp_loop(sock: socket.socket, name: str) -> None:
 
 def _error(exc: OSError) -> dict[str, Any]:
     code = exc.errno if exc.errno is not None else 0
-    return {"ok": False, "error": errno.errorcode.get(code, str(exc)) if code else type(exc).__name__}
+    return {
+        "ok": False,
+        "error": errno.errorcode.get(code, str(exc)) if code else type(exc).__name__,
+    }
 
 
 def tcp_request(target: tuple[str, int], timeout: float) -> dict[str, Any]:
@@ -102,8 +105,12 @@ def udp_request(target: tuple[str, int], timeout: float, connected: bool) -> dic
             s.sendto(b"hello", target)
             data, source = s.recvfrom(256)
         reply = data.decode().split()
-        return {"ok": True, "server": reply[0], "seen_as": reply[1],
-                "peer": f"{source[0]}:{source[1]}"}
+        return {
+            "ok": True,
+            "server": reply[0],
+            "seen_as": reply[1],
+            "peer": f"{source[0]}:{source[1]}",
+        }
     except OSError as exc:
         return _error(exc)
     finally:

@@ -106,8 +106,21 @@ class Topology:
         netns = f"{self.prefix}-{name}"
         self._add_namespace(netns)
         host_if = f"v{self.prefix[-6:]}{len(self.pods)}"[:15]
-        sh("ip", "link", "add", host_if, "netns", self.node_ns, "type", "veth",
-           "peer", "name", "eth0", "netns", netns)
+        sh(
+            "ip",
+            "link",
+            "add",
+            host_if,
+            "netns",
+            self.node_ns,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            netns,
+        )
         sh("ip", "-n", netns, "addr", "add", f"{ip}/32", "dev", "eth0")
         sh("ip", "-n", netns, "link", "set", "eth0", "up")
         sh("ip", "-n", self.node_ns, "link", "set", host_if, "up")
@@ -145,14 +158,24 @@ class Topology:
     def start_server(
         self, pod: Pod, *, tcp: Sequence[int] = (), udp: Sequence[int] = (), lifetime: float = 300
     ) -> subprocess.Popen[str]:
-        argv = [sys.executable, "-m", "ebpflb.testing.echo", "serve", "--name", pod.name,
-                "--lifetime", str(lifetime)]
+        argv = [
+            sys.executable,
+            "-m",
+            "ebpflb.testing.echo",
+            "serve",
+            "--name",
+            pod.name,
+            "--lifetime",
+            str(lifetime),
+        ]
         argv += [a for p in tcp for a in ("--tcp", str(p))]
         argv += [a for p in udp for a in ("--udp", str(p))]
         proc = self.spawn(pod.netns, argv)
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"server in {pod.netns} did not start: {proc.stderr.read() if proc.stderr else ''}")
+            raise RuntimeError(
+                f"server in {pod.netns} did not start: {proc.stderr.read() if proc.stderr else ''}"
+            )
         return proc
 
     def requests(
@@ -166,8 +189,18 @@ class Topology:
         timeout: float = 1.0,
     ) -> list[dict[str, Any]]:
         """Run `count` echo requests from `netns`; one result dict per request."""
-        argv = [sys.executable, "-m", "ebpflb.testing.echo", mode, target, "--count", str(count),
-                "--timeout", str(timeout), *extra]
+        argv = [
+            sys.executable,
+            "-m",
+            "ebpflb.testing.echo",
+            mode,
+            target,
+            "--count",
+            str(count),
+            "--timeout",
+            str(timeout),
+            *extra,
+        ]
         done = self.run(netns, argv, cgroup, timeout=30 + count * timeout)
         if done.returncode != 0:
             raise RuntimeError(f"client failed: {done.stderr}")

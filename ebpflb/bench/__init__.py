@@ -1,0 +1,1 @@
+"""Benchmarks behind `ebpflb bench`: each returns a JSON-able report and renders it as text."""

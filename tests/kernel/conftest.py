@@ -1,0 +1,119 @@
+"""Fixtures for kernel tests: namespaces with servers, a test cgroup, a private bpffs
+directory and the real `ebpflb run`. Each removes what it created, also on failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ebpflb.testing import leftovers
+from ebpflb.testing.agentproc import AgentProcess
+from ebpflb.testing.netns import Cgroup, Topology
+
+PODS = {"pod1": "10.244.1.11", "pod2": "10.244.1.12", "pod3": "10.244.1.13"}
+TCP_PORT, UDP_PORT = 8080, 5353
+BPFFS_ROOT = Path("/sys/fs/bpf")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_left_behind() -> Iterator[None]:
+    if os.geteuid() != 0:
+        yield
+        return
+    before = leftovers.find()
+    yield
+    after = leftovers.find()
+    assert after == before, f"kernel tests left these behind: {after}"
+
+
+@pytest.fixture(scope="module")
+def topology() -> Iterator[Topology]:
+    """A node namespace and three pods, each serving TCP 8080 and UDP 5353."""
+    topo = Topology.create()
+    try:
+        for name, ip in PODS.items():
+            topo.start_server(topo.add_pod(name, ip), tcp=[TCP_PORT], udp=[UDP_PORT], lifetime=900)
+        yield topo
+    finally:
+        topo.close()
+
+
+@pytest.fixture
+def bpffs() -> Iterator[Path]:
+    path = BPFFS_ROOT / f"ebpflb-test-{uuid.uuid4().hex[:8]}"
+    try:
+        yield path
+    finally:
+        if path.exists():
+            for pin in path.iterdir():
+                pin.unlink()
+            path.rmdir()
+
+
+@pytest.fixture
+def cgroup(bpffs: Path) -> Iterator[Cgroup]:
+    cg = Cgroup.create(f"ebpflb-test-{uuid.uuid4().hex[:8]}")
+    try:
+        yield cg
+    finally:
+        ebpflb_cleanup(bpffs, cg.path)
+        cg.close()
+
+
+def ebpflb_cleanup(bpffs: Path, cgroup: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ebpflb", "cleanup", "--bpffs", str(bpffs), "--cgroup", str(cgroup)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+AgentFactory = Callable[..., AgentProcess]
+
+
+@pytest.fixture
+def start_agent(bpffs: Path, cgroup: Cgroup, tmp_path: Path) -> Iterator[AgentFactory]:
+    """Start `ebpflb run --manifests DIR` on this test's bpffs directory and cgroup."""
+    agents: list[AgentProcess] = []
+
+    def start(manifests: Path, *extra: str, wait: bool = True) -> AgentProcess:
+        agent = AgentProcess(
+            [
+                "--manifests",
+                str(manifests),
+                "--bpffs",
+                str(bpffs),
+                "--cgroup",
+                str(cgroup.path),
+                "--min-sync-period",
+                "0.1",
+                *extra,
+            ],
+            log_file=tmp_path / f"agent{len(agents)}.log",
+        )
+        agents.append(agent)
+        if wait:
+            agent.wait_ready()
+        return agent
+
+    try:
+        yield start
+    finally:
+        for agent in agents:
+            agent.stop()
+
+
+@pytest.fixture
+def manifests(tmp_path: Path) -> Path:
+    """A directory holding a copy of examples/ (web TCP, dns UDP, pending with no endpoints)."""
+    target = tmp_path / "manifests"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "examples", target)
+    return target

@@ -1,0 +1,199 @@
+"""Socket-LB on the real kernel: real programs, real sockets, real namespaces."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ebpflb.datapath import loader
+from ebpflb.testing.netns import Cgroup, Topology
+from tests.kernel.conftest import PODS, AgentFactory, ebpflb_cleanup
+
+WEB = "10.96.0.10:80"
+DNS = "10.96.0.53:53"
+PENDING = "10.96.0.99:80"
+
+
+def served_by(results: list[dict[str, object]]) -> collections.Counter[str]:
+    assert all(r["ok"] for r in results), [r for r in results if not r["ok"]][:3]
+    return collections.Counter(str(r["server"]) for r in results)
+
+
+def test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+) -> None:
+    start_agent(manifests)
+    results = topology.requests(topology.node_ns, "tcp", WEB, 300, cgroup)
+    counts = served_by(results)
+    assert set(counts) == set(PODS)
+    assert min(counts.values()) >= 60  # uniform would be 100 each; 60 is > 5 sigma away
+    assert {r["peer"] for r in results} == {WEB}  # getpeername() shows the ClusterIP
+    # The backends saw the node's own address: socket-LB needs no SNAT.
+    assert {str(r["seen_as"]).split(":")[0] for r in results} == {topology.node_ip}
+
+
+def test_udp_reply_comes_from_the_clusterip(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+) -> None:
+    start_agent(manifests)
+    unconnected = topology.requests(topology.node_ns, "udp", DNS, 90, cgroup)
+    assert set(served_by(unconnected)) == set(PODS)
+    assert {r["peer"] for r in unconnected} == {DNS}  # recvmsg() source rewritten back
+    connected = topology.requests(topology.node_ns, "udp", DNS, 30, cgroup, "--connected")
+    assert len(served_by(connected)) >= 2
+    assert {r["peer"] for r in connected} == {DNS}  # getpeername() on connected UDP
+
+
+def test_service_without_endpoints_refuses_tcp_and_udp(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+) -> None:
+    start_agent(manifests)
+    features = loader.probe_features()
+    expected = "ECONNREFUSED" if features.set_retval else "EPERM"
+    started = time.monotonic()
+    tcp = topology.requests(topology.node_ns, "tcp", PENDING, 3, cgroup, timeout=5.0)
+    assert [r.get("error") for r in tcp] == [expected] * 3
+    (manifests / "udp-pending.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: udp-pending}\n"
+        "spec: {clusterIP: 10.96.0.98, ports: [{name: d, protocol: UDP, port: 53}]}\n"
+    )
+    time.sleep(1.0)
+    udp = topology.requests(topology.node_ns, "udp", "10.96.0.98:53", 2, cgroup, timeout=5.0)
+    assert [r.get("error") for r in udp] == [expected] * 2
+    # Refused at once, not after a timeout.
+    assert time.monotonic() - started < 5.0
+
+
+def test_uncovered_clusterip_is_not_translated(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+) -> None:
+    start_agent(manifests)
+    (result,) = topology.requests(topology.node_ns, "tcp", "10.96.0.10:81", 1, cgroup)
+    assert result["error"] == "ENETUNREACH"  # left alone: dies in the namespace, no route out
+
+
+def test_manifest_edit_moves_traffic_within_a_second(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+) -> None:
+    agent = start_agent(manifests)
+    web = manifests / "web.yaml"
+    web.write_text(
+        web.read_text().replace(
+            '  - addresses: ["10.244.1.13"]\n    conditions: {ready: true}',
+            '  - addresses: ["10.244.1.13"]\n    conditions: {ready: false}',
+        )
+    )
+    mark = len(agent.lines)
+    edited = time.monotonic()
+    line = agent.wait_for("default/web:http 10.96.0.10:80/TCP updated", timeout=5, start=mark)
+    assert time.monotonic() - edited < 1.0
+    assert "backends 3 -> 2" in line and "-10.244.1.13:8080" in line
+    # Only the changed slots were written: about a third of the table.
+    written = int(line.split(", ")[-1].split()[0])
+    assert 0 < written < 509 / 2
+    counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 100, cgroup))
+    assert set(counts) == {"pod1", "pod2"}
+
+
+def test_restart_keeps_traffic_flowing_and_rewrites_nothing(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+) -> None:
+    first = start_agent(manifests)
+    first.stop()
+    # No agent: the programs and maps stay, so traffic keeps being balanced.
+    counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 60, cgroup))
+    assert len(counts) == 3
+    second = start_agent(manifests)
+    assert not [line for line in second.lines if " added: " in line or " updated: " in line]
+    assert "replaced 4 programs of a previous ebpflb" in second.output()
+    attached = loader.attached_programs(cgroup.path)
+    assert sorted(name for _, name in attached) == [
+        "ebpflb_connect4",
+        "ebpflb_getpeer4",
+        "ebpflb_recvmsg4",
+        "ebpflb_sendmsg4",
+    ]
+
+
+def test_bad_input_is_named_and_skipped(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+) -> None:
+    (manifests / "bad.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: broken-ip}\n"
+        "spec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}\n"
+        "---\nkind: [this is not yaml\n"
+        "---\napiVersion: v1\nkind: Service\nmetadata: {name: bad-port}\n"
+        "spec: {clusterIP: 10.96.0.77, ports: [{name: x, port: 70000}]}\n"
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
+        "metadata: {name: orphan-1, labels: {kubernetes.io/service-name: nobody}}\n"
+        "addressType: IPv4\nendpoints: [{addresses: [10.244.1.11]}]\n"
+    )
+    agent = start_agent(manifests)
+    log = agent.output()
+    assert "invalid Service, skipped: Service default/broken-ip: clusterIP '10.96.0.300'" in log
+    assert "invalid Service, skipped: Service default/bad-port: spec.ports[0].port 70000" in log
+    assert "bad.yaml document 2: invalid YAML" in log
+    assert "EndpointSlice default/orphan-1 names unknown service default/nobody" in log
+    assert len(served_by(topology.requests(topology.node_ns, "tcp", WEB, 30, cgroup))) >= 2
+
+
+def test_maps_dump_reads_the_pins_without_an_agent(
+    cgroup: Cgroup, manifests: Path, start_agent: AgentFactory, bpffs: Path
+) -> None:
+    start_agent(manifests).stop()
+    done = subprocess.run(
+        [sys.executable, "-m", "ebpflb", "maps", "dump", "--bpffs", str(bpffs), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(done.stdout)
+    by_frontend = {s["frontend"]: s for s in report["services"]}
+    web = by_frontend["10.96.0.10:80/TCP"]
+    assert (web["service"], web["type"]) == ("default/web:http", "ClusterIP")
+    assert sorted(b["address"] for b in web["backends"]) == [f"{ip}:8080" for ip in PODS.values()]
+    assert sum(b["slots"] for b in web["backends"]) == web["maglev"]["table_size"]
+    assert by_frontend["10.96.0.99:80/TCP"]["backends"] == []
+    text = subprocess.run(
+        [sys.executable, "-m", "ebpflb", "maps", "dump", "--bpffs", str(bpffs)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "10.96.0.53:53/UDP  kube-system/dns:dns" in text
+
+
+def test_maps_dump_without_pins_fails_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "ebpflb", "maps", "dump", "--bpffs", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"ebpflb: no ebpflb maps pinned under {tmp_path / 'none'}"
+    ]
+
+
+def test_cleanup_leaves_nothing_attached_or_pinned(
+    cgroup: Cgroup, manifests: Path, start_agent: AgentFactory, bpffs: Path
+) -> None:
+    start_agent(manifests).stop()
+    show = subprocess.run(
+        ["bpftool", "cgroup", "show", str(cgroup.path)], capture_output=True, text=True
+    )
+    assert "ebpflb_connect4" in show.stdout  # left attached on exit, on purpose
+    done = ebpflb_cleanup(bpffs, cgroup.path)
+    assert done.returncode == 0, done.stderr
+    assert "detached 4 programs" in done.stdout and "removed 6 pins" in done.stdout
+    show = subprocess.run(
+        ["bpftool", "cgroup", "show", str(cgroup.path)], capture_output=True, text=True
+    )
+    assert show.stdout.strip() == ""
+    assert not bpffs.exists()
+    assert os.path.isdir(cgroup.path)  # our cgroup itself stays until the fixture removes it

@@ -1,0 +1,160 @@
+"""The whole sync path (objects -> trackers -> desired -> reconciler -> maps) on fake maps."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from ebpflb.agent import Agent
+from ebpflb.clock import FakeClock
+from ebpflb.config import Config
+from ebpflb.datapath import dump
+from ebpflb.datapath.maps import FakeMapSet
+from ebpflb.metrics import Metrics
+from ebpflb.model import NamespacedName
+from ebpflb.sources.base import Kind
+from tests.factories import endpoint, endpoint_slice, service
+
+
+@pytest.fixture
+def maps() -> FakeMapSet:
+    return FakeMapSet()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def agent(maps: FakeMapSet, clock: FakeClock) -> Agent:
+    return Agent(
+        Config(min_sync_period=1.0, max_sync_period=60.0),
+        maps,
+        Metrics(CollectorRegistry()),
+        clock=clock,
+    )
+
+
+def frontends(maps: FakeMapSet) -> dict[str, list[tuple[str, int]]]:
+    report = dump.collect(maps)
+    return {
+        s["frontend"]: [(b["address"], b["slots"]) for b in s["backends"]]
+        for s in report["services"]
+    }
+
+
+def start(agent: Agent) -> None:
+    agent.initial_list_done(Kind.SERVICE)
+    agent.initial_list_done(Kind.ENDPOINT_SLICE)
+    assert agent.runner.run_once() is not None
+
+
+def test_nothing_is_written_before_both_lists(agent: Agent, maps: FakeMapSet) -> None:
+    agent.object_updated(Kind.SERVICE, service())
+    agent.initial_list_done(Kind.SERVICE)
+    assert agent.runner.run_once() is None and not maps.services.data
+    agent.initial_list_done(Kind.ENDPOINT_SLICE)
+    assert agent.runner.run_once() is not None
+    assert list(frontends(maps)) == ["10.96.0.10:80/TCP"]
+
+
+def test_create_update_delete_flow_into_the_maps(
+    agent: Agent, maps: FakeMapSet, clock: FakeClock
+) -> None:
+    agent.object_updated(Kind.SERVICE, service())
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice())
+    start(agent)
+    assert [a for a, _ in frontends(maps)["10.96.0.10:80/TCP"]] == [
+        "10.244.1.11:8080",
+        "10.244.1.12:8080",
+        "10.244.1.13:8080",
+    ]
+    clock.advance(2)
+    agent.object_updated(
+        Kind.ENDPOINT_SLICE,
+        endpoint_slice(
+            endpoints=[
+                endpoint("10.244.1.11"),
+                endpoint("10.244.1.12"),
+                endpoint("10.244.1.13", ready=False),
+            ]
+        ),
+    )
+    assert agent.runner.run_once() is not None
+    assert [a for a, _ in frontends(maps)["10.96.0.10:80/TCP"]] == [
+        "10.244.1.11:8080",
+        "10.244.1.12:8080",
+    ]
+    assert agent.last_result is not None and 0 < agent.last_result.slots_written < 509
+    clock.advance(2)
+    agent.object_deleted(Kind.SERVICE, NamespacedName("default", "web"))
+    agent.runner.run_once()
+    assert frontends(maps) == {} and not maps.backends.data
+
+
+def test_invalid_object_is_logged_counted_and_others_work(
+    agent: Agent, maps: FakeMapSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent.object_updated(Kind.SERVICE, service("bad", cluster_ip="10.96.0.300"))
+    agent.object_updated(Kind.SERVICE, service("web"))
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice())
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice("ghost-1", service_name="ghost"))
+    with caplog.at_level(logging.WARNING):
+        start(agent)
+    assert list(frontends(maps)) == ["10.96.0.10:80/TCP"]
+    assert (
+        agent.metrics.registry.get_sample_value("ebpflb_invalid_objects_total", {"kind": "Service"})
+        == 1
+    )
+    messages = caplog.text
+    assert "EndpointSlice default/ghost-1 names unknown service default/ghost" in messages
+
+
+def test_invalid_edit_keeps_the_last_good_version(
+    agent: Agent, maps: FakeMapSet, clock: FakeClock
+) -> None:
+    agent.object_updated(Kind.SERVICE, service())
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice())
+    start(agent)
+    clock.advance(2)
+    agent.object_updated(Kind.SERVICE, service(ports=[{"name": "http", "port": 99999}]))
+    assert agent.runner.run_once() is None  # nothing pending: the edit was rejected
+    assert list(frontends(maps)) == ["10.96.0.10:80/TCP"]
+
+
+def test_full_resync_repairs_a_deleted_entry(
+    agent: Agent, maps: FakeMapSet, clock: FakeClock
+) -> None:
+    agent.object_updated(Kind.SERVICE, service())
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice())
+    start(agent)
+    maps.services.data.clear()  # somebody deleted the entry behind the agent's back
+    clock.advance(60)
+    assert agent.runner.run_once() is not None
+    assert list(frontends(maps)) == ["10.96.0.10:80/TCP"]
+    assert (
+        agent.metrics.registry.get_sample_value(
+            "ebpflb_drift_repaired_total", {"map": "ebpflb_svc4"}
+        )
+        == 1
+    )
+
+
+def test_terminating_fallback_and_named_target_port(agent: Agent, maps: FakeMapSet) -> None:
+    agent.object_updated(
+        Kind.SERVICE, service(ports=[{"name": "http", "port": 80, "targetPort": "web-http"}])
+    )
+    agent.object_updated(
+        Kind.ENDPOINT_SLICE,
+        endpoint_slice(
+            endpoints=[
+                endpoint("10.244.1.11", ready=False, serving=True, terminating=True),
+                endpoint("10.244.1.12", ready=False, serving=False, terminating=True),
+            ]
+        ),
+    )
+    start(agent)
+    assert [a for a, _ in frontends(maps)["10.96.0.10:80/TCP"]] == ["10.244.1.11:8080"]
