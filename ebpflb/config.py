@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ebpflb.errors import ConfigError
-from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE
+from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE, TABLE_SIZES
 
 DEFAULT_BPFFS_DIR = Path("/sys/fs/bpf/ebpflb")
 # kube-proxy's metricsBindAddress default.
@@ -43,6 +43,10 @@ class Config:
             value = getattr(self, name)
             if not 1 <= value < 2**31:
                 raise ConfigError(f"{name.replace('_', '-')} must be in [1, 2^31), got {value}")
+        if self.maglev_max_table_size not in TABLE_SIZES:
+            raise ConfigError(
+                f"maglev-max-table-size {self.maglev_max_table_size} is not one of {TABLE_SIZES}"
+            )
         if self.maglev_max_table_size > self.slot_pool_size:
             raise ConfigError(
                 f"maglev-max-table-size {self.maglev_max_table_size} exceeds "

@@ -36,6 +36,63 @@
 #define EBPFLB_REV_SK_MAX 262144
 #endif
 
+/* NodePort/LoadBalancer conntrack entries (ebpflb_ct4, LRU): one per flow through this
+ * node's interfaces. Cilium's default is 512k TCP + 256k other; kube-proxy's nf_conntrack
+ * minimum is 128k. */
+#ifndef EBPFLB_CT_MAX
+#define EBPFLB_CT_MAX 262144
+#endif
+
+/* Reply-translation entries (ebpflb_rnat4): one per flow, keyed by the reply's tuple. A
+ * plain hash, not LRU: an entry is reused only after its flow idled out, never evicted
+ * under a live flow (eviction could hand its SNAT port to another client). */
+#ifndef EBPFLB_RNAT_MAX
+#define EBPFLB_RNAT_MAX 262144
+#endif
+
+/* loadBalancerSourceRanges prefixes (ebpflb_srcrng4, LPM trie), over all services. */
+#ifndef EBPFLB_SRC_RANGE_MAX
+#define EBPFLB_SRC_RANGE_MAX 16384
+#endif
+
+/* Interfaces the tc/xdp programs are attached to (ebpflb_ifaddr4). */
+#ifndef EBPFLB_MAX_IFACES
+#define EBPFLB_MAX_IFACES 64
+#endif
+
+/* SNAT source ports, host order, inclusive. Above the NodePort range, as Cilium does. */
+#ifndef EBPFLB_SNAT_PORT_MIN
+#define EBPFLB_SNAT_PORT_MIN 32768
+#endif
+#ifndef EBPFLB_SNAT_PORT_MAX
+#define EBPFLB_SNAT_PORT_MAX 65535
+#endif
+/* Ports tried per new SNATed flow before counting STAT_SNAT_EXHAUSTED. */
+#ifndef EBPFLB_SNAT_TRIES
+#define EBPFLB_SNAT_TRIES 32
+#endif
+
+/* Seed of the 5-tuple hash that picks a NodePort flow's Maglev slot. Derived from the
+ * cluster-wide --hash-seed, so every node picks the same backend for the same flow. */
+#ifndef EBPFLB_FLOW_HASH_SEED
+#define EBPFLB_FLOW_HASH_SEED 0x6562706cU
+#endif
+
+/* Conntrack lifetimes in seconds (Cilium's defaults): a TCP flow before its handshake
+ * completes, an established TCP flow, a TCP flow after FIN/RST, a UDP flow. */
+#ifndef EBPFLB_CT_TCP_SYN_TIMEOUT
+#define EBPFLB_CT_TCP_SYN_TIMEOUT 60
+#endif
+#ifndef EBPFLB_CT_TCP_TIMEOUT
+#define EBPFLB_CT_TCP_TIMEOUT 21600
+#endif
+#ifndef EBPFLB_CT_TCP_CLOSE_TIMEOUT
+#define EBPFLB_CT_TCP_CLOSE_TIMEOUT 10
+#endif
+#ifndef EBPFLB_CT_UDP_TIMEOUT
+#define EBPFLB_CT_UDP_TIMEOUT 60
+#endif
+
 /* Bytes for "namespace/name:port" in ebpflb_svcmeta: 63 + 1 + 63 + 1 + 15 = 143 (+ NUL). */
 #ifndef EBPFLB_SVC_NAME_LEN
 #define EBPFLB_SVC_NAME_LEN 144
@@ -57,6 +114,20 @@
 #define SVC_F_LOADBALANCER  (1 << 2) /* frontend is a status.loadBalancer ingress IP */
 #define SVC_F_EXTERNAL_IP   (1 << 3) /* frontend is one of spec.externalIPs */
 #define SVC_F_TERMINATING   (1 << 4) /* only serving+terminating endpoints are left */
+#define SVC_F_ETP_LOCAL     (1 << 5) /* externalTrafficPolicy=Local: local backends, no SNAT */
+#define SVC_F_SOURCE_RANGES (1 << 6) /* loadBalancerSourceRanges: check ebpflb_srcrng4 */
+
+/* Frontends the tc/xdp programs serve; a ClusterIP is never reachable from outside. */
+#define SVC_F_EXTERNAL (SVC_F_NODE_PORT | SVC_F_LOADBALANCER | SVC_F_EXTERNAL_IP)
+
+/* ct4_entry.flags. */
+#define CT_F_SNAT       (1 << 0) /* source rewritten to nat_addr:nat_port */
+#define CT_F_REPLY_SEEN (1 << 1) /* the backend answered */
+#define CT_F_CLOSING    (1 << 2) /* TCP FIN or RST seen: short lifetime */
+#define CT_F_ESTABLISHED (1 << 3) /* TCP: client ACKed after the backend answered */
+
+/* rnat4_val.flags: which hook uses the entry. */
+#define RNAT_F_SNAT (1 << 0) /* reply to a SNATed flow, matched on ingress (dst = nat addr) */
 
 /* lb4_backend.flags. */
 #define BE_F_LOCAL       (1 << 0) /* endpoint runs on this node */
@@ -70,6 +141,14 @@
 #define STAT_NO_BACKEND      4 /* refused: the service has no usable backend */
 #define STAT_SLOT_MISS       5 /* slot or backend missing: a control-plane ordering bug */
 #define STAT_REVSK_UPDATE_FAIL 6 /* reverse entry not stored: getpeername/recvmsg will miss */
-#define STAT_MAX             8 /* array size; spare room for new counters */
+#define STAT_NP_NEW_FLOW     7 /* new NodePort/LB/external flow DNATed (tc or xdp) */
+#define STAT_NP_FWD          8 /* packet of a known flow translated towards its backend */
+#define STAT_NP_REPLY        9 /* reply translated back to the client's view */
+#define STAT_NP_NO_BACKEND   10 /* dropped: no usable (for Local: no local) backend */
+#define STAT_SNAT_EXHAUSTED  11 /* dropped: no free SNAT port (or reply map full) */
+#define STAT_SRC_RANGE_DROP  12 /* dropped: source outside loadBalancerSourceRanges */
+#define STAT_CT_CREATE_FAIL  13 /* dropped: conntrack entry could not be stored */
+#define STAT_FRAGMENT        14 /* fragment to a frontend passed untranslated (no L4 header) */
+#define STAT_MAX             16 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

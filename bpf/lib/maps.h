@@ -26,6 +26,22 @@ BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,
 BPF_TABLE_PINNED("lru_hash", struct lb4_revsk_key, struct lb4_revsk_val, ebpflb_revsk4,
 		 EBPFLB_REV_SK_MAX, EBPFLB_PIN_DIR "/ebpflb_revsk4");
 
+/* NodePort/LB flows: original tuple -> backend, SNAT, lifetime. */
+BPF_TABLE_PINNED("lru_hash", struct flow4, struct ct4_entry, ebpflb_ct4,
+		 EBPFLB_CT_MAX, EBPFLB_PIN_DIR "/ebpflb_ct4");
+
+/* Reply tuple -> client view; also the SNAT port reservations. */
+BPF_TABLE_PINNED("hash", struct flow4, struct rnat4_val, ebpflb_rnat4,
+		 EBPFLB_RNAT_MAX, EBPFLB_PIN_DIR "/ebpflb_rnat4");
+
+/* (service id, source prefix) allowed to reach a LoadBalancer IP with source ranges. */
+BPF_TABLE_PINNED("lpm_trie", struct src_range4_key, __u8, ebpflb_srcrng4,
+		 EBPFLB_SRC_RANGE_MAX, EBPFLB_PIN_DIR "/ebpflb_srcrng4", BPF_F_NO_PREALLOC);
+
+/* ifindex -> the node address on it: the SNAT source for flows arriving there. */
+BPF_TABLE_PINNED("hash", __u32, __be32, ebpflb_ifaddr4,
+		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifaddr4");
+
 /* Per-CPU event counters (STAT_*), summed by the agent at scrape time. */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, ebpflb_stats,
 		 STAT_MAX, EBPFLB_PIN_DIR "/ebpflb_stats");

@@ -58,4 +58,50 @@ struct lb4_revsk_val {
 	__u16 pad;    /* zero */
 };
 
+/* A flow as the wire shows it in one direction: the key of ebpflb_ct4 (client -> frontend,
+ * as the client sent it) and of ebpflb_rnat4 (backend -> where the backend replies to). */
+struct flow4 {
+	__be32 saddr; /* source address */
+	__be32 daddr; /* destination address */
+	__be16 sport; /* source port */
+	__be16 dport; /* destination port */
+	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[3];  /* zero */
+};
+
+/* One NodePort/LoadBalancer/external-IP flow: where its packets go. Holds the backend's
+ * address itself, so the flow keeps its backend after the backend leaves the service. */
+struct ct4_entry {
+	__be32 backend_addr; /* DNAT destination */
+	__be16 backend_port; /* DNAT destination port */
+	__u16 flags;         /* CT_F_* */
+	__be32 nat_addr;     /* SNAT source (node address), if CT_F_SNAT */
+	__be16 nat_port;     /* SNAT source port, if CT_F_SNAT */
+	__u16 pad;           /* zero */
+	__u32 svc_id;        /* service of the frontend (dumps) */
+	__u32 backend_id;    /* backend id at creation (dumps; may be gone since) */
+	__u64 expires;       /* bpf_ktime_get_ns() after which the entry is dead */
+	__u64 packets;       /* client -> backend packets */
+	__u64 bytes;         /* client -> backend bytes */
+};
+
+/* How to undo a flow's translation on its replies: the client's original view. */
+struct rnat4_val {
+	__be32 client_addr;   /* where the reply must go */
+	__be32 frontend_addr; /* what the reply must come from */
+	__be16 client_port;   /* client's port */
+	__be16 frontend_port; /* frontend port */
+	__u16 flags;          /* RNAT_F_* */
+	__u16 pad;            /* zero */
+	__u64 expires;        /* bpf_ktime_get_ns() after which the SNAT port may be reused */
+};
+
+/* loadBalancerSourceRanges entry: LPM key over (service id, source prefix). prefixlen
+ * counts the 32 bits of svc_id plus the prefix length. */
+struct src_range4_key {
+	__u32 prefixlen; /* 32 + CIDR prefix length */
+	__u32 svc_id;    /* LoadBalancer frontend's service id, big-endian for the LPM match */
+	__be32 addr;     /* allowed source prefix */
+};
+
 #endif /* EBPFLB_STRUCTS_H */

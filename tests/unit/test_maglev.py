@@ -255,15 +255,15 @@ def test_no_weighted_backend_gives_unusable_table(backends: dict[str, int] | lis
 #
 # The paper gives no bound on how many slots move between surviving backends, only a graph
 # (NSDI'16 Fig. 12); Envoy's docs report that simulations move "approximately double" the
-# minimum. We measured with this implementation (about 500,000 random single removals,
-# N = 2..1000, every ladder size with M >= 100·N):
+# minimum. We measured with this implementation (over two million random single removals,
+# N = 2..1000, ladder sizes with M >= 100·N):
 #
 # - Typically 1-2.5% of the table moves between survivors: mean 2.0-2.5% at M/N ~ 100
 #   for N = 5..40, 1.3% at N = 100 (M = 16381), 0.56% at N = 1000 (M = 131071).
 # - Small N has a heavy tail, almost always two survivors whose permutations share the same
 #   skip (chance about 1/M per pair): they walk the same cycle, so a removal shifts which of
 #   the two reaches each slot first and they trade up to most of their combined 2·M/N
-#   slots. Worst seen: 42% of the table at N = 3, 32% at N = 5, 15% at N = 10.
+#   slots. Worst seen: 42% of the table at N = 3, 37% at N = 4, 32% at N = 5, 16% at N = 10.
 # - Without such a pair the cascade stays below 5.4% for N >= 16 (M ~ 100·N).
 #
 # So the per-removal bound tested is an envelope: 2/N for the shared-cycle trade plus 0.1,
