@@ -18,11 +18,12 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u32 hash
 	__be16 vport = (__be16)ctx->user_port;
 	struct lb4_svc_val *svc;
 	struct lb4_backend *backend;
+	__u32 backend_id;
 
 	svc = lb4_lookup_service(vaddr, vport, (__u8)ctx->protocol, LB_SCOPE_EXTERNAL);
 	if (!svc)
 		return 1; /* not a frontend: leave the socket alone */
-	backend = lb4_select_backend(svc, hash);
+	backend = lb4_select_backend(svc, hash, &backend_id);
 	if (!backend) {
 		stat_inc(STAT_NO_BACKEND);
 		lb_set_refused();

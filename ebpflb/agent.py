@@ -11,16 +11,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ebpflb.clock import Clock, RealClock
 from ebpflb.config import Config
 from ebpflb.datapath.maps import MapSet
-from ebpflb.desired import DesiredFrontend, frontends_for_service
+from ebpflb.desired import DesiredFrontend, NodeView, frontends_for_service
 from ebpflb.errors import InvalidObjectError
+from ebpflb.healthcheck import HealthCheckServers, HealthTarget
 from ebpflb.metrics import Metrics
-from ebpflb.model import Frontend, NamespacedName
+from ebpflb.model import Frontend, NamespacedName, TrafficPolicy
 from ebpflb.reconcile import ApplyResult, Reconciler
 from ebpflb.runner import BoundedFrequencyRunner, SyncKind
 from ebpflb.sources.base import Kind
@@ -40,8 +41,17 @@ class Agent:
         metrics: Metrics,
         *,
         clock: Clock | None = None,
+        node: NodeView | None = None,
+        health: HealthCheckServers | None = None,
+        housekeeping: Callable[[], object] | None = None,
     ) -> None:
+        """`health` serves healthCheckNodePorts; `housekeeping` runs at every full resync
+        (expiring idle flows)."""
         self.config = config
+        self.health = health
+        self.housekeeping = housekeeping
+        self._health_targets: dict[NamespacedName, tuple[int, HealthTarget]] = {}
+        self.node = node or NodeView(config.node_name)
         self.metrics = metrics
         self.services = ServiceTracker()
         self.slices = EndpointSliceTracker()
@@ -112,7 +122,7 @@ class Agent:
         state = service_state(self.services, self.slices, ref)
         if state is None:
             return {}
-        return frontends_for_service(state, self.config.node_name)
+        return frontends_for_service(state, self.node)
 
     def _sync(self, kind: SyncKind) -> bool:
         started = time.monotonic()
@@ -127,12 +137,16 @@ class Agent:
             self.reconciler.restore()
             self._restored = True
             result = self.reconciler.apply(self._all_desired(), full=True)
+            changed = self.services.refs()
         else:
             if changed:
                 result = self.reconciler.apply({ref: self.desired_for(ref) for ref in changed})
             if kind is SyncKind.FULL:
                 repair = self._full_resync()
                 result = repair if result is None else result
+                if self.housekeeping is not None:
+                    self.housekeeping()
+        self._sync_health(changed)
         elapsed = time.monotonic() - started
         if result is not None:
             self._retry |= result.failed
@@ -159,6 +173,32 @@ class Agent:
         if result.writes:
             log.warning("full resync repaired drift: %s", result.writes)
         return result
+
+    def _sync_health(self, changed: set[NamespacedName]) -> None:
+        """Keep one health check port per externalTrafficPolicy=Local service answering
+        with its count of ready endpoints on this node (kube-proxy's LocalReadyEndpoints)."""
+        if self.health is None:
+            return
+        for ref in changed:
+            self._health_targets.pop(ref, None)
+            state = service_state(self.services, self.slices, ref)
+            if state is None:
+                continue
+            local = {
+                ep.address
+                for eps in state.endpoints.values()
+                for ep in eps
+                if ep.ready and self.node.name and ep.node_name == self.node.name
+            }
+            for port in state.ports.values():
+                if (
+                    port.external_traffic_policy is TrafficPolicy.LOCAL
+                    and port.health_check_node_port
+                ):
+                    target = HealthTarget(ref, len(local))
+                    self._health_targets[ref] = (port.health_check_node_port, target)
+                    break
+        self.health.sync(dict(self._health_targets.values()))
 
     def _all_desired(self) -> dict[NamespacedName, dict[Frontend, DesiredFrontend]]:
         return {ref: self.desired_for(ref) for ref in self.services.refs()}

@@ -19,10 +19,12 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from ebpflb.agent import Agent
 from ebpflb.config import Config
-from ebpflb.datapath import loader
+from ebpflb.datapath import loader, netdev
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
+from ebpflb.desired import NodeView
 from ebpflb.errors import ConfigError
+from ebpflb.healthcheck import HealthCheckServers
 from ebpflb.metrics import DatapathCollector, Metrics
 from ebpflb.sources.base import ObjectSink
 from ebpflb.sources.manifests import ManifestSource
@@ -67,11 +69,20 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
 
-    socket_lb = loader.SocketLB(config)
+    features = loader.probe_features()
+    interfaces = netdev.interfaces(config.interfaces) if config.interfaces != () else []
+    socket_lb = loader.SocketLB(config, features)
+    nodeport = loader.NodePortLB(config, features) if interfaces else None
+    health = HealthCheckServers()
     try:
         socket_lb.attach(cgroup)
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
         with KernelMapSet(config.bpffs_dir) as maps:
+            maps.set_interface_addresses(
+                {i.index: i.addresses[0] for i in interfaces if i.addresses}
+            )
+            if nodeport is not None:
+                nodeport.attach(interfaces)
             registry = CollectorRegistry()
             metrics = Metrics(registry)
             registry.register(DatapathCollector(maps.counters))
@@ -79,7 +90,10 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 metrics.map_capacity.labels(pinned).set(info.max_entries)
             if config.metrics_bind_address:
                 _serve_metrics(config.metrics_bind_address, registry)
-            agent = Agent(config, maps, metrics)
+            node = NodeView(config.node_name, tuple(a for i in interfaces for a in i.addresses))
+            agent = Agent(
+                config, maps, metrics, node=node, health=health, housekeeping=maps.expire_flows
+            )
             source = source_factory(agent)
             source.start()
             try:
@@ -93,4 +107,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             finally:
                 source.stop()
     finally:
+        health.close()
+        if nodeport is not None:
+            nodeport.close()
         socket_lb.close()

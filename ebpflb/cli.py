@@ -101,6 +101,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between full resyncs that repair drift",
     )
     run.add_argument(
+        "--interfaces",
+        type=_interfaces,
+        metavar="IF[,IF]",
+        help="interfaces for NodePort/LoadBalancer/external IPs (default: those holding the "
+        "node's IPv4 addresses; empty: none, socket-LB only)",
+    )
+    run.add_argument(
+        "--snat-port-range",
+        type=_port_range,
+        default=(DEFAULTS.snat_port_min, DEFAULTS.snat_port_max),
+        metavar="MIN-MAX",
+        help="source ports for masqueraded NodePort flows",
+    )
+    run.add_argument("--ct-max", type=int, default=DEFAULTS.ct_max, help="conntrack entries")
+    run.add_argument(
+        "--nat-max",
+        type=int,
+        default=DEFAULTS.rnat_max,
+        help="reply-translation (and SNAT port) entries",
+    )
+    run.add_argument(
+        "--ct-udp-timeout",
+        type=int,
+        default=DEFAULTS.ct_udp_timeout,
+        help="seconds an idle UDP flow keeps its backend and SNAT port",
+    )
+    run.add_argument(
+        "--ct-tcp-timeout",
+        type=int,
+        default=DEFAULTS.ct_tcp_timeout,
+        help="seconds an idle established TCP flow keeps its backend",
+    )
+    run.add_argument(
         "--metrics-bind-address",
         default=DEFAULT_METRICS_BIND_ADDRESS,
         help="HOST:PORT for /metrics; empty disables",
@@ -108,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     cleanup = sub.add_parser("cleanup", help="detach ebpflb's programs and remove its pins")
     _add_datapath_args(cleanup)
+    cleanup.add_argument(
+        "--interfaces",
+        type=_interfaces,
+        metavar="IF[,IF]",
+        help="interfaces to remove tc programs from (default: every interface here)",
+    )
 
     maps = sub.add_parser("maps", help="inspect the pinned maps")
     maps_sub = maps.add_subparsers(dest="maps_command", required=True)
@@ -126,6 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
     mb.add_argument("--json", action="store_true")
     mb.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     return parser
+
+
+def _interfaces(text: str) -> tuple[str, ...]:
+    return tuple(name for name in text.split(",") if name)
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition("-")
+    if not sep or not low.isdigit() or not high.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not MIN-MAX")
+    return int(low), int(high)
 
 
 def _setup_logging(debug: bool) -> None:
@@ -151,6 +201,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         min_sync_period=args.min_sync_period,
         max_sync_period=args.sync_period,
         metrics_bind_address=args.metrics_bind_address,
+        interfaces=args.interfaces,
+        snat_port_min=args.snat_port_range[0],
+        snat_port_max=args.snat_port_range[1],
+        ct_max=args.ct_max,
+        rnat_max=args.nat_max,
+        ct_udp_timeout=args.ct_udp_timeout,
+        ct_tcp_timeout=args.ct_tcp_timeout,
     )
     app.run(config, app.manifest_source(args.manifests))
     return 0
@@ -161,7 +218,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from ebpflb.datapath.mounts import cgroup2_root
 
     cgroup = args.cgroup or cgroup2_root()
-    programs, pins = loader.cleanup(args.bpffs, cgroup)
+    programs, pins = loader.cleanup(args.bpffs, cgroup, args.interfaces)
     print(f"detached {programs} programs from {cgroup}, removed {pins} pins under {args.bpffs}")
     return 0
 

@@ -8,6 +8,8 @@ which the loader detects and handles (see ``ebpflb.datapath.loader``).
 from __future__ import annotations
 
 import dataclasses
+import enum
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,14 @@ from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE, TABLE_SIZES
 DEFAULT_BPFFS_DIR = Path("/sys/fs/bpf/ebpflb")
 # kube-proxy's metricsBindAddress default.
 DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1:10249"
+
+
+class XdpMode(enum.Enum):
+    """Where the NodePort ingress path runs (--xdp)."""
+
+    OFF = "off"  # tc only
+    GENERIC = "generic"  # XDP in the stack (any driver; little gain, for testing)
+    NATIVE = "native"  # XDP in the driver (veth, most 10G+ NICs), falling back to tc
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +41,19 @@ class Config:
     max_backends: int = 65536
     slot_pool_size: int = 4 * 1024 * 1024
     rev_sk_max: int = 262144
+    # Interfaces the NodePort/LoadBalancer programs attach to; None: those holding the
+    # node's IPv4 addresses, () : none (socket-LB only).
+    interfaces: tuple[str, ...] | None = None
+    xdp: XdpMode = XdpMode.OFF
+    ct_max: int = 262144
+    rnat_max: int = 262144
+    src_range_max: int = 16384
+    snat_port_min: int = 32768
+    snat_port_max: int = 65535
+    ct_tcp_timeout: int = 21600
+    ct_tcp_syn_timeout: int = 60
+    ct_tcp_close_timeout: int = 10
+    ct_udp_timeout: int = 60
     # Bounded-frequency sync (kube-proxy's minSyncPeriod / syncPeriod): bursts within
     # min_sync_period coalesce; every max_sync_period the maps are re-read and repaired.
     min_sync_period: float = 0.5
@@ -39,7 +62,19 @@ class Config:
     metrics_bind_address: str = DEFAULT_METRICS_BIND_ADDRESS
 
     def __post_init__(self) -> None:
-        for name in ("max_services", "max_backends", "slot_pool_size", "rev_sk_max"):
+        for name in (
+            "max_services",
+            "max_backends",
+            "slot_pool_size",
+            "rev_sk_max",
+            "ct_max",
+            "rnat_max",
+            "src_range_max",
+            "ct_tcp_timeout",
+            "ct_tcp_syn_timeout",
+            "ct_tcp_close_timeout",
+            "ct_udp_timeout",
+        ):
             value = getattr(self, name)
             if not 1 <= value < 2**31:
                 raise ConfigError(f"{name.replace('_', '-')} must be in [1, 2^31), got {value}")
@@ -52,6 +87,10 @@ class Config:
                 f"maglev-max-table-size {self.maglev_max_table_size} exceeds "
                 f"slot-pool-size {self.slot_pool_size}"
             )
+        if not 1 <= self.snat_port_min <= self.snat_port_max <= 65535:
+            raise ConfigError(
+                f"snat-port-range {self.snat_port_min}-{self.snat_port_max} is not a port range"
+            )
         if not self.hash_seed:
             raise ConfigError("hash-seed must not be empty (it must match on every node)")
         if not 0 < self.min_sync_period <= self.max_sync_period:
@@ -59,6 +98,12 @@ class Config:
 
     def replace(self, **changes: object) -> Config:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def flow_hash_seed(self) -> int:
+        """32-bit seed of the datapath's 5-tuple hash, derived from the cluster-wide seed."""
+        digest = hashlib.blake2b(self.hash_seed.encode(), digest_size=4, person=b"ebpflb-flow")
+        return int.from_bytes(digest.digest(), "little")
 
     def cflags(self) -> list[str]:
         """The -D flags that size the maps and place the pins (bpf/lib/consts.h)."""
@@ -68,4 +113,14 @@ class Config:
             f"-DEBPFLB_MAX_BACKENDS={self.max_backends}",
             f"-DEBPFLB_SLOT_POOL_SIZE={self.slot_pool_size}",
             f"-DEBPFLB_REV_SK_MAX={self.rev_sk_max}",
+            f"-DEBPFLB_CT_MAX={self.ct_max}",
+            f"-DEBPFLB_RNAT_MAX={self.rnat_max}",
+            f"-DEBPFLB_SRC_RANGE_MAX={self.src_range_max}",
+            f"-DEBPFLB_SNAT_PORT_MIN={self.snat_port_min}",
+            f"-DEBPFLB_SNAT_PORT_MAX={self.snat_port_max}",
+            f"-DEBPFLB_FLOW_HASH_SEED={self.flow_hash_seed}U",
+            f"-DEBPFLB_CT_TCP_TIMEOUT={self.ct_tcp_timeout}",
+            f"-DEBPFLB_CT_TCP_SYN_TIMEOUT={self.ct_tcp_syn_timeout}",
+            f"-DEBPFLB_CT_TCP_CLOSE_TIMEOUT={self.ct_tcp_close_timeout}",
+            f"-DEBPFLB_CT_UDP_TIMEOUT={self.ct_udp_timeout}",
         ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network
 
 from ebpflb.model import (
     Backend,
@@ -18,6 +19,7 @@ from ebpflb.model import (
     ServicePort,
     ServicePortName,
     SvcFlags,
+    TrafficPolicy,
 )
 from ebpflb.tracker import ServiceState
 
@@ -39,10 +41,22 @@ class DesiredFrontend:
     service: ServicePortName
     flags: SvcFlags
     backends: tuple[WeightedBackend, ...]  # sorted: equal sets compare equal
+    source_ranges: tuple[IPv4Network, ...] = ()  # loadBalancerSourceRanges (LB IPs only)
 
     @property
     def usable(self) -> bool:
         return any(b.weight > 0 for b in self.backends)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What "local" and "this node's addresses" mean for the frontends of one node."""
+
+    name: str = ""
+    addresses: tuple[IPv4Address, ...] = ()
+
+
+LOOPBACK = IPv4Address("127.0.0.1")
 
 
 def usable_endpoints(endpoints: Iterable[Endpoint]) -> tuple[tuple[Endpoint, ...], bool]:
@@ -54,39 +68,81 @@ def usable_endpoints(endpoints: Iterable[Endpoint]) -> tuple[tuple[Endpoint, ...
     return tuple(ep for ep in endpoints if ep.serving and ep.terminating), True
 
 
-def frontends_for_port(
-    port: ServicePort, endpoints: Iterable[Endpoint], node_name: str = ""
-) -> list[DesiredFrontend]:
+def _backends(
+    port: ServicePort, endpoints: Iterable[Endpoint], node: NodeView
+) -> tuple[tuple[WeightedBackend, ...], SvcFlags]:
     chosen, fallback = usable_endpoints(endpoints)
     backends = tuple(
         sorted(
             WeightedBackend(
                 Backend(ep.address, ep.port, port.protocol),
                 DEFAULT_WEIGHT,
-                (
-                    BackendFlags.LOCAL
-                    if node_name and ep.node_name == node_name
-                    else BackendFlags.NONE
-                )
+                (BackendFlags.LOCAL if _is_local(ep, node) else BackendFlags.NONE)
                 | (BackendFlags.TERMINATING if ep.terminating else BackendFlags.NONE),
             )
             for ep in chosen
         )
     )
-    flags = SvcFlags.TERMINATING if fallback and backends else SvcFlags.NONE
-    return [
+    return backends, SvcFlags.TERMINATING if fallback and backends else SvcFlags.NONE
+
+
+def _is_local(ep: Endpoint, node: NodeView) -> bool:
+    return bool(node.name) and ep.node_name == node.name
+
+
+def frontends_for_port(
+    port: ServicePort, endpoints: Iterable[Endpoint], node: NodeView | None = None
+) -> list[DesiredFrontend]:
+    """Every frontend of one service port on this node.
+
+    The ClusterIP spreads over all endpoints. Node addresses on the nodePort (and
+    127.0.0.1:nodePort, for host processes through socket-LB), LoadBalancer ingress IPs and
+    external IPs do too under externalTrafficPolicy=Cluster; under Local they use only
+    this node's endpoints (none: the node refuses rather than forwards, so a cloud load
+    balancer's health check takes it out) and keep the client's source address.
+    """
+    node = node or NodeView()
+    endpoints = tuple(endpoints)
+    all_backends, all_flags = _backends(port, endpoints, node)
+    result = [
         DesiredFrontend(
-            Frontend(ip, port.port, port.protocol), port.name, SvcFlags.CLUSTER_IP | flags, backends
+            Frontend(ip, port.port, port.protocol),
+            port.name,
+            SvcFlags.CLUSTER_IP | all_flags,
+            all_backends,
         )
         for ip in port.cluster_ips
     ]
+    external: list[tuple[Frontend, SvcFlags, tuple[IPv4Network, ...]]] = []
+    if port.node_port:
+        for address in (*node.addresses, LOOPBACK):
+            frontend = Frontend(address, port.node_port, port.protocol)
+            external.append((frontend, SvcFlags.NODE_PORT, ()))
+    for ip in port.load_balancer_ips:
+        ranges = port.load_balancer_source_ranges
+        flags = SvcFlags.LOADBALANCER | (SvcFlags.SOURCE_RANGES if ranges else SvcFlags.NONE)
+        external.append((Frontend(ip, port.port, port.protocol), flags, ranges))
+    for ip in port.external_ips:
+        external.append((Frontend(ip, port.port, port.protocol), SvcFlags.EXTERNAL_IP, ()))
+    if not external:
+        return result
+    if port.external_traffic_policy is TrafficPolicy.LOCAL:
+        ext_backends, ext_flags = _backends(
+            port, (ep for ep in endpoints if _is_local(ep, node)), node
+        )
+        ext_flags |= SvcFlags.ETP_LOCAL
+    else:
+        ext_backends, ext_flags = all_backends, all_flags
+    for frontend, flags, ranges in external:
+        result.append(DesiredFrontend(frontend, port.name, flags | ext_flags, ext_backends, ranges))
+    return result
 
 
 def frontends_for_service(
-    state: ServiceState, node_name: str = ""
+    state: ServiceState, node: NodeView | None = None
 ) -> dict[Frontend, DesiredFrontend]:
     result: dict[Frontend, DesiredFrontend] = {}
     for name, port in sorted(state.ports.items()):
-        for desired in frontends_for_port(port, state.endpoints.get(name, ()), node_name):
-            result[desired.frontend] = desired
+        for desired in frontends_for_port(port, state.endpoints.get(name, ()), node):
+            result.setdefault(desired.frontend, desired)
     return result

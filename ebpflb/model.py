@@ -54,6 +54,8 @@ class SvcFlags(enum.IntFlag):
     LOADBALANCER = 1 << 2
     EXTERNAL_IP = 1 << 3
     TERMINATING = 1 << 4
+    ETP_LOCAL = 1 << 5
+    SOURCE_RANGES = 1 << 6
 
     def type_name(self) -> str:
         """The frontend's service type as `maps dump` prints it."""

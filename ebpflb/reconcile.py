@@ -22,12 +22,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from ipaddress import IPv4Network
 
 import numpy as np
 
 from ebpflb import maglev
 from ebpflb.alloc import IdAllocator, SlotAllocator
-from ebpflb.datapath.maps import BackendEntry, MapSet, ServiceEntry, SlotArray
+from ebpflb.datapath.maps import BackendEntry, MapSet, ServiceEntry, SlotArray, SourceRange
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.errors import MapError, MapFullError
 from ebpflb.metrics import Metrics
@@ -47,10 +48,25 @@ class Realized:
     owner: NamespacedName | None
     table: SlotArray | None  # backend id per slot; None: the range is unusable (overlap)
     desired: DesiredFrontend | None = None  # None after a restore: weights unknown
+    ranges: frozenset[IPv4Network] = frozenset()  # loadBalancerSourceRanges written
 
     @property
     def backend_ids(self) -> set[int]:
         return set() if self.table is None else set(np.unique(self.table).tolist()) - {0}
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What one frontend's update allocated before writing (see Reconciler._plan)."""
+
+    svc_id: int
+    usable: tuple[WeightedBackend, ...]
+    ranges: frozenset[IPv4Network]
+    new_backends: dict[Backend, int]
+    table: SlotArray = field(default_factory=lambda: _EMPTY)
+    size: int = 0
+    reuse: bool = False
+    new_range: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -106,6 +122,8 @@ class Reconciler:
         self._quarantine: list[tuple[int, int]] = []  # slot ranges freed by the last apply
         self._orphan_meta: list[int] = []
         self._stray: list[Frontend] = []  # entries restore could not adopt (duplicate ids)
+        self._orphan_ranges: list[SourceRange] = []
+        self._range_count = 0
 
     # ---- restore -------------------------------------------------------------------------
 
@@ -129,6 +147,11 @@ class Reconciler:
             self._refs.setdefault(backend_id, 0)
 
         metas = dict(self.maps.service_meta.items())
+        ranges: dict[int, set[IPv4Network]] = {}
+        self._range_count = 0
+        for source_range, _ in self.maps.source_ranges.items():
+            ranges.setdefault(source_range.svc_id, set()).add(source_range.network)
+            self._range_count += 1
         used_ids: set[int] = set()
         for frontend, entry in sorted(self.maps.services.items()):
             if entry.svc_id in used_ids or entry.svc_id == 0:
@@ -144,13 +167,20 @@ class Reconciler:
                 except (ValueError, MapError):
                     table = None  # overlaps another table: the next apply moves it
             name = metas.get(entry.svc_id, "")
-            realized = Realized(entry, name, parse_owner(name), table)
+            realized = Realized(
+                entry,
+                name,
+                parse_owner(name),
+                table,
+                ranges=frozenset(ranges.pop(entry.svc_id, ())),
+            )
             self.realized[frontend] = realized
             for backend_id in realized.backend_ids:
                 self._refs[backend_id] = self._refs.get(backend_id, 0) + 1
         for start, size in self._quarantine:
             self._slots.reserve(start, size)
         self._orphan_meta = sorted(set(metas) - used_ids)
+        self._orphan_ranges = [SourceRange(i, n) for i, nets in ranges.items() for n in nets]
 
     # ---- apply ---------------------------------------------------------------------------
 
@@ -226,6 +256,12 @@ class Reconciler:
                     self.maps.service_meta.delete(svc_id)
                     result.count_write(self.maps.service_meta.name)
             self._orphan_meta = []
+            for source_range in self._orphan_ranges:
+                if source_range.svc_id not in self._svc_ids:
+                    self.maps.source_ranges.delete(source_range)
+                    self._range_count -= 1
+                    result.count_write(self.maps.source_ranges.name)
+            self._orphan_ranges = []
         self._collect_backends(result)
         self._update_gauges(result)
         return result
@@ -257,85 +293,143 @@ class Reconciler:
         ):
             result.unchanged += 1
             return
+        plan = self._plan(frontend, want, current)
+        try:
+            entry, written = self._write(frontend, want, current, plan, result)
+        except MapError:
+            self._abandon(plan, current)
+            raise
+        self._account(frontend, owner, want, current, plan, entry, written, result)
+
+    def _plan(self, frontend: Frontend, want: DesiredFrontend, current: Realized | None) -> _Plan:
+        """Everything that can run out of room, allocated in memory before any write."""
         name = str(want.service)
         usable = tuple(b for b in want.backends if b.weight > 0)
-        new_ids = [b.backend for b in usable if b.backend not in self._id_of]
-
-        # Allocate everything first (in memory, may fail), then write.
-        svc_id = current.entry.svc_id if current else self._svc_ids.allocate(f"{name} {frontend}")
-        allocated_ids: list[int] = []
-        new_range: tuple[int, int] | None = None
+        new_backends = [b.backend for b in usable if b.backend not in self._id_of]
+        ranges = frozenset(want.source_ranges)
+        added_ranges = ranges - (current.ranges if current is not None else frozenset())
+        plan = _Plan(
+            svc_id=current.entry.svc_id if current else 0,
+            usable=usable,
+            ranges=ranges,
+            new_backends={},
+        )
         try:
-            for backend in new_ids:
-                allocated_ids.append(self._backend_ids.allocate(f"backend {backend} of {name}"))
-            ids = dict(zip(new_ids, allocated_ids, strict=True))
-            ids.update(
-                {b.backend: self._id_of[b.backend] for b in usable if b.backend in self._id_of}
-            )
-            table, size = self._table_for(usable, ids, current)
-            reuse = (
+            if current is None:
+                plan.svc_id = self._svc_ids.allocate(f"{name} {frontend}")
+            for backend in new_backends:
+                plan.new_backends[backend] = self._backend_ids.allocate(
+                    f"backend {backend} of {name}"
+                )
+            if self._range_count + len(added_ranges) > self.maps.source_ranges.capacity:
+                raise MapFullError(
+                    self.maps.source_ranges.name,
+                    self.maps.source_ranges.capacity,
+                    f"{len(added_ranges)} source ranges of {name} {frontend}",
+                )
+            ids = {
+                **{b.backend: self._id_of.get(b.backend, 0) for b in usable},
+                **plan.new_backends,
+            }
+            plan.table, plan.size = self._table_for(usable, ids, current)
+            plan.reuse = bool(
                 current is not None
                 and current.table is not None
-                and size
-                and current.entry.table_size == size
+                and plan.size
+                and current.entry.table_size == plan.size
             )
-            if size and not reuse:
-                new_range = (self._slots.allocate(size, f"{name} {frontend}"), size)
+            if plan.size and not plan.reuse:
+                plan.new_range = (self._slots.allocate(plan.size, f"{name} {frontend}"), plan.size)
         except MapFullError:
-            for backend_id in allocated_ids:
-                self._backend_ids.release(backend_id)
-            if current is None:
-                self._svc_ids.release(svc_id)
+            self._abandon(plan, current)
             raise
+        return plan
 
-        # Writes, in datapath-safe order.
-        for backend, backend_id in zip(new_ids, allocated_ids, strict=True):
+    def _abandon(self, plan: _Plan, current: Realized | None) -> None:
+        """Give back what a failed frontend allocated; nothing refers to it yet."""
+        for backend, backend_id in plan.new_backends.items():
+            if self._id_of.get(backend) == backend_id and self._refs.get(backend_id, 0) == 0:
+                continue  # already written: collected as unreferenced at the end of apply
+            self._backend_ids.release(backend_id)
+        if plan.new_range is not None:
+            self._slots.release(*plan.new_range)
+        if current is None and plan.svc_id:
+            self._svc_ids.release(plan.svc_id)
+
+    def _write(
+        self,
+        frontend: Frontend,
+        want: DesiredFrontend,
+        current: Realized | None,
+        plan: _Plan,
+        result: ApplyResult,
+    ) -> tuple[ServiceEntry, int]:
+        """The map writes of one frontend, in an order the datapath can run through."""
+        for backend, backend_id in plan.new_backends.items():
             self._id_of[backend] = backend_id
             self._refs[backend_id] = 0
-        for wb in usable:
-            self._write_backend(ids[wb.backend], wb, result)
+        for wb in plan.usable:
+            self._write_backend(self._id_of[wb.backend], wb, result)
 
-        written = 0
-        if reuse and current is not None and current.table is not None:
+        written, offset = 0, 0
+        if plan.reuse and current is not None and current.table is not None:
             offset = current.entry.table_off
-            changed = maglev.changed_slots(current.table, table)
+            changed = maglev.changed_slots(current.table, plan.table)
             if len(changed):
-                self.maps.slots.write_at(changed + offset, table[changed])
+                self.maps.slots.write_at(changed + offset, plan.table[changed])
                 written = len(changed)
-        elif new_range is not None:
-            offset = new_range[0]
-            self.maps.slots.write(offset, table)
-            written = size
-        else:
-            offset = 0
-        if (
-            current is not None
-            and current.entry.table_size
-            and not reuse
-            and current.table is not None
-        ):
-            self._quarantine.append((current.entry.table_off, current.entry.table_size))
-            if size and self.metrics:
-                self.metrics.table_resizes.inc()
-
+        elif plan.new_range is not None:
+            offset = plan.new_range[0]
+            self.maps.slots.write(offset, plan.table)
+            written = plan.size
         if written:
             result.count_write(self.maps.slots.name, written)
+
+        # Allowed ranges go in before an entry that checks them, and out after it.
+        old_ranges = current.ranges if current is not None else frozenset()
+        for network in sorted(plan.ranges - old_ranges):
+            self.maps.source_ranges.put(SourceRange(plan.svc_id, network), 1)
+            self._range_count += 1
+            result.count_write(self.maps.source_ranges.name)
+        name = str(want.service)
         if current is None or current.name != name:
-            self.maps.service_meta.put(svc_id, name)
+            self.maps.service_meta.put(plan.svc_id, name)
             result.count_write(self.maps.service_meta.name)
-        entry = ServiceEntry(svc_id, offset, size, len(usable), want.flags)
+        entry = ServiceEntry(plan.svc_id, offset, plan.size, len(plan.usable), want.flags)
         if current is None or current.entry != entry:
             self.maps.services.put(frontend, entry)
             result.count_write(self.maps.services.name)
+        for network in sorted(old_ranges - plan.ranges):
+            self.maps.source_ranges.delete(SourceRange(plan.svc_id, network))
+            self._range_count -= 1
+            result.count_write(self.maps.source_ranges.name)
+        return entry, written
 
+    def _account(
+        self,
+        frontend: Frontend,
+        owner: NamespacedName,
+        want: DesiredFrontend,
+        current: Realized | None,
+        plan: _Plan,
+        entry: ServiceEntry,
+        written: int,
+        result: ApplyResult,
+    ) -> None:
+        """Update references, quarantine a replaced range, record and log the change."""
+        replaced = current is not None and current.entry.table_size and current.table is not None
+        if replaced and current is not None and not plan.reuse:
+            self._quarantine.append((current.entry.table_off, current.entry.table_size))
+            if plan.size and self.metrics:
+                self.metrics.table_resizes.inc()
         old_ids = current.backend_ids if current is not None else set()
-        new_id_set = set(np.unique(table).tolist()) if size else set()
-        for backend_id in new_id_set - old_ids:
+        new_ids = set(np.unique(plan.table).tolist()) if plan.size else set()
+        for backend_id in new_ids - old_ids:
             self._refs[backend_id] = self._refs.get(backend_id, 0) + 1
-        for backend_id in old_ids - new_id_set:
+        for backend_id in old_ids - new_ids:
             self._refs[backend_id] -= 1
-
-        self.realized[frontend] = Realized(entry, name, owner, table, want)
+        name = str(want.service)
+        self.realized[frontend] = Realized(entry, name, owner, plan.table, want, plan.ranges)
         result.slots_written += written
         if self.metrics and written:
             self.metrics.slots_written.inc(written)
@@ -345,15 +439,17 @@ class Reconciler:
                 "service %s %s added: %d backends, %s",
                 name,
                 frontend,
-                len(usable),
-                f"{size} slots at {offset}" if size else "no usable endpoint (refusing)",
+                len(plan.usable),
+                f"{plan.size} slots at {entry.table_off}"
+                if plan.size
+                else "no usable endpoint (refusing)",
             )
-        elif current.entry != entry or written:
+        elif current.entry != entry or written or current.ranges != plan.ranges:
             result.updated += 1
-            added = sorted(str(self._backend_entry[i].backend) for i in new_id_set - old_ids)
+            added = sorted(str(self._backend_entry[i].backend) for i in new_ids - old_ids)
             gone = sorted(
                 str(self._backend_entry[i].backend)
-                for i in old_ids - new_id_set
+                for i in old_ids - new_ids
                 if i in self._backend_entry
             )
             log.info(
@@ -361,12 +457,12 @@ class Reconciler:
                 name,
                 frontend,
                 current.entry.backend_count,
-                len(usable),
+                len(plan.usable),
                 f" +{','.join(added)}" if added else "",
                 f" -{','.join(gone)}" if gone else "",
                 written,
-                f" (table {current.entry.table_size} -> {size})"
-                if current.entry.table_size != size
+                f" (table {current.entry.table_size} -> {plan.size})"
+                if current.entry.table_size != plan.size
                 else "",
             )
         else:
@@ -404,6 +500,10 @@ class Reconciler:
         self.maps.service_meta.delete(realized.entry.svc_id)
         result.count_write(self.maps.services.name)
         result.count_write(self.maps.service_meta.name)
+        for network in realized.ranges:
+            self.maps.source_ranges.delete(SourceRange(realized.entry.svc_id, network))
+            self._range_count -= 1
+            result.count_write(self.maps.source_ranges.name)
         self._svc_ids.release(realized.entry.svc_id)
         if realized.entry.table_size and realized.table is not None:
             self._quarantine.append((realized.entry.table_off, realized.entry.table_size))

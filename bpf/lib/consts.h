@@ -148,7 +148,8 @@
 #define STAT_SNAT_EXHAUSTED  11 /* dropped: no free SNAT port (or reply map full) */
 #define STAT_SRC_RANGE_DROP  12 /* dropped: source outside loadBalancerSourceRanges */
 #define STAT_CT_CREATE_FAIL  13 /* dropped: conntrack entry could not be stored */
-#define STAT_FRAGMENT        14 /* fragment to a frontend passed untranslated (no L4 header) */
-#define STAT_MAX             16 /* array size; spare room for new counters */
+#define STAT_FRAGMENT        14 /* IPv4 fragment passed untranslated (no L4 header to match) */
+#define STAT_FIB_FAIL        15 /* dropped: no route for a translated packet */
+#define STAT_MAX             24 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

@@ -38,11 +38,11 @@ static __always_inline struct lb4_svc_val *lb4_lookup_service(__be32 addr, __be1
 	return ebpflb_svc4.lookup(&key);
 }
 
-/* Backend in slot (hash mod M) of the service's table; NULL when the service has no
- * usable backend (table_size == 0) or, counted as STAT_SLOT_MISS, when a slot or backend
- * is missing. */
+/* Backend in slot (hash mod M) of the service's table, its id in *backend_id_out; NULL
+ * when the service has no usable backend (table_size == 0) or, counted as
+ * STAT_SLOT_MISS, when a slot or backend is missing. */
 static __always_inline struct lb4_backend *lb4_select_backend(const struct lb4_svc_val *svc,
-							      __u32 hash)
+							      __u32 hash, __u32 *backend_id_out)
 {
 	struct lb4_backend *backend;
 	__u32 slot, *backend_id;
@@ -56,6 +56,7 @@ static __always_inline struct lb4_backend *lb4_select_backend(const struct lb4_s
 	backend = ebpflb_be4.lookup(backend_id);
 	if (!backend)
 		goto miss;
+	*backend_id_out = *backend_id;
 	return backend;
 miss:
 	stat_inc(STAT_SLOT_MISS);

@@ -10,8 +10,10 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -27,9 +29,10 @@ from ebpflb.datapath.maps import (
     ReverseSockEntry,
     ServiceEntry,
     SlotArray,
+    SourceRange,
 )
 from ebpflb.errors import MapError, MapFullError, NoPinsError
-from ebpflb.model import Frontend
+from ebpflb.model import Frontend, Proto
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -53,6 +56,10 @@ BACKEND: Codec[BackendEntry] = Codec(
     layout.Lb4Backend, layout.encode_backend, layout.decode_backend
 )
 META: Codec[str] = Codec(layout.Lb4SvcMeta, layout.encode_meta, layout.decode_meta)
+SOURCE_RANGE: Codec[SourceRange] = Codec(
+    layout.SrcRange4Key, layout.encode_source_range, layout.decode_source_range
+)
+U8: Codec[int] = Codec(ct.c_uint8, ct.c_uint8, lambda raw: int(raw.value))
 
 
 def _errno_error(what: str) -> MapError:
@@ -217,6 +224,7 @@ class KernelMapSet:
         self.backends = KernelMap(self._pins[MapName.BACKENDS], U32, BACKEND)
         self.service_meta = KernelMap(self._pins[MapName.SERVICE_META], U32, META)
         self.slots = KernelSlotPool(self._pins[MapName.SLOTS])
+        self.source_ranges = KernelMap(self._pins[MapName.SOURCE_RANGES], SOURCE_RANGE, U8)
         self._ncpus = len(get_possible_cpus())
 
     def counters(self) -> dict[str, int]:
@@ -240,6 +248,89 @@ class KernelMapSet:
             if limit is not None and len(entries) >= limit:
                 break
         return entries
+
+    def conntrack(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Live and expired NodePort flows (ebpflb_ct4), for dumps."""
+        pinned = self._pins[MapName.CONNTRACK]
+        now = time.monotonic_ns()  # CLOCK_MONOTONIC, like bpf_ktime_get_ns()
+        flows = []
+        for raw_key in raw_keys(pinned.fd, layout.Flow4):
+            val = layout.Ct4Entry()
+            if lib.bpf_lookup_elem(pinned.fd, ct.byref(raw_key), ct.byref(val)) != 0:
+                continue
+            source, frontend = layout.format_flow(raw_key)
+            flags = layout.CtFlags(val.flags)
+            flows.append(
+                {
+                    "proto": Proto(raw_key.proto).name,
+                    "client": source,
+                    "frontend": frontend,
+                    "backend": layout.format_endpoint(val.backend_addr, val.backend_port),
+                    "snat": layout.format_endpoint(val.nat_addr, val.nat_port)
+                    if flags & layout.CtFlags.SNAT
+                    else None,
+                    "flags": [f.name.lower() for f in layout.CtFlags if f in flags and f.name],
+                    "svc_id": val.svc_id,
+                    "expires_in": round((val.expires - now) / 1e9, 1),
+                    "packets": val.packets,
+                    "bytes": val.bytes,
+                }
+            )
+            if limit is not None and len(flows) >= limit:
+                break
+        return flows
+
+    def reply_nat(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Reply translations and SNAT reservations (ebpflb_rnat4), for dumps."""
+        pinned = self._pins[MapName.REPLY_NAT]
+        now = time.monotonic_ns()
+        entries = []
+        for raw_key in raw_keys(pinned.fd, layout.Flow4):
+            val = layout.Rnat4Val()
+            if lib.bpf_lookup_elem(pinned.fd, ct.byref(raw_key), ct.byref(val)) != 0:
+                continue
+            backend, reply_to = layout.format_flow(raw_key)
+            entries.append(
+                {
+                    "proto": Proto(raw_key.proto).name,
+                    "backend": backend,
+                    "reply_to": reply_to,
+                    "client": layout.format_endpoint(val.client_addr, val.client_port),
+                    "frontend": layout.format_endpoint(val.frontend_addr, val.frontend_port),
+                    "snat": bool(val.flags & layout.RNAT_F_SNAT),
+                    "expires_in": round((val.expires - now) / 1e9, 1),
+                }
+            )
+            if limit is not None and len(entries) >= limit:
+                break
+        return entries
+
+    def expire_flows(self) -> int:
+        """Delete reply translations idle past their deadline; conntrack is LRU and checks
+        its own deadlines, but nothing else frees an idle SNAT reservation's memory."""
+        pinned = self._pins[MapName.REPLY_NAT]
+        now = time.monotonic_ns()
+        expired = []
+        for raw_key in raw_keys(pinned.fd, layout.Flow4):
+            val = layout.Rnat4Val()
+            found = lib.bpf_lookup_elem(pinned.fd, ct.byref(raw_key), ct.byref(val)) == 0
+            if found and val.expires < now:
+                expired.append(raw_key)
+        for raw_key in expired:
+            lib.bpf_delete_elem(pinned.fd, ct.byref(raw_key))
+        return len(expired)
+
+    def set_interface_addresses(self, addresses: dict[int, IPv4Address]) -> None:
+        """ifindex -> node address used as the SNAT source on that interface."""
+        pinned = self._pins[MapName.IFACE_ADDRS]
+        for raw_key in list(raw_keys(pinned.fd, ct.c_uint32)):
+            if int(raw_key.value) not in addresses:
+                lib.bpf_delete_elem(pinned.fd, ct.byref(raw_key))
+        for ifindex, address in addresses.items():
+            key = ct.c_uint32(ifindex)
+            value = ct.c_uint32(layout.addr_to_be32(address))
+            if lib.bpf_update_elem(pinned.fd, ct.byref(key), ct.byref(value), BPF_ANY) < 0:
+                raise _errno_error(f"update {pinned.name}[{ifindex}]")
 
     def map_infos(self) -> dict[str, bpfsys.MapInfo]:
         return {m.value: p.info for m, p in self._pins.items()}

@@ -11,12 +11,13 @@ from __future__ import annotations
 import ctypes as ct
 import enum
 import socket
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 
-from ebpflb.datapath.maps import BackendEntry, ReverseSockEntry, ServiceEntry
+from ebpflb.datapath.maps import BackendEntry, ReverseSockEntry, ServiceEntry, SourceRange
 from ebpflb.model import Backend, BackendFlags, Frontend, Proto, Scope, SvcFlags
 
 SVC_NAME_LEN = 144  # EBPFLB_SVC_NAME_LEN in bpf/lib/consts.h
+MAX_IFACES = 64  # EBPFLB_MAX_IFACES in bpf/lib/consts.h
 
 
 class Lb4SvcKey(ct.Structure):
@@ -80,6 +81,73 @@ class Lb4RevskVal(ct.Structure):
     ]
 
 
+class Flow4(ct.Structure):
+    """Must match struct flow4 in bpf/lib/structs.h."""
+
+    _fields_ = [
+        ("saddr", ct.c_uint32),
+        ("daddr", ct.c_uint32),
+        ("sport", ct.c_uint16),
+        ("dport", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("pad", ct.c_uint8 * 3),
+    ]
+
+
+class Ct4Entry(ct.Structure):
+    """Must match struct ct4_entry in bpf/lib/structs.h."""
+
+    _fields_ = [
+        ("backend_addr", ct.c_uint32),
+        ("backend_port", ct.c_uint16),
+        ("flags", ct.c_uint16),
+        ("nat_addr", ct.c_uint32),
+        ("nat_port", ct.c_uint16),
+        ("pad", ct.c_uint16),
+        ("svc_id", ct.c_uint32),
+        ("backend_id", ct.c_uint32),
+        ("expires", ct.c_uint64),
+        ("packets", ct.c_uint64),
+        ("bytes", ct.c_uint64),
+    ]
+
+
+class Rnat4Val(ct.Structure):
+    """Must match struct rnat4_val in bpf/lib/structs.h."""
+
+    _fields_ = [
+        ("client_addr", ct.c_uint32),
+        ("frontend_addr", ct.c_uint32),
+        ("client_port", ct.c_uint16),
+        ("frontend_port", ct.c_uint16),
+        ("flags", ct.c_uint16),
+        ("pad", ct.c_uint16),
+        ("expires", ct.c_uint64),
+    ]
+
+
+class SrcRange4Key(ct.Structure):
+    """Must match struct src_range4_key in bpf/lib/structs.h."""
+
+    _fields_ = [
+        ("prefixlen", ct.c_uint32),
+        ("svc_id", ct.c_uint32),
+        ("addr", ct.c_uint32),
+    ]
+
+
+class CtFlags(enum.IntFlag):
+    """Mirrors CT_F_* in bpf/lib/consts.h."""
+
+    SNAT = 1 << 0
+    REPLY_SEEN = 1 << 1
+    CLOSING = 1 << 2
+    ESTABLISHED = 1 << 3
+
+
+RNAT_F_SNAT = 1 << 0  # RNAT_F_SNAT in bpf/lib/consts.h
+
+
 class Counter(enum.IntEnum):
     """Indexes of the per-CPU ebpflb_stats array: mirrors STAT_* in bpf/lib/consts.h."""
 
@@ -90,9 +158,18 @@ class Counter(enum.IntEnum):
     NO_BACKEND = 4
     SLOT_MISS = 5
     REVSK_UPDATE_FAIL = 6
+    NP_NEW_FLOW = 7
+    NP_FWD = 8
+    NP_REPLY = 9
+    NP_NO_BACKEND = 10
+    SNAT_EXHAUSTED = 11
+    SRC_RANGE_DROP = 12
+    CT_CREATE_FAIL = 13
+    FRAGMENT = 14
+    FIB_FAIL = 15
 
 
-STATS_SIZE = 8  # STAT_MAX
+STATS_SIZE = 24  # STAT_MAX
 
 
 def addr_to_be32(address: IPv4Address) -> int:
@@ -176,3 +253,30 @@ def decode_revsk(key: Lb4RevskKey, val: Lb4RevskVal) -> ReverseSockEntry:
         backend_address=f"{be32_to_addr(key.addr)}:{be16_to_port(key.port)}",
         frontend_address=f"{be32_to_addr(val.addr)}:{be16_to_port(val.port)}",
     )
+
+
+def encode_source_range(key: SourceRange) -> SrcRange4Key:
+    # LPM matches bytes in order: the service id is stored big-endian so that the first
+    # 32 bits of the prefix are exactly the id.
+    return SrcRange4Key(
+        32 + key.network.prefixlen,
+        int.from_bytes(key.svc_id.to_bytes(4, "big"), "little"),
+        addr_to_be32(key.network.network_address),
+    )
+
+
+def decode_source_range(raw: SrcRange4Key) -> SourceRange:
+    svc_id = int.from_bytes(raw.svc_id.to_bytes(4, "little"), "big")
+    return SourceRange(svc_id, IPv4Network((be32_to_addr(raw.addr), raw.prefixlen - 32)))
+
+
+def format_flow(raw: Flow4) -> tuple[str, str]:
+    """("ip:port", "ip:port") of a flow's source and destination."""
+    return (
+        f"{be32_to_addr(raw.saddr)}:{be16_to_port(raw.sport)}",
+        f"{be32_to_addr(raw.daddr)}:{be16_to_port(raw.dport)}",
+    )
+
+
+def format_endpoint(addr: int, port: int) -> str:
+    return f"{be32_to_addr(addr)}:{be16_to_port(port)}"

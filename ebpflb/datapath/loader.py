@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -24,7 +24,7 @@ from pathlib import Path
 from bcc import BPF, BPFAttachType
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, layout
+from ebpflb.datapath import bpfsys, layout, netdev
 from ebpflb.datapath.maps import MapName
 from ebpflb.datapath.mounts import is_bpffs
 from ebpflb.errors import AttachError, BpfLoadError, KernelSetupError
@@ -171,6 +171,25 @@ def expected_map_layout(config: Config) -> dict[str, tuple[str, int, int, int]]:
             config.rev_sk_max,
         ),
         MapName.STATS.value: ("percpu_array", 4, 8, layout.STATS_SIZE),
+        MapName.CONNTRACK.value: (
+            "lru_hash",
+            ct.sizeof(layout.Flow4),
+            ct.sizeof(layout.Ct4Entry),
+            config.ct_max,
+        ),
+        MapName.REPLY_NAT.value: (
+            "hash",
+            ct.sizeof(layout.Flow4),
+            ct.sizeof(layout.Rnat4Val),
+            config.rnat_max,
+        ),
+        MapName.SOURCE_RANGES.value: (
+            "lpm_trie",
+            ct.sizeof(layout.SrcRange4Key),
+            1,
+            config.src_range_max,
+        ),
+        MapName.IFACE_ADDRS.value: ("hash", 4, 4, layout.MAX_IFACES),
     }
 
 
@@ -252,6 +271,41 @@ class SocketLB:
         self._bpf.cleanup()
 
 
+class NodePortLB:
+    """The tc programs for NodePort, LoadBalancer and external IPs (bpf/nodeport.c).
+
+    tc filters keep their programs loaded after the agent exits, like the cgroup
+    attachments; a restarted agent replaces them in place (netdev.attach_tc)."""
+
+    INGRESS = "ebpflb_np_in"
+    EGRESS = "ebpflb_np_out"
+
+    def __init__(self, config: Config, features: Features | None = None) -> None:
+        self.config = config
+        self.features = features or probe_features()
+        started = time.monotonic()
+        self._bpf = compile_program(
+            BPF_DIR / "nodeport.c", config.cflags() + self.features.cflags()
+        )
+        try:
+            self._ingress = self._bpf.load_func(self.INGRESS.encode(), BPF.SCHED_CLS)
+            self._egress = self._bpf.load_func(self.EGRESS.encode(), BPF.SCHED_CLS)
+        except Exception as exc:
+            raise BpfLoadError(f"loading the NodePort tc programs failed: {exc}") from exc
+        log.info("compiled and loaded NodePort programs in %.2fs", time.monotonic() - started)
+
+    def attach(self, interfaces: Sequence[netdev.Interface]) -> None:
+        for iface in interfaces:
+            netdev.attach_tc(iface, netdev.TcDirection.INGRESS, self._ingress.fd, self.INGRESS)
+            netdev.attach_tc(iface, netdev.TcDirection.EGRESS, self._egress.fd, self.EGRESS)
+            addresses = ", ".join(map(str, iface.addresses)) or "no IPv4 address"
+            log.info("NodePort programs attached to %s (%s)", iface.name, addresses)
+
+    def close(self) -> None:
+        """Drop this process's handles; the tc filters keep the programs loaded."""
+        self._bpf.cleanup()
+
+
 def _open_cgroup(cgroup: Path) -> int:
     try:
         return os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
@@ -297,13 +351,20 @@ def attached_programs(cgroup: Path) -> list[tuple[str, str]]:
     return found
 
 
-def cleanup(bpffs_dir: Path, cgroup: Path) -> tuple[int, int]:
-    """Detach every ebpflb program from `cgroup` and remove the pins; (programs, pins)."""
+def cleanup(
+    bpffs_dir: Path, cgroup: Path, interfaces: Sequence[str] | None = None
+) -> tuple[int, int]:
+    """Detach every ebpflb program from `cgroup` and from the tc hooks of `interfaces`
+    (None: every interface in this network namespace), and remove the pins;
+    (programs, pins)."""
     detached = 0
+    names = interfaces if interfaces is not None else [i.name for i in netdev.all_links()]
+    for name in names:
+        detached += netdev.detach_tc(name)
     if cgroup.exists():
         fd = _open_cgroup(cgroup)
         try:
-            detached = _detach_ebpflb_programs(fd)
+            detached += _detach_ebpflb_programs(fd)
         finally:
             os.close(fd)
     removed = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
+from ipaddress import IPv4Network
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -33,6 +34,10 @@ class MapName(enum.StrEnum):
     SERVICE_META = "ebpflb_svcmeta"
     REVERSE_SOCK = "ebpflb_revsk4"
     STATS = "ebpflb_stats"
+    CONNTRACK = "ebpflb_ct4"
+    REPLY_NAT = "ebpflb_rnat4"
+    SOURCE_RANGES = "ebpflb_srcrng4"
+    IFACE_ADDRS = "ebpflb_ifaddr4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,14 @@ class BackendEntry:
 
     backend: Backend
     flags: BackendFlags = BackendFlags.NONE
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SourceRange:
+    """Key of ebpflb_srcrng4: a prefix allowed to reach one LoadBalancer frontend."""
+
+    svc_id: int
+    network: IPv4Network
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +131,9 @@ class MapSet(Protocol):
     @property
     def slots(self) -> SlotPool: ...
 
+    @property
+    def source_ranges(self) -> KeyValueMap[SourceRange, int]: ...
+
     def counters(self) -> dict[str, int]:
         """Datapath event counters summed over CPUs (bpf/lib/consts.h STAT_*)."""
         ...
@@ -180,6 +196,7 @@ class FakeMapSet:
         max_services: int = 1024,
         max_backends: int = 1024,
         slot_pool_size: int = 1 << 20,
+        src_range_max: int = 1024,
     ) -> None:
         self.services: FakeMap[Frontend, ServiceEntry] = FakeMap(
             MapName.SERVICES.value, max_services
@@ -187,6 +204,9 @@ class FakeMapSet:
         self.backends: FakeMap[int, BackendEntry] = FakeMap(MapName.BACKENDS.value, max_backends)
         self.service_meta: FakeMap[int, str] = FakeMap(MapName.SERVICE_META.value, max_services)
         self.slots = FakeSlotPool(MapName.SLOTS.value, slot_pool_size)
+        self.source_ranges: FakeMap[SourceRange, int] = FakeMap(
+            MapName.SOURCE_RANGES.value, src_range_max
+        )
 
     def counters(self) -> dict[str, int]:
         return {}

@@ -24,6 +24,10 @@ class AgentProcess:
         netns: str | None = None,
         log_file: Path | None = None,
     ) -> None:
+        # Tests and the demo never attach tc programs to the machine's own interfaces:
+        # NodePort needs an explicit --interfaces (inside a test namespace).
+        if not any(a.startswith("--interfaces") for a in args):
+            args = [*args, "--interfaces="]
         argv = [sys.executable, "-m", "ebpflb", "run", "--metrics-bind-address=", *args]
         if netns:
             argv = ["nsenter", f"--net=/run/netns/{netns}", *argv]

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from ebpflb.datapath import loader
+from ebpflb.datapath.maps import MapName
 from ebpflb.testing.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, ebpflb_cleanup
 
@@ -190,7 +191,8 @@ def test_cleanup_leaves_nothing_attached_or_pinned(
     assert "ebpflb_connect4" in show.stdout  # left attached on exit, on purpose
     done = ebpflb_cleanup(bpffs, cgroup.path)
     assert done.returncode == 0, done.stderr
-    assert "detached 4 programs" in done.stdout and "removed 6 pins" in done.stdout
+    assert "detached 4 programs" in done.stdout
+    assert f"removed {len(MapName)} pins" in done.stdout
     show = subprocess.run(
         ["bpftool", "cgroup", "show", str(cgroup.path)], capture_output=True, text=True
     )

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address
 
-from ebpflb.desired import frontends_for_port, usable_endpoints
+from ebpflb.desired import NodeView, frontends_for_port, usable_endpoints
 from ebpflb.model import (
     BackendFlags,
     Endpoint,
@@ -45,6 +45,6 @@ def test_no_endpoints_means_a_refusing_frontend() -> None:
 
 
 def test_backends_are_sorted_and_local_is_marked() -> None:
-    (fe,) = frontends_for_port(PORT, [ep(3, node_name="n2"), ep(1, node_name="n1")], node_name="n1")
+    (fe,) = frontends_for_port(PORT, [ep(3, node_name="n2"), ep(1, node_name="n1")], NodeView("n1"))
     assert [str(b.backend) for b in fe.backends] == ["10.244.1.1:8080", "10.244.1.3:8080"]
     assert [b.flags for b in fe.backends] == [BackendFlags.LOCAL, BackendFlags.NONE]

@@ -1,0 +1,69 @@
+/* Sending a translated packet on from tc without the stack's input routing.
+ *
+ * After SNAT (or the reply translation of a SNATed flow) the packet's source is one of this
+ * node's own addresses; handed back to the stack it would be dropped as a martian. Like
+ * Cilium, the programs look the route up themselves (bpf_fib_lookup), decrement the TTL as
+ * a router must, and redirect to the egress interface; bpf_redirect_neigh (5.10+) fills in
+ * the next hop's MAC when the neighbour is not resolved yet. */
+#ifndef EBPFLB_FIB_H
+#define EBPFLB_FIB_H
+
+#include <uapi/linux/bpf.h>
+#include "lb.h"
+#include "pkt.h"
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+
+/* Decrement the IPv4 TTL (and fix the header checksum); -1 when it would reach 0. */
+static __always_inline int tc_dec_ttl(struct __sk_buff *skb, const struct pkt4 *pkt)
+{
+	__u32 off = pkt->l3_off + offsetof(struct iphdr, ttl);
+	__be16 old_word, new_word;
+	__u8 *bytes = (__u8 *)&new_word;
+
+	if (bpf_skb_load_bytes(skb, off, &old_word, sizeof(old_word)) < 0)
+		return -1;
+	new_word = old_word;
+	if (bytes[0] <= 1)
+		return -1;
+	bytes[0] -= 1; /* ttl is the first byte of the ttl/protocol word */
+	if (bpf_l3_csum_replace(skb, pkt->l3_off + offsetof(struct iphdr, check), old_word,
+				new_word, sizeof(new_word)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &new_word, sizeof(new_word), 0) < 0 ? -1 : 0;
+}
+
+/* Forward a rewritten packet (saddr -> daddr) out of the interface its route uses. */
+static __always_inline int tc_forward4(struct __sk_buff *skb, const struct pkt4 *pkt,
+				       __be32 saddr, __be32 daddr)
+{
+	struct bpf_fib_lookup fib = {};
+	int rc;
+
+	fib.family = AF_INET;
+	fib.ifindex = skb->ifindex;
+	fib.l4_protocol = pkt->flow.proto;
+	fib.tot_len = pkt->len - pkt->l3_off;
+	fib.ipv4_src = saddr;
+	fib.ipv4_dst = daddr;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		stat_inc(STAT_FIB_FAIL);
+		return TC_ACT_SHOT;
+	}
+	if (tc_dec_ttl(skb, pkt) < 0)
+		return TC_ACT_SHOT;
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		/* Called by number: BCC declares an older prototype. The arguments mean "no
+		 * params" on 5.10's (ifindex, flags) and on 5.11+'s (ifindex, params, plen, flags). */
+		return ((long (*)(__u32, void *, int, __u64))BPF_FUNC_redirect_neigh)(fib.ifindex,
+										    NULL, 0, 0);
+	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(fib.ifindex, 0);
+}
+
+#endif /* EBPFLB_FIB_H */

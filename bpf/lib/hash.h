@@ -1,0 +1,33 @@
+/* Flow hashing for NodePort backend selection: Bob Jenkins' lookup3 final mix over the
+ * 5-tuple with a cluster-wide seed, so every node hashes a flow to the same Maglev slot
+ * (a flow an upstream router moves to another node keeps its backend). */
+#ifndef EBPFLB_HASH_H
+#define EBPFLB_HASH_H
+
+#include "structs.h"
+
+#define __rol32(x, k) (((x) << (k)) | ((x) >> (32 - (k))))
+
+static __always_inline __u32 jhash_3words(__u32 a, __u32 b, __u32 c, __u32 initval)
+{
+	a += 0xdeadbeef + initval;
+	b += 0xdeadbeef + initval;
+	c += 0xdeadbeef + initval;
+	c ^= b; c -= __rol32(b, 14);
+	a ^= c; a -= __rol32(c, 11);
+	b ^= a; b -= __rol32(a, 25);
+	c ^= b; c -= __rol32(b, 16);
+	a ^= c; a -= __rol32(c, 4);
+	b ^= a; b -= __rol32(a, 14);
+	c ^= b; c -= __rol32(b, 24);
+	return c;
+}
+
+static __always_inline __u32 flow4_hash(const struct flow4 *flow)
+{
+	__u32 ports = ((__u32)flow->sport << 16) | flow->dport;
+
+	return jhash_3words(flow->saddr, flow->daddr, ports ^ flow->proto, EBPFLB_FLOW_HASH_SEED);
+}
+
+#endif /* EBPFLB_HASH_H */

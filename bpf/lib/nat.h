@@ -1,0 +1,189 @@
+/* What a NodePort/LoadBalancer/external-IP packet becomes: the decisions shared by the tc
+ * and xdp entry points. These functions only read and write maps and return the new
+ * header values; each hook applies them with its own helpers. */
+#ifndef EBPFLB_NAT_H
+#define EBPFLB_NAT_H
+
+#include "ct.h"
+#include "hash.h"
+
+enum np_verdict {
+	NP_PASS,  /* not ours: leave the packet alone */
+	NP_DROP,  /* ours, but must not be forwarded */
+	NP_XLATE, /* rewrite to *out, then let it continue */
+};
+
+/* New addresses and ports for a translated packet. */
+struct np4_xlate {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+};
+
+static __always_inline int src_range_allowed(__u32 svc_id, __be32 saddr)
+{
+	struct src_range4_key key = {
+		.prefixlen = 64,
+		.svc_id = bpf_htonl(svc_id),
+		.addr = saddr,
+	};
+
+	return ebpflb_srcrng4.lookup(&key) != NULL;
+}
+
+/* The client's flow that a reply translation belongs to. */
+static __always_inline void rnat4_orig(struct flow4 *orig, const struct rnat4_val *rnat, __u8 proto)
+{
+	orig->saddr = rnat->client_addr;
+	orig->daddr = rnat->frontend_addr;
+	orig->sport = rnat->client_port;
+	orig->dport = rnat->frontend_port;
+	orig->proto = proto;
+}
+
+/* Reply direction: backend -> client, shown as frontend -> client. */
+static __always_inline void np4_reply(const struct pkt4 *pkt, struct rnat4_val *rnat, __u64 now,
+				      struct np4_xlate *out)
+{
+	struct flow4 orig = {};
+	struct ct4_entry *ct;
+
+	rnat4_orig(&orig, rnat, pkt->flow.proto);
+	ct = ebpflb_ct4.lookup(&orig);
+	if (ct)
+		rnat->expires = ct_touch(ct, pkt, 1, now);
+	else /* conntrack entry evicted: keep answering the flow as long as it talks */
+		rnat->expires = now + ct_lifetime(pkt->flow.proto, CT_F_REPLY_SEEN);
+	out->saddr = rnat->frontend_addr;
+	out->sport = rnat->frontend_port;
+	out->daddr = rnat->client_addr;
+	out->dport = rnat->client_port;
+	stat_inc(STAT_NP_REPLY);
+}
+
+/* Start a flow: pick the backend, decide on SNAT, reserve the reply translation. */
+static __always_inline int np4_new_flow(const struct pkt4 *pkt, const struct lb4_svc_val *svc,
+					__u32 ifindex, __u64 now, struct ct4_entry *ct)
+{
+	const struct flow4 *flow = &pkt->flow;
+	__u32 hash = flow4_hash(flow);
+	struct lb4_backend *backend;
+	__be32 *nat_addr;
+	__u64 deadline;
+
+	backend = lb4_select_backend(svc, hash, &ct->backend_id);
+	if (!backend) {
+		stat_inc(STAT_NP_NO_BACKEND);
+		return NP_DROP;
+	}
+	ct->backend_addr = backend->addr;
+	ct->backend_port = backend->port;
+	ct->svc_id = svc->svc_id;
+	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
+	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
+		nat_addr = ebpflb_ifaddr4.lookup(&ifindex);
+		if (!nat_addr) {
+			stat_inc(STAT_SNAT_EXHAUSTED); /* no address to masquerade to here */
+			return NP_DROP;
+		}
+		ct->flags |= CT_F_SNAT;
+		ct->nat_addr = *nat_addr;
+	}
+	deadline = now + ct_lifetime(flow->proto, ct->flags);
+	ct->expires = deadline;
+	ct->packets = 1;
+	ct->bytes = pkt->len;
+	if (ct->flags & CT_F_SNAT) {
+		if (snat4_reserve(ct, flow, hash, deadline) < 0) {
+			stat_inc(STAT_SNAT_EXHAUSTED);
+			return NP_DROP;
+		}
+	} else if (rnat4_store_local(ct, flow, deadline) != 0) {
+		stat_inc(STAT_SNAT_EXHAUSTED);
+		return NP_DROP;
+	}
+	if (ebpflb_ct4.update((struct flow4 *)flow, ct) != 0) {
+		stat_inc(STAT_CT_CREATE_FAIL);
+		return NP_DROP;
+	}
+	stat_inc(STAT_NP_NEW_FLOW);
+	return NP_XLATE;
+}
+
+/* A live flow's SNAT reservation must still be its own before its packets use it. */
+static __always_inline int np4_flow_valid(const struct ct4_entry *ct, const struct flow4 *flow)
+{
+	struct flow4 key = {};
+	struct rnat4_val *rnat;
+
+	if (!(ct->flags & CT_F_SNAT))
+		return 1;
+	rnat4_key(&key, ct, flow);
+	rnat = ebpflb_rnat4.lookup(&key);
+	return rnat && rnat4_owned_by(rnat, flow);
+}
+
+/* Ingress on a node interface. */
+static __always_inline int np4_ingress(const struct pkt4 *pkt, __u32 ifindex,
+				       struct np4_xlate *out)
+{
+	const struct flow4 *flow = &pkt->flow;
+	struct ct4_entry new_ct = {}, *ct;
+	struct lb4_svc_val *svc;
+	struct rnat4_val *rnat;
+	__u64 now;
+	int verdict;
+
+	if (pkt->fragment) {
+		stat_inc(STAT_FRAGMENT);
+		return NP_PASS;
+	}
+	now = bpf_ktime_get_ns();
+	rnat = ebpflb_rnat4.lookup((struct flow4 *)flow);
+	if (rnat && (rnat->flags & RNAT_F_SNAT)) {
+		np4_reply(pkt, rnat, now, out);
+		return NP_XLATE;
+	}
+	svc = lb4_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
+	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
+		return NP_PASS;
+	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range_allowed(svc->svc_id, flow->saddr)) {
+		stat_inc(STAT_SRC_RANGE_DROP);
+		return NP_DROP;
+	}
+	ct = ct4_lookup(flow, pkt, now);
+	if (ct && np4_flow_valid(ct, flow)) {
+		ct_touch(ct, pkt, 0, now);
+		rnat4_refresh(ct, flow);
+		stat_inc(STAT_NP_FWD);
+	} else {
+		verdict = np4_new_flow(pkt, svc, ifindex, now, &new_ct);
+		if (verdict != NP_XLATE)
+			return verdict;
+		ct = &new_ct;
+	}
+	out->daddr = ct->backend_addr;
+	out->dport = ct->backend_port;
+	out->saddr = (ct->flags & CT_F_SNAT) ? ct->nat_addr : flow->saddr;
+	out->sport = (ct->flags & CT_F_SNAT) ? ct->nat_port : flow->sport;
+	return NP_XLATE;
+}
+
+/* Egress on a node interface: replies of flows DNATed to a local backend. */
+static __always_inline int np4_egress(const struct pkt4 *pkt, struct np4_xlate *out)
+{
+	struct rnat4_val *rnat;
+
+	if (pkt->fragment)
+		return NP_PASS;
+	rnat = ebpflb_rnat4.lookup((struct flow4 *)&pkt->flow);
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS;
+	np4_reply(pkt, rnat, bpf_ktime_get_ns(), out);
+	out->daddr = pkt->flow.daddr; /* the client, unchanged */
+	out->dport = pkt->flow.dport;
+	return NP_XLATE;
+}
+
+#endif /* EBPFLB_NAT_H */

@@ -1,0 +1,62 @@
+/* NodePort, LoadBalancer and external-IP load balancing on the node's interfaces (tc).
+ *
+ * ingress (ebpflb_np_in): a reply to a SNATed flow is translated back to the client's view;
+ *   a packet to a frontend of one of those types is DNATed to a backend picked from the
+ *   service's Maglev table by a hash of its 5-tuple (remembered in conntrack), and SNATed
+ *   to the node's address when the backend runs on another node and externalTrafficPolicy
+ *   is Cluster (kube-proxy's KUBE-MARK-MASQ). Packets whose source became a node address
+ *   are forwarded by the program (lib/fib.h); DNAT-only packets go on to the stack.
+ * egress (ebpflb_np_out): a reply from a local backend (no SNAT) gets the frontend as its
+ *   source again.
+ *
+ * Return codes: TC_ACT_OK lets the (possibly rewritten) packet continue; TC_ACT_SHOT drops
+ * it (source outside loadBalancerSourceRanges, no usable backend, no SNAT port, no route);
+ * TC_ACT_REDIRECT (from bpf_redirect*) sends it out of the chosen interface.
+ */
+#include <uapi/linux/bpf.h>
+
+#include "lib/fib.h"
+#include "lib/nat.h"
+
+static __always_inline int tc_apply(struct __sk_buff *skb, const struct pkt4 *pkt,
+				    const struct np4_xlate *out)
+{
+	if (pkt4_rewrite(skb, pkt, 0, out->daddr, out->dport) < 0 ||
+	    pkt4_rewrite(skb, pkt, 1, out->saddr, out->sport) < 0)
+		return -1;
+	return 0;
+}
+
+int ebpflb_np_in(struct __sk_buff *skb)
+{
+	struct np4_xlate out = {};
+	struct pkt4 pkt = {};
+
+	if (pkt4_parse((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt) < 0)
+		return TC_ACT_OK;
+	switch (np4_ingress(&pkt, skb->ifindex, &out)) {
+	case NP_DROP:
+		return TC_ACT_SHOT;
+	case NP_XLATE:
+		if (tc_apply(skb, &pkt, &out) < 0)
+			return TC_ACT_SHOT;
+		/* The source is now a node address (SNAT, or the frontend of a reply). */
+		if (out.saddr != pkt.flow.saddr)
+			return tc_forward4(skb, &pkt, out.saddr, out.daddr);
+		return TC_ACT_OK;
+	default:
+		return TC_ACT_OK;
+	}
+}
+
+int ebpflb_np_out(struct __sk_buff *skb)
+{
+	struct np4_xlate out = {};
+	struct pkt4 pkt = {};
+
+	if (pkt4_parse((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt) < 0)
+		return TC_ACT_OK;
+	if (np4_egress(&pkt, &out) == NP_XLATE && tc_apply(skb, &pkt, &out) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
