@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import socket
 import sys
 from pathlib import Path
 
 from ebpflb import __version__
 from ebpflb.config import DEFAULT_BPFFS_DIR, DEFAULT_METRICS_BIND_ADDRESS, Config
-from ebpflb.errors import EbpflbError
+from ebpflb.errors import ConfigError, EbpflbError
 from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE
 
 log = logging.getLogger("ebpflb")
@@ -18,6 +20,8 @@ DEFAULTS = Config()
 
 EXAMPLES = """\
 examples:
+  ebpflb run                                       # in a pod: the cluster's Services
+  ebpflb run --kubeconfig ~/.kube/config           # ... from outside the cluster
   ebpflb run --manifests examples/                 # program the Services in examples/
   ebpflb maps dump                                 # what the pinned maps hold
   ebpflb maps dump --json --tables                 # ... with every Maglev slot
@@ -60,11 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--manifests",
         type=Path,
         metavar="PATH",
-        required=True,
-        help="YAML file or directory of v1 Services and discovery.k8s.io/v1 EndpointSlices",
+        help="YAML file or directory of v1 Services and discovery.k8s.io/v1 EndpointSlices"
+        " (default: list and watch them in the API server)",
+    )
+    run.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="kubeconfig for the API server (default: in-cluster service account)",
     )
     _add_datapath_args(run)
-    run.add_argument("--node-name", default="", help="this node's name (marks local endpoints)")
+    run.add_argument(
+        "--node-name",
+        help="this node's name, marking local endpoints (default: $NODE_NAME, then the hostname)",
+    )
     run.add_argument(
         "--hash-seed",
         default=DEFAULT_HASH_SEED,
@@ -154,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_datapath_args(dump, cgroup=False)
     dump.add_argument("--json", action="store_true", help="machine-readable output")
     dump.add_argument(
+        "--flows",
+        type=int,
+        default=100,
+        metavar="N",
+        help="conntrack and NAT entries to show at most (0: none)",
+    )
+    dump.add_argument(
         "--tables",
         action="store_true",
         help="with --json: every Maglev slot's backend, in slot order",
@@ -192,7 +212,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = Config(
         bpffs_dir=args.bpffs,
         cgroup_dir=args.cgroup,
-        node_name=args.node_name,
+        node_name=node_name(args.node_name),
         hash_seed=args.hash_seed,
         maglev_max_table_size=args.maglev_max_table_size,
         max_services=args.max_services,
@@ -209,8 +229,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         ct_udp_timeout=args.ct_udp_timeout,
         ct_tcp_timeout=args.ct_tcp_timeout,
     )
-    app.run(config, app.manifest_source(args.manifests))
+    if args.manifests is not None and args.kubeconfig is not None:
+        raise ConfigError("--manifests and --kubeconfig are two sources: choose one")
+    if args.manifests is not None:
+        source = app.manifest_source(args.manifests)
+    else:
+        source = app.kubernetes_source(args.kubeconfig)
+    app.run(config, source)
     return 0
+
+
+def node_name(given: str | None) -> str:
+    """--node-name, else $NODE_NAME (the downward API's spec.nodeName), else the hostname
+    lower-cased as kube-proxy does (node names are DNS names)."""
+    if given is not None:
+        return given
+    return os.environ.get("NODE_NAME") or socket.gethostname().strip().lower()
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -229,6 +263,8 @@ def cmd_maps_dump(args: argparse.Namespace) -> int:
 
     with KernelMapSet(args.bpffs) as maps:
         report = dump.collect(maps, tables=args.tables)
+        report["conntrack"] = maps.conntrack(limit=args.flows) if args.flows else []
+        report["nat"] = maps.reply_nat(limit=args.flows) if args.flows else []
     if args.json:
         print(json.dumps(report, indent=2))
     else:

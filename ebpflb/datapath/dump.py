@@ -105,4 +105,21 @@ def render_text(report: dict[str, Any]) -> str:
     counters = report.get("counters") or {}
     if counters:
         lines.append("datapath: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
+    if report.get("conntrack"):
+        lines += ["", "CONNTRACK (NodePort/LoadBalancer/external IP flows)"]
+        lines += [
+            f"{f['proto']} {f['client']} -> {f['frontend']} => {f['backend']}"
+            + (f" snat {f['snat']}" if f["snat"] else "")
+            + f" [{','.join(f['flags'])}] expires={f['expires_in']}s"
+            f" packets={f['packets']} bytes={f['bytes']}"
+            for f in report["conntrack"]
+        ]
+    if report.get("nat"):
+        lines += ["", "NAT (reply tuple -> client view)"]
+        lines += [
+            f"{n['proto']} {n['backend']} -> {n['reply_to']} => {n['frontend']} -> {n['client']}"
+            + (" snat" if n["snat"] else "")
+            + f" expires={n['expires_in']}s"
+            for n in report["nat"]
+        ]
     return "\n".join(lines)

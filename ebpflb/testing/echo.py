@@ -3,11 +3,16 @@
     python -m ebpflb.testing.echo serve --name pod1 --tcp 8080 --udp 5353 --lifetime 60
     python -m ebpflb.testing.echo tcp 10.96.0.10:80 --count 100
     python -m ebpflb.testing.echo udp 10.96.0.53:53 --count 30 [--connected]
+    python -m ebpflb.testing.echo udp-burst 192.168.100.1:30053 --count 2000
+    python -m ebpflb.testing.echo tcp-hold 192.168.100.1:30080 --pings 20 --interval 0.2
 
-A server answers every TCP connection and UDP datagram with "<name> <client ip:port>", so
-a client learns which backend served it and the backend shows what source it saw. A
-client prints one JSON object per line per request. Both are bounded: servers exit after
---lifetime seconds, clients use per-request timeouts.
+A server answers every TCP connection and UDP datagram with "<name> <client ip:port>"
+(UDP: followed by the request's payload), so a client learns which backend served it, the
+backend shows what source it saw, and a reply delivered to the wrong client is detected.
+`tcp`/`udp` print one JSON object per request; `udp-burst` opens one socket (one flow) per
+request, sends them all and prints a summary; `tcp-hold` keeps one connection and reports
+which backend answered each ping. Everything is bounded: servers exit after --lifetime,
+clients use timeouts.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
+import resource
+import select
 import socket
 import sys
 import threading
@@ -66,8 +74,8 @@ def _tcp_reply(conn: socket.socket, peer: tuple[str, int], name: str) -> None:
 
 def _udp_loop(sock: socket.socket, name: str) -> None:
     while True:
-        _data, peer = sock.recvfrom(2048)
-        sock.sendto(f"{name} {peer[0]}:{peer[1]}".encode(), peer)
+        data, peer = sock.recvfrom(2048)
+        sock.sendto(f"{name} {peer[0]}:{peer[1]} ".encode() + data, peer)
 
 
 def _error(exc: OSError) -> dict[str, Any]:
@@ -95,16 +103,19 @@ def tcp_request(target: tuple[str, int], timeout: float) -> dict[str, Any]:
 def udp_request(target: tuple[str, int], timeout: float, connected: bool) -> dict[str, Any]:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(timeout)
+    nonce = os.urandom(8).hex()
     try:
         if connected:
             s.connect(target)
-            s.send(b"hello")
+            s.send(nonce.encode())
             data = s.recv(256)
             source = s.getpeername()
         else:
-            s.sendto(b"hello", target)
+            s.sendto(nonce.encode(), target)
             data, source = s.recvfrom(256)
         reply = data.decode().split()
+        if reply[2:] != [nonce]:
+            return {"ok": False, "error": "MISMATCH", "reply": data.decode()}
         return {
             "ok": True,
             "server": reply[0],
@@ -117,6 +128,73 @@ def udp_request(target: tuple[str, int], timeout: float, connected: bool) -> dic
         s.close()
 
 
+def udp_burst(target: tuple[str, int], count: int, timeout: float) -> dict[str, Any]:
+    """One new socket (so one new flow) per request, all kept open so no two requests
+    share a source port, in batches. Counts replies that carried another request's nonce,
+    or came from elsewhere than the target: mistranslations."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, count + 256), hard), hard))
+    sent = answered = mismatched = 0
+    servers: dict[str, int] = {}
+    opened: list[socket.socket] = []
+    try:
+        for start in range(0, count, 500):
+            poller = select.poll()
+            pending: dict[int, tuple[socket.socket, str]] = {}
+            for _ in range(min(500, count - start)):
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                opened.append(s)
+                s.setblocking(False)
+                nonce = os.urandom(8).hex()
+                try:
+                    s.sendto(nonce.encode(), target)
+                except OSError:
+                    continue
+                sent += 1
+                pending[s.fileno()] = (s, nonce)
+                poller.register(s, select.POLLIN)
+            deadline = time.monotonic() + timeout
+            while pending and (left := deadline - time.monotonic()) > 0:
+                for fd, _event in poller.poll(left * 1000):
+                    s, nonce = pending.pop(fd)
+                    poller.unregister(fd)
+                    data, source = s.recvfrom(256)
+                    reply = data.decode().split()
+                    if reply[2:] != [nonce] or source != target:
+                        mismatched += 1
+                    else:
+                        answered += 1
+                        servers[reply[0]] = servers.get(reply[0], 0) + 1
+    finally:
+        for s in opened:
+            s.close()
+    return {"sent": sent, "answered": answered, "mismatched": mismatched, "servers": servers}
+
+
+def tcp_hold(
+    target: tuple[str, int], pings: int, interval: float, timeout: float
+) -> dict[str, Any]:
+    """One connection, `pings` round trips `interval` apart: which backend answered each.
+    Prints a "connected" line first, so a test can change the service meanwhile."""
+    answers: list[str] = []
+    try:
+        s = socket.create_connection(target, timeout=timeout)
+    except OSError as exc:
+        return {"ok": False, "answers": answers, **_error(exc)}
+    try:
+        answers.append(s.recv(256).decode().split()[0])
+        print(json.dumps({"connected": answers[0]}), flush=True)
+        for _ in range(pings):
+            time.sleep(interval)
+            s.sendall(b"ping")
+            answers.append(s.recv(256).decode().split()[0])
+    except OSError as exc:
+        return {"ok": False, "answers": answers, **_error(exc)}
+    finally:
+        s.close()
+    return {"ok": True, "answers": answers}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ebpflb.testing.echo")
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -125,16 +203,26 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--tcp", type=int, action="append", default=[])
     srv.add_argument("--udp", type=int, action="append", default=[])
     srv.add_argument("--lifetime", type=float, default=60.0)
-    for mode in ("tcp", "udp"):
+    for mode in ("tcp", "udp", "udp-burst", "tcp-hold"):
         cli = sub.add_parser(mode)
         cli.add_argument("target", type=_addr, help="IP:PORT")
         cli.add_argument("--count", type=int, default=1)
         cli.add_argument("--timeout", type=float, default=2.0)
         if mode == "udp":
             cli.add_argument("--connected", action="store_true")
+        if mode == "tcp-hold":
+            cli.add_argument("--pings", type=int, default=10)
+            cli.add_argument("--interval", type=float, default=0.2)
     args = parser.parse_args(argv)
     if args.mode == "serve":
         serve(args.name, args.tcp, args.udp, args.lifetime)
+        return 0
+    if args.mode == "udp-burst":
+        print(json.dumps(udp_burst(args.target, args.count, args.timeout)), flush=True)
+        return 0
+    if args.mode == "tcp-hold":
+        result = tcp_hold(args.target, args.pings, args.interval, args.timeout)
+        print(json.dumps(result), flush=True)
         return 0
     for _ in range(args.count):
         if args.mode == "tcp":

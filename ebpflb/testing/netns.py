@@ -72,64 +72,54 @@ class Pod:
     ip: str
 
 
+def _sysctl(netns: str, *settings: str) -> None:
+    # `ip netns exec` is fine here: sysctl needs only the namespace's /proc/sys/net.
+    sh("ip", "netns", "exec", netns, "sysctl", "-qw", *settings)
+
+
 @dataclass
-class Topology:
+class Namespaces:
+    """Network namespaces and the processes started in them, removed together."""
+
     prefix: str
-    node_ip: str = NODE_IP
-    pods: dict[str, Pod] = field(default_factory=dict)
     namespaces: list[str] = field(default_factory=list)
     processes: list[subprocess.Popen[str]] = field(default_factory=list)
 
-    @classmethod
-    def create(cls, prefix: str | None = None, node_ip: str = NODE_IP) -> Topology:
-        topo = cls(prefix or f"elb{uuid.uuid4().hex[:6]}", node_ip)
-        try:
-            topo._add_namespace(topo.node_ns)
-            sh("ip", "-n", topo.node_ns, "addr", "add", f"{node_ip}/32", "dev", "lo")
-        except BaseException:
-            topo.close()
-            raise
-        return topo
-
-    @property
-    def node_ns(self) -> str:
-        return f"{self.prefix}-node"
-
-    def _add_namespace(self, name: str) -> None:
-        sh("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        sh("ip", "-n", name, "link", "set", "lo", "up")
-        for key in ("all", "default", "lo"):
-            sh("ip", "netns", "exec", name, "sysctl", "-qw", f"net.ipv4.conf.{key}.rp_filter=0")
-
-    def add_pod(self, name: str, ip: str) -> Pod:
+    def add_namespace(self, name: str, *, forwarding: bool = False) -> str:
         netns = f"{self.prefix}-{name}"
-        self._add_namespace(netns)
-        host_if = f"v{self.prefix[-6:]}{len(self.pods)}"[:15]
+        sh("ip", "netns", "add", netns)
+        self.namespaces.append(netns)
+        sh("ip", "-n", netns, "link", "set", "lo", "up")
+        settings = [f"net.ipv4.conf.{key}.rp_filter=0" for key in ("all", "default", "lo")]
+        if forwarding:
+            # A node routes; it must not tell clients to go around it.
+            settings += [
+                "net.ipv4.ip_forward=1",
+                "net.ipv4.conf.all.send_redirects=0",
+                "net.ipv4.conf.default.send_redirects=0",
+            ]
+        _sysctl(netns, *settings)
+        return netns
+
+    def link(self, ns_a: str, if_a: str, ns_b: str, if_b: str) -> None:
+        """A veth pair: if_a in ns_a, if_b in ns_b, both up."""
         sh(
             "ip",
             "link",
             "add",
-            host_if,
+            if_a,
             "netns",
-            self.node_ns,
+            ns_a,
             "type",
             "veth",
             "peer",
             "name",
-            "eth0",
+            if_b,
             "netns",
-            netns,
+            ns_b,
         )
-        sh("ip", "-n", netns, "addr", "add", f"{ip}/32", "dev", "eth0")
-        sh("ip", "-n", netns, "link", "set", "eth0", "up")
-        sh("ip", "-n", self.node_ns, "link", "set", host_if, "up")
-        # Pod -> node: on-link route to the node address only (no default route).
-        sh("ip", "-n", netns, "route", "add", self.node_ip, "dev", "eth0")
-        sh("ip", "-n", self.node_ns, "route", "add", f"{ip}/32", "dev", host_if)
-        pod = Pod(name, netns, ip)
-        self.pods[name] = pod
-        return pod
+        sh("ip", "-n", ns_a, "link", "set", if_a, "up")
+        sh("ip", "-n", ns_b, "link", "set", if_b, "up")
 
     def spawn(
         self, netns: str, argv: Sequence[str], cgroup: Cgroup | None = None
@@ -173,10 +163,25 @@ class Topology:
         proc = self.spawn(pod.netns, argv)
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
-            raise RuntimeError(
-                f"server in {pod.netns} did not start: {proc.stderr.read() if proc.stderr else ''}"
-            )
+            err = proc.stderr.read() if proc.stderr else ""
+            raise RuntimeError(f"server in {pod.netns} did not start: {err}")
         return proc
+
+    def echo(
+        self,
+        netns: str,
+        mode: str,
+        target: str,
+        *extra: str,
+        cgroup: Cgroup | None = None,
+        timeout: float = 120,
+    ) -> list[dict[str, Any]]:
+        """Run the echo client in `netns`; its JSON output lines."""
+        argv = [sys.executable, "-m", "ebpflb.testing.echo", mode, target, *extra]
+        done = self.run(netns, argv, cgroup, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"client failed: {done.stderr}")
+        return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
     def requests(
         self,
@@ -189,10 +194,8 @@ class Topology:
         timeout: float = 1.0,
     ) -> list[dict[str, Any]]:
         """Run `count` echo requests from `netns`; one result dict per request."""
-        argv = [
-            sys.executable,
-            "-m",
-            "ebpflb.testing.echo",
+        return self.echo(
+            netns,
             mode,
             target,
             "--count",
@@ -200,11 +203,9 @@ class Topology:
             "--timeout",
             str(timeout),
             *extra,
-        ]
-        done = self.run(netns, argv, cgroup, timeout=30 + count * timeout)
-        if done.returncode != 0:
-            raise RuntimeError(f"client failed: {done.stderr}")
-        return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+            cgroup=cgroup,
+            timeout=30 + count * timeout,
+        )
 
     def close(self) -> None:
         for proc in self.processes:
@@ -220,8 +221,139 @@ class Topology:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self.namespaces.clear()
 
-    def __enter__(self) -> Topology:
+    def __enter__(self) -> Namespaces:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class Topology(Namespaces):
+    """One node namespace with pods behind it: enough for socket-LB (ClusterIP)."""
+
+    node_ip: str = NODE_IP
+    pods: dict[str, Pod] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, prefix: str | None = None, node_ip: str = NODE_IP) -> Topology:
+        topo = cls(prefix or f"elb{uuid.uuid4().hex[:6]}", node_ip=node_ip)
+        try:
+            topo.add_namespace("node")
+            sh("ip", "-n", topo.node_ns, "addr", "add", f"{node_ip}/32", "dev", "lo")
+        except BaseException:
+            topo.close()
+            raise
+        return topo
+
+    @property
+    def node_ns(self) -> str:
+        return f"{self.prefix}-node"
+
+    def add_pod(self, name: str, ip: str) -> Pod:
+        netns = self.add_namespace(name)
+        host_if = f"v{self.prefix[-6:]}{len(self.pods)}"[:15]
+        self.link(self.node_ns, host_if, netns, "eth0")
+        sh("ip", "-n", netns, "addr", "add", f"{ip}/32", "dev", "eth0")
+        # Pod -> node: on-link route to the node address only (no default route).
+        sh("ip", "-n", netns, "route", "add", self.node_ip, "dev", "eth0")
+        sh("ip", "-n", self.node_ns, "route", "add", f"{ip}/32", "dev", host_if)
+        pod = Pod(name, netns, ip)
+        self.pods[name] = pod
+        return pod
+
+
+WIRE_PREFIX = "192.168.100"  # the "physical" network between clients and nodes
+
+
+@dataclass
+class Node:
+    name: str
+    netns: str
+    ip: str  # address on the wire
+    pod_prefix: str  # pods are <pod_prefix>.N/32
+    pods: dict[str, Pod] = field(default_factory=dict)
+
+
+@dataclass
+class Cluster(Namespaces):
+    """Clients and nodes on one bridge (the wire); pods behind each node on a /24 of their
+    own, routed between nodes as a CNI would. Nothing has a route out of the cluster."""
+
+    nodes: dict[str, Node] = field(default_factory=dict)
+    clients: dict[str, str] = field(default_factory=dict)  # name -> netns
+    client_ips: dict[str, str] = field(default_factory=dict)
+    _ports: int = 0
+
+    @classmethod
+    def create(
+        cls,
+        nodes: int = 2,
+        clients: dict[str, str] | None = None,
+        prefix: str | None = None,
+    ) -> Cluster:
+        cluster = cls(prefix or f"elb{uuid.uuid4().hex[:6]}")
+        try:
+            wire = cluster.add_namespace("wire")
+            sh("ip", "-n", wire, "link", "add", "br0", "type", "bridge")
+            sh("ip", "-n", wire, "link", "set", "br0", "up")
+            for i in range(1, nodes + 1):
+                netns = cluster.add_namespace(f"node{i}", forwarding=True)
+                node = Node(f"node{i}", netns, f"{WIRE_PREFIX}.{i}", f"10.244.{i}")
+                cluster._plug(netns, node.ip)
+                cluster.nodes[node.name] = node
+            for node in cluster.nodes.values():
+                for other in cluster.nodes.values():
+                    if other is not node:
+                        sh(
+                            "ip",
+                            "-n",
+                            node.netns,
+                            "route",
+                            "add",
+                            f"{other.pod_prefix}.0/24",
+                            "via",
+                            other.ip,
+                        )
+            for name, ip in (clients or {"client": f"{WIRE_PREFIX}.100"}).items():
+                netns = cluster.add_namespace(name)
+                cluster._plug(netns, ip)
+                cluster.clients[name] = netns
+                cluster.client_ips[name] = ip
+        except BaseException:
+            cluster.close()
+            raise
+        return cluster
+
+    @property
+    def wire_ns(self) -> str:
+        return f"{self.prefix}-wire"
+
+    def _plug(self, netns: str, ip: str) -> None:
+        """Connect a namespace's eth0 to the wire bridge with address ip/24."""
+        self._ports += 1
+        port = f"w{self._ports}"
+        self.link(netns, "eth0", self.wire_ns, port)
+        sh("ip", "-n", self.wire_ns, "link", "set", port, "master", "br0")
+        sh("ip", "-n", netns, "addr", "add", f"{ip}/24", "dev", "eth0")
+
+    def add_pod(self, node_name: str, name: str, host: int) -> Pod:
+        node = self.nodes[node_name]
+        netns = self.add_namespace(name)
+        ip = f"{node.pod_prefix}.{host}"
+        host_if = f"p{name}"[:15]
+        self.link(node.netns, host_if, netns, "eth0")
+        sh("ip", "-n", netns, "addr", "add", f"{ip}/32", "dev", "eth0")
+        sh("ip", "-n", netns, "route", "add", "default", "via", node.ip, "dev", "eth0", "onlink")
+        sh("ip", "-n", node.netns, "route", "add", f"{ip}/32", "dev", host_if)
+        pod = Pod(name, netns, ip)
+        node.pods[name] = pod
+        return pod
+
+    def route(self, netns: str, destination: str, via: str) -> None:
+        """What an upstream router does for a LoadBalancer/external IP: send it to a node."""
+        sh("ip", "-n", netns, "route", "add", destination, "via", via)
+
+    def offload(self, netns: str, ifname: str, on: bool) -> None:
+        state = "on" if on else "off"
+        sh("ip", "netns", "exec", netns, "ethtool", "-K", ifname, "tx", state, "rx", state)

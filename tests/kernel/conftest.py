@@ -29,8 +29,12 @@ def _nothing_left_behind() -> Iterator[None]:
         return
     before = leftovers.find()
     yield
-    after = leftovers.find()
-    assert after == before, f"kernel tests left these behind: {after}"
+    left = {
+        kind: sorted(set(items) - set(before.get(kind, ())))
+        for kind, items in leftovers.find().items()
+    }
+    left = {kind: items for kind, items in left.items() if items}
+    assert not left, f"kernel tests left these behind: {left}"
 
 
 @pytest.fixture(scope="module")
