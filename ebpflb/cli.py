@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ebpflb import __version__
-from ebpflb.config import DEFAULT_BPFFS_DIR, DEFAULT_METRICS_BIND_ADDRESS, Config
+from ebpflb.config import DEFAULT_BPFFS_DIR, DEFAULT_METRICS_BIND_ADDRESS, Config, XdpMode
 from ebpflb.errors import ConfigError, EbpflbError
 from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE
 
@@ -26,6 +26,7 @@ examples:
   ebpflb maps dump                                 # what the pinned maps hold
   ebpflb maps dump --json --tables                 # ... with every Maglev slot
   ebpflb bench maglev                              # balance, disruption, memory, speed
+  ebpflb bench sync                                # 10k services: ebpflb vs iptables-restore
   ebpflb cleanup                                   # detach programs, remove pins
 """
 
@@ -127,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MIN-MAX",
         help="source ports for masqueraded NodePort flows",
     )
+    run.add_argument(
+        "--xdp",
+        type=XdpMode,
+        choices=list(XdpMode),
+        default=XdpMode.OFF,
+        metavar="{native,generic,off}",
+        help="run the NodePort ingress path in XDP where the driver allows (tc otherwise)",
+    )
     run.add_argument("--ct-max", type=int, default=DEFAULTS.ct_max, help="conntrack entries")
     run.add_argument(
         "--nat-max",
@@ -184,6 +193,20 @@ def build_parser() -> argparse.ArgumentParser:
     mb = bench_sub.add_parser("maglev", help="Maglev balance, disruption, memory, build time")
     mb.add_argument("--json", action="store_true")
     mb.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    sb = bench_sub.add_parser(
+        "sync",
+        help="initial sync and one-endpoint change through the API: ebpflb vs kube-proxy's"
+        " iptables-restore (root; own netns, cgroup and pins, all removed)",
+    )
+    sb.add_argument("--json", action="store_true")
+    sb.add_argument("--services", type=int, default=10_000)
+    sb.add_argument("--endpoints", type=int, default=3, help="endpoints per service")
+    sb.add_argument("--changes", type=int, default=5, help="single-slice changes timed")
+    sb.add_argument(
+        "--iptables",
+        default="legacy,nft",
+        help="iptables backends to time, comma-separated (legacy, nft; empty: none)",
+    )
     return parser
 
 
@@ -222,6 +245,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_sync_period=args.sync_period,
         metrics_bind_address=args.metrics_bind_address,
         interfaces=args.interfaces,
+        xdp=args.xdp,
         snat_port_min=args.snat_port_range[0],
         snat_port_max=args.snat_port_range[1],
         ct_max=args.ct_max,
@@ -280,6 +304,23 @@ def cmd_bench_maglev(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_sync(args: argparse.Namespace) -> int:
+    from ebpflb.bench import sync as bench
+
+    report = bench.run_sync_bench(
+        services=args.services,
+        endpoints=args.endpoints,
+        changes=args.changes,
+        backends=[b for b in args.iptables.split(",") if b],
+    )
+    print(json.dumps(report, indent=2) if args.json else bench.render_text(report))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    return cmd_bench_sync(args) if args.bench_command == "sync" else cmd_bench_maglev(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.debug)
@@ -287,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         "run": cmd_run,
         "cleanup": cmd_cleanup,
         "maps": cmd_maps_dump,
-        "bench": cmd_bench_maglev,
+        "bench": cmd_bench,
     }[args.command]
     try:
         return handler(args)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bcc import BPF, BPFAttachType
 
-from ebpflb.config import Config
+from ebpflb.config import Config, XdpMode
 from ebpflb.datapath import bpfsys, layout, netdev
 from ebpflb.datapath.maps import MapName
 from ebpflb.datapath.mounts import is_bpffs
@@ -279,31 +279,78 @@ class NodePortLB:
 
     INGRESS = "ebpflb_np_in"
     EGRESS = "ebpflb_np_out"
+    XDP = "ebpflb_np_xdp"
 
     def __init__(self, config: Config, features: Features | None = None) -> None:
         self.config = config
         self.features = features or probe_features()
         started = time.monotonic()
-        self._bpf = compile_program(
-            BPF_DIR / "nodeport.c", config.cflags() + self.features.cflags()
-        )
+        cflags = config.cflags() + self.features.cflags()
+        self._bpf = compile_program(BPF_DIR / "nodeport.c", cflags)
+        self._xdp_bpf: BPF | None = None
         try:
             self._ingress = self._bpf.load_func(self.INGRESS.encode(), BPF.SCHED_CLS)
             self._egress = self._bpf.load_func(self.EGRESS.encode(), BPF.SCHED_CLS)
+            if config.xdp is not XdpMode.OFF:
+                self._xdp_bpf = compile_program(BPF_DIR / "nodeport_xdp.c", cflags)
+                self._xdp = self._xdp_bpf.load_func(self.XDP.encode(), BPF.XDP)
         except Exception as exc:
-            raise BpfLoadError(f"loading the NodePort tc programs failed: {exc}") from exc
+            raise BpfLoadError(f"loading the NodePort programs failed: {exc}") from exc
         log.info("compiled and loaded NodePort programs in %.2fs", time.monotonic() - started)
 
-    def attach(self, interfaces: Sequence[netdev.Interface]) -> None:
+    def attach(self, interfaces: Sequence[netdev.Interface]) -> dict[str, XdpMode]:
+        """Attach tc on every interface, and XDP where asked and possible; the XDP mode
+        each interface ended up with."""
+        modes = {}
         for iface in interfaces:
             netdev.attach_tc(iface, netdev.TcDirection.INGRESS, self._ingress.fd, self.INGRESS)
             netdev.attach_tc(iface, netdev.TcDirection.EGRESS, self._egress.fd, self.EGRESS)
+            modes[iface.name] = self._attach_xdp(iface.name)
             addresses = ", ".join(map(str, iface.addresses)) or "no IPv4 address"
-            log.info("NodePort programs attached to %s (%s)", iface.name, addresses)
+            log.info(
+                "NodePort programs attached to %s (%s), ingress in %s",
+                iface.name,
+                addresses,
+                "tc" if modes[iface.name] is XdpMode.OFF else f"XDP ({modes[iface.name].value})",
+            )
+        return modes
+
+    def _attach_xdp(self, ifname: str) -> XdpMode:
+        mode = self.config.xdp
+        if mode is XdpMode.OFF or self._xdp_bpf is None:
+            return XdpMode.OFF
+        try:
+            BPF.attach_xdp(ifname.encode(), self._xdp, XDP_FLAGS[mode])
+        except Exception as exc:
+            log.warning("XDP (%s) on %s failed, falling back to tc: %s", mode.value, ifname, exc)
+            return XdpMode.OFF
+        return mode
 
     def close(self) -> None:
-        """Drop this process's handles; the tc filters keep the programs loaded."""
+        """Drop this process's handles; tc filters and XDP attachments keep the programs."""
         self._bpf.cleanup()
+        if self._xdp_bpf is not None:
+            self._xdp_bpf.cleanup()
+
+
+XDP_FLAGS = {XdpMode.GENERIC: 1 << 1, XdpMode.NATIVE: 1 << 2}  # XDP_FLAGS_SKB/DRV_MODE
+
+
+def detach_xdp(ifname: str) -> int:
+    """Remove ebpflb's XDP program from an interface (another's stays); 1 if removed."""
+    prog_id = netdev.xdp_program_id(ifname)
+    if prog_id is None:
+        return 0
+    prog_fd = bpfsys.prog_fd_by_id(prog_id)
+    try:
+        if not bpfsys.prog_info(prog_fd).name.startswith(PROGRAM_PREFIX):
+            return 0
+    finally:
+        os.close(prog_fd)
+    for flags in XDP_FLAGS.values():
+        with contextlib.suppress(Exception):  # the mode it was attached in is the one that works
+            BPF.remove_xdp(ifname.encode(), flags)
+    return 1
 
 
 def _open_cgroup(cgroup: Path) -> int:
@@ -360,7 +407,7 @@ def cleanup(
     detached = 0
     names = interfaces if interfaces is not None else [i.name for i in netdev.all_links()]
     for name in names:
-        detached += netdev.detach_tc(name)
+        detached += netdev.detach_tc(name) + detach_xdp(name)
     if cgroup.exists():
         fd = _open_cgroup(cgroup)
         try:

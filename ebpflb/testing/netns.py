@@ -283,6 +283,7 @@ class Cluster(Namespaces):
     nodes: dict[str, Node] = field(default_factory=dict)
     clients: dict[str, str] = field(default_factory=dict)  # name -> netns
     client_ips: dict[str, str] = field(default_factory=dict)
+    wire_ports: list[str] = field(default_factory=list)
     _ports: int = 0
 
     @classmethod
@@ -335,6 +336,7 @@ class Cluster(Namespaces):
         port = f"w{self._ports}"
         self.link(netns, "eth0", self.wire_ns, port)
         sh("ip", "-n", self.wire_ns, "link", "set", port, "master", "br0")
+        self.wire_ports.append(port)
         sh("ip", "-n", netns, "addr", "add", f"{ip}/24", "dev", "eth0")
 
     def add_pod(self, node_name: str, name: str, host: int) -> Pod:
@@ -353,6 +355,29 @@ class Cluster(Namespaces):
     def route(self, netns: str, destination: str, via: str) -> None:
         """What an upstream router does for a LoadBalancer/external IP: send it to a node."""
         sh("ip", "-n", netns, "route", "add", destination, "via", via)
+
+    def wire_like(self) -> None:
+        """Make the veths behave like physical links for native XDP on the nodes' eth0:
+
+        - senders compute full checksums (a NIC never receives CHECKSUM_PARTIAL packets,
+          a veth does from a local sender, and XDP cannot see that metadata);
+        - the wire side of each veth runs an XDP program, without which a veth drops the
+          frames its peer sends back with XDP_TX.
+        """
+        for netns in [
+            *self.clients.values(),
+            *(p.netns for n in self.nodes.values() for p in n.pods.values()),
+        ]:
+            self.offload(netns, "eth0", False)
+        code = (
+            "import sys\nfrom bcc import BPF\n"
+            "b = BPF(text=b'int wire_pass(struct xdp_md *ctx) { return XDP_PASS; }')\n"
+            "fn = b.load_func(b'wire_pass', BPF.XDP)\n"
+            "for port in sys.argv[1:]:\n    BPF.attach_xdp(port, fn, 0)\n"
+        )
+        done = self.run(self.wire_ns, [sys.executable, "-c", code, *self.wire_ports])
+        if done.returncode != 0:
+            raise RuntimeError(f"XDP on the wire ports failed: {done.stderr}")
 
     def offload(self, netns: str, ifname: str, on: bool) -> None:
         state = "on" if on else "off"

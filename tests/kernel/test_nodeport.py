@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.testing import leftovers  # noqa: F401  (the session fixture checks leftovers)
 from ebpflb.testing.agentproc import AgentProcess
 from ebpflb.testing.netns import Cgroup, Cluster
 
@@ -98,17 +96,19 @@ spec:
     - {{name: dns, protocol: UDP, port: 53, targetPort: 5354, nodePort: 30090}}
 """
 
+NP_PORTS = "[{name: http, protocol: TCP, port: 8080}, {name: dns, protocol: UDP, port: 5353}]"
 SLICES = {
     "np": slice_yaml(
-        "np-1", "np",
-        "[{name: http, protocol: TCP, port: 8080}, {name: dns, protocol: UDP, port: 5353}]",
+        "np-1",
+        "np",
+        NP_PORTS,
         ALL_PODS,
     ),
-    "local": slice_yaml("local-1", "local", "[{name: http, protocol: TCP, port: 8080}]",
-                        ALL_PODS[:1]),
+    "local": slice_yaml(
+        "local-1", "local", "[{name: http, protocol: TCP, port: 8080}]", ALL_PODS[:1]
+    ),
     "lb": slice_yaml("lb-1", "lb", "[{name: http, protocol: TCP, port: 8080}]", ALL_PODS),
-    "snat": slice_yaml("snat-1", "snat", "[{name: dns, protocol: UDP, port: 5354}]",
-                       ALL_PODS[2:]),
+    "snat": slice_yaml("snat-1", "snat", "[{name: dns, protocol: UDP, port: 5354}]", ALL_PODS[2:]),
 }
 
 
@@ -124,7 +124,9 @@ class NodeAgent:
     def dump(self) -> dict[str, object]:
         done = subprocess.run(
             [sys.executable, "-m", "ebpflb", "maps", "dump", "--json", "--bpffs", str(self.bpffs)],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         return json.loads(done.stdout)  # type: ignore[no-any-return]
 
@@ -135,6 +137,7 @@ class NodeAgent:
 @dataclass
 class Env:
     cluster: Cluster
+    xdp: bool
     nodes: dict[str, NodeAgent] = field(default_factory=dict)
 
     @property
@@ -152,45 +155,79 @@ def write_manifests(path: Path, slices: dict[str, str] | None = None) -> None:
     (path / "slices.yaml").write_text("---\n".join((slices or SLICES).values()))
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+@pytest.fixture(scope="module", params=["tc", "xdp-native"])
+def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """The whole cluster, once with the ingress path in tc and once in native XDP."""
+    xdp = ["--xdp", "native"] if request.param == "xdp-native" else []
     cluster = Cluster.create(clients={"client": CLIENT, "outsider": OUTSIDER})
-    environment = Env(cluster)
+    environment = Env(cluster, bool(xdp))
     try:
         for node_name, pods in PODS.items():
             for pod_name, host in pods.items():
                 pod = cluster.add_pod(node_name, pod_name, host)
                 cluster.start_server(pod, tcp=[8080], udp=[5353, 5354], lifetime=900)
+        if xdp:
+            cluster.wire_like()
         for client in cluster.clients.values():
             cluster.route(client, f"{LB_IP}/32", NODE1)  # the upstream router's choice
             cluster.route(client, f"{EXTERNAL_IP}/32", NODE1)
         for node_name, node in cluster.nodes.items():
             tag = uuid.uuid4().hex[:6]
             agent = NodeAgent(
-                node_name, node.netns, Path(f"/sys/fs/bpf/ebpflb-test-{tag}"),
-                Cgroup.create(f"ebpflb-test-{tag}"), tmp_path_factory.mktemp(node_name),
+                node_name,
+                node.netns,
+                Path(f"/sys/fs/bpf/ebpflb-test-{tag}"),
+                Cgroup.create(f"ebpflb-test-{tag}"),
+                tmp_path_factory.mktemp(node_name),
             )
             environment.nodes[node_name] = agent
             write_manifests(agent.manifests)
             extra = ["--snat-port-range", SNAT_RANGE] if node_name == "node1" else []
             agent.agent = AgentProcess(
-                ["--manifests", str(agent.manifests), "--bpffs", str(agent.bpffs),
-                 "--cgroup", str(agent.cgroup.path), "--interfaces", "eth0",
-                 "--node-name", node_name, "--min-sync-period", "0.1", *extra],
+                [
+                    "--manifests",
+                    str(agent.manifests),
+                    "--bpffs",
+                    str(agent.bpffs),
+                    "--cgroup",
+                    str(agent.cgroup.path),
+                    "--interfaces",
+                    "eth0",
+                    "--node-name",
+                    node_name,
+                    "--min-sync-period",
+                    "0.1",
+                    *xdp,
+                    *extra,
+                ],
                 netns=node.netns,
                 log_file=agent.manifests / "agent.log",
             )
         for agent in environment.nodes.values():
             assert agent.agent is not None
             agent.agent.wait_ready()
+            if xdp:
+                assert "ingress in XDP (native)" in agent.agent.output()
         yield environment
     finally:
         for agent in environment.nodes.values():
             if agent.agent is not None:
                 agent.agent.stop()
-            cluster.run(agent.netns, [sys.executable, "-m", "ebpflb", "cleanup", "--bpffs",
-                                      str(agent.bpffs), "--cgroup", str(agent.cgroup.path),
-                                      "--interfaces", "eth0"])
+            cluster.run(
+                agent.netns,
+                [
+                    sys.executable,
+                    "-m",
+                    "ebpflb",
+                    "cleanup",
+                    "--bpffs",
+                    str(agent.bpffs),
+                    "--cgroup",
+                    str(agent.cgroup.path),
+                    "--interfaces",
+                    "eth0",
+                ],
+            )
             agent.cgroup.close()
         cluster.close()
 
@@ -205,7 +242,15 @@ def seen_ip(result: dict[str, object]) -> str:
     return str(result["seen_as"]).split(":")[0]
 
 
+def xdp_tx_packets(env: Env) -> int:
+    """Frames node1's native XDP program sent back out of eth0 (veth driver statistics)."""
+    done = env.cluster.run(env.cluster.nodes["node1"].netns, ["ethtool", "-S", "eth0"])
+    stats = dict(line.strip().split(": ") for line in done.stdout.splitlines() if ": " in line)
+    return int(stats.get("rx_queue_0_xdp_tx", 0))
+
+
 def test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones(env: Env) -> None:
+    xdp_before = xdp_tx_packets(env)
     tcp = env.cluster.requests(env.client, "tcp", f"{NODE1}:30080", 60, None)
     assert set(servers(tcp)) == {"pod11", "pod12", "pod21", "pod22"}
     assert {r["peer"] for r in tcp} == {f"{NODE1}:30080"}  # replies come from node1:nodePort
@@ -217,14 +262,17 @@ def test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones(env: Env)
     assert {r["peer"] for r in udp} == {f"{NODE1}:30053"}
     for r in udp:
         assert seen_ip(r) == (NODE1 if str(r["server"]).startswith("pod2") else CLIENT), r
+    # Under native XDP the SNATed flows' packets were forwarded by XDP itself (XDP_TX).
+    assert (xdp_tx_packets(env) - xdp_before > 50) == env.xdp
 
 
 def http_get(env: Env, url: str) -> tuple[int, dict[str, object]]:
     """GET from the client namespace (the health check of a cloud load balancer)."""
     code = (
-        "import json, urllib.request, urllib.error, sys\n"
+        "import urllib.request, urllib.error\n"
         "try:\n"
-        f"    r = urllib.request.urlopen({url!r}, timeout=3); print(r.status); print(r.read().decode())\n"
+        f"    r = urllib.request.urlopen({url!r}, timeout=3)\n"
+        "    print(r.status); print(r.read().decode())\n"
         "except urllib.error.HTTPError as e:\n"
         "    print(e.code); print(e.read().decode())\n"
     )
@@ -263,8 +311,17 @@ def test_long_connection_keeps_its_backend_while_backends_change(env: Env) -> No
     assert node1.agent is not None
     proc = env.cluster.spawn(
         env.client,
-        [sys.executable, "-m", "ebpflb.testing.echo", "tcp-hold", f"{NODE1}:30080",
-         "--pings", "25", "--interval", "0.15"],
+        [
+            sys.executable,
+            "-m",
+            "ebpflb.testing.echo",
+            "tcp-hold",
+            f"{NODE1}:30080",
+            "--pings",
+            "25",
+            "--interval",
+            "0.15",
+        ],
     )
     try:
         assert proc.stdout is not None
@@ -272,11 +329,18 @@ def test_long_connection_keeps_its_backend_while_backends_change(env: Env) -> No
         # Remove the connection's own backend and two others, then bring them back.
         remaining = [p for p in ALL_PODS if p[0] not in {first, "pod12", "pod22"}]
         mark = len(node1.agent.lines)
-        write_manifests(node1.manifests, {**SLICES, "np": slice_yaml(
-            "np-1", "np",
-            "[{name: http, protocol: TCP, port: 8080}, {name: dns, protocol: UDP, port: 5353}]",
-            remaining or ALL_PODS[3:],
-        )})
+        write_manifests(
+            node1.manifests,
+            {
+                **SLICES,
+                "np": slice_yaml(
+                    "np-1",
+                    "np",
+                    NP_PORTS,
+                    remaining or ALL_PODS[3:],
+                ),
+            },
+        )
         node1.agent.wait_for("default/np:http 192.168.100.1:30080/TCP updated", start=mark)
         time.sleep(1.0)
         mark = len(node1.agent.lines)
@@ -293,14 +357,18 @@ def test_long_connection_keeps_its_backend_while_backends_change(env: Env) -> No
 
 @pytest.mark.parametrize("offload", [True, False], ids=["csum-offload", "no-offload"])
 def test_checksums_with_and_without_offload(env: Env, offload: bool) -> None:
-    for netns in (env.client, env.cluster.nodes["node1"].netns):
+    """Partial (offloaded) and complete checksums from the client and on the node's own
+    transmissions. Under native XDP the senders model a wire (complete checksums, see
+    Cluster.wire_like), so only the node's side is switched."""
+    switched = [env.cluster.nodes["node1"].netns] + ([] if env.xdp else [env.client])
+    for netns in switched:
         env.cluster.offload(netns, "eth0", offload)
     try:
         tcp = env.cluster.requests(env.client, "tcp", f"{NODE1}:30080", 20, None)
         udp = env.cluster.requests(env.client, "udp", f"{NODE1}:30053", 20, None)
         assert len(servers(tcp)) >= 3 and len(servers(udp)) >= 3
     finally:
-        for netns in (env.client, env.cluster.nodes["node1"].netns):
+        for netns in switched:
             env.cluster.offload(netns, "eth0", True)
 
 
@@ -315,8 +383,9 @@ def test_host_processes_reach_nodeport_and_lb_ip_through_socket_lb(env: Env) -> 
 def test_snat_exhaustion_is_counted_and_never_mistranslates(env: Env) -> None:
     node1 = env.nodes["node1"]
     before = node1.counter("snat_exhausted")
-    (burst,) = env.cluster.echo(env.client, "udp-burst", f"{NODE1}:30090", "--count", "2000",
-                                "--timeout", "2")
+    (burst,) = env.cluster.echo(
+        env.client, "udp-burst", f"{NODE1}:30090", "--count", "2000", "--timeout", "2"
+    )
     assert burst["sent"] == 2000
     assert burst["mismatched"] == 0
     # 64 ports per backend, two backends (both on node2, so every flow needs SNAT).
@@ -341,11 +410,96 @@ def test_maps_dump_shows_conntrack_and_nat(env: Env) -> None:
     nat = report["nat"]
     assert any(n["snat"] and n["frontend"] == f"{NODE1}:30080" for n in nat)  # type: ignore[union-attr,index]
     assert any(not n["snat"] and n["reply_to"].startswith(CLIENT) for n in nat)  # type: ignore[union-attr,index]
-    np_http = next(s for s in report["services"]  # type: ignore[union-attr]
-                   if s["frontend"] == f"{NODE1}:30080/TCP")
+    np_http = next(
+        s
+        for s in report["services"]  # type: ignore[union-attr]
+        if s["frontend"] == f"{NODE1}:30080/TCP"
+    )
     assert np_http["type"] == "NodePort" and len(np_http["backends"]) == 4
     text = subprocess.run(
         [sys.executable, "-m", "ebpflb", "maps", "dump", "--bpffs", str(env.nodes["node1"].bpffs)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
-    assert "CONNTRACK" in text and f"=> 10.244.2." in text
+    assert "CONNTRACK" in text and "=> 10.244.2." in text
+
+
+def test_cleanup_removes_tc_filters_and_xdp(tmp_path: Path) -> None:
+    cluster = Cluster.create(nodes=1, clients={})
+    tag = uuid.uuid4().hex[:6]
+    cgroup = Cgroup.create(f"ebpflb-test-{tag}")
+    bpffs = Path(f"/sys/fs/bpf/ebpflb-test-{tag}")
+    node = cluster.nodes["node1"]
+    try:
+        write_manifests(tmp_path)
+        agent = AgentProcess(
+            [
+                "--manifests",
+                str(tmp_path),
+                "--bpffs",
+                str(bpffs),
+                "--cgroup",
+                str(cgroup.path),
+                "--interfaces",
+                "eth0",
+                "--xdp",
+                "generic",
+                "--node-name",
+                "node1",
+            ],
+            netns=node.netns,
+        )
+        agent.wait_ready()
+        agent.stop()
+
+        def attached() -> tuple[str, str]:
+            tc = "".join(
+                cluster.run(node.netns, ["tc", "filter", "show", "dev", "eth0", d]).stdout
+                for d in ("ingress", "egress")
+            )
+            return tc, cluster.run(node.netns, ["ip", "link", "show", "eth0"]).stdout
+
+        tc, link = attached()
+        assert "ebpflb_np_in" in tc and "ebpflb_np_out" in tc  # left in place on exit
+        assert "ebpflb_np_xdp" in link
+        done = cluster.run(
+            node.netns,
+            [
+                sys.executable,
+                "-m",
+                "ebpflb",
+                "cleanup",
+                "--bpffs",
+                str(bpffs),
+                "--cgroup",
+                str(cgroup.path),
+                "--interfaces",
+                "eth0",
+            ],
+        )
+        assert done.returncode == 0, done.stderr
+        assert "detached 7 programs" in done.stdout  # 4 socket hooks, tc in/out, xdp
+        tc, link = attached()
+        assert "ebpflb" not in tc and "xdp" not in link
+        assert (
+            "clsact" not in cluster.run(node.netns, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+        )
+    finally:
+        cluster.run(
+            node.netns,
+            [
+                sys.executable,
+                "-m",
+                "ebpflb",
+                "cleanup",
+                "--bpffs",
+                str(bpffs),
+                "--cgroup",
+                str(cgroup.path),
+                "--interfaces",
+                "eth0",
+            ],
+        )
+        cgroup.close()
+        cluster.close()

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
 from ebpflb import maglev
-from ebpflb.datapath.maps import FakeMapSet
+from ebpflb.datapath.maps import FakeMapSet, SourceRange
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.metrics import Metrics
 from ebpflb.model import Backend, Frontend, NamespacedName, Proto, ServicePortName, SvcFlags
@@ -230,3 +230,36 @@ def test_weights_shape_the_table(maps: FakeMapSet) -> None:
     names = table_names(maps, fe())
     assert "10.244.1.13:8080" not in names  # weight 0: drained
     assert abs(names.count("10.244.1.12:8080") / len(names) - 0.75) < 0.02
+
+
+def test_source_ranges_follow_the_frontend(maps: FakeMapSet) -> None:
+    rec = Reconciler(maps)
+    lb = fe("203.0.113.9")
+    ranges = (IPv4Network("198.51.100.0/24"), IPv4Network("192.0.2.1/32"))
+    want = DesiredFrontend(lb, ServicePortName(WEB, "http", Proto.TCP),
+                           SvcFlags.LOADBALANCER | SvcFlags.SOURCE_RANGES, backends(11), ranges)
+    rec.apply({WEB: {lb: want}})
+    svc_id = maps.services.data[lb].svc_id
+    assert set(maps.source_ranges.data) == {SourceRange(svc_id, n) for n in ranges}
+    narrowed = DesiredFrontend(lb, want.service, want.flags, want.backends, ranges[:1])
+    rec.apply({WEB: {lb: narrowed}})
+    assert set(maps.source_ranges.data) == {SourceRange(svc_id, ranges[0])}
+    restarted = Reconciler(maps)
+    restarted.restore()
+    assert restarted.apply({WEB: {lb: narrowed}}, full=True).writes == {}
+    restarted.apply({WEB: {}})
+    assert not maps.source_ranges.data
+
+
+def test_too_many_source_ranges_fail_only_that_frontend() -> None:
+    maps = FakeMapSet(src_range_max=2)
+    rec = Reconciler(maps)
+    many = tuple(IPv4Network(f"198.51.100.{i}/32") for i in range(3))
+    lb = fe("203.0.113.9")
+    want = DesiredFrontend(lb, ServicePortName(WEB, "http", Proto.TCP),
+                           SvcFlags.LOADBALANCER | SvcFlags.SOURCE_RANGES, backends(11), many)
+    result = rec.apply({WEB: {lb: want}, **desired(API, fe("10.96.0.20"), backends(12))})
+    assert "ebpflb_srcrng4 is full (limit 2)" in result.errors[0]
+    assert list(maps.services.data) == [fe("10.96.0.20")]
+    assert not maps.source_ranges.data and maps.slots.array[:101].any()
+    assert {str(b.backend) for b in maps.backends.data.values()} == {"10.244.1.12:8080"}
