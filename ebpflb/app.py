@@ -47,6 +47,16 @@ def manifest_source(path: Path) -> SourceFactory:
     return lambda sink: ManifestSource(path, sink)
 
 
+def kubernetes_source(kubeconfig: Path | None = None) -> SourceFactory:
+    """The API server from `kubeconfig`, else in-cluster. The configuration is read now, so
+    a bad one fails before the datapath is compiled."""
+    # Imported here: `kubernetes` is a heavy import that --manifests runs do not need.
+    from ebpflb.sources.kubernetes import KubernetesSource, api_config
+
+    api = api_config(kubeconfig=kubeconfig)
+    return lambda sink: KubernetesSource(sink, api)
+
+
 def _serve_metrics(address: str, registry: CollectorRegistry) -> None:
     host, _, port = address.rpartition(":")
     if not port.isdigit():

@@ -4,6 +4,8 @@ PATH is a file or a directory (searched recursively for *.yaml, *.yml, *.json). 
 hold several documents and `kind: List` wrappers. A document that fails to parse is
 reported with its file and index and skipped; the others still load. Files are polled
 (stat every `poll_interval`), which also follows ConfigMap volumes that swap a symlink.
+A change is read once the files have stayed unchanged for one poll interval, so a file
+caught half-written (truncated, then filled) never reads as "every object deleted".
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,7 @@ _API_VERSIONS = {Kind.SERVICE: ("v1",), Kind.ENDPOINT_SLICE: ("discovery.k8s.io/
 _DOC_SEPARATOR = re.compile(r"^---[ \t]*(?:#.*)?$", re.MULTILINE)
 
 ObjKey = tuple[Kind, NamespacedName]
+Fingerprint = tuple[tuple[str, int, int, int], ...]  # (file, mtime_ns, size, inode) each
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +105,7 @@ def load(path: Path) -> Snapshot:
     return Snapshot(objects, tuple(errors))
 
 
-def _fingerprint(path: Path) -> tuple[tuple[str, int, int, int], ...]:
+def _fingerprint(path: Path) -> Fingerprint:
     prints = []
     try:
         files = manifest_files(path)
@@ -124,17 +128,20 @@ class ManifestSource:
         self.sink = sink
         self.poll_interval = poll_interval
         self._current: Mapping[ObjKey, Mapping[str, Any]] = {}
-        self._fingerprint: tuple[tuple[str, int, int, int], ...] | None = None
+        self._loaded: Fingerprint | None = None  # what the delivered objects were read from
+        self._seen: Fingerprint | None = None  # what the previous poll saw
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sync_once(self) -> bool:
-        """Reload if any file changed and deliver the differences; True if it reloaded."""
+        """Reload if the files changed and have since stayed unchanged for a poll, and
+        deliver the differences; True if it reloaded."""
         fingerprint = _fingerprint(self.path)
-        if fingerprint == self._fingerprint:
-            return False
-        first = self._fingerprint is None
-        self._fingerprint = fingerprint
+        seen, self._seen = self._seen, fingerprint
+        if fingerprint == self._loaded or fingerprint != seen:
+            return False  # unchanged, or still changing
+        first = self._loaded is None
+        self._loaded = fingerprint
         snapshot = load(self.path)
         for error in snapshot.errors:
             log.error("manifest: %s", error)
@@ -152,7 +159,8 @@ class ManifestSource:
     def start(self) -> None:
         if not self.path.exists():
             raise ManifestError(f"{self.path}: no such file or directory")
-        self.sync_once()
+        while not self.sync_once():  # the initial list, once the files are stable
+            time.sleep(self.poll_interval)
         self._thread = threading.Thread(target=self._poll, name="manifests", daemon=True)
         self._thread.start()
 

@@ -90,6 +90,7 @@ def test_source_delivers_initial_list_then_only_changes(tmp_path: Path) -> None:
     path.write_text(f"{SERVICE}---\n{SLICE}")
     sink = Sink()
     source = ManifestSource(path, sink)
+    assert not source.sync_once()  # files seen once: read when they stay the same
     assert source.sync_once()
     assert sink.events == [
         ("update", Kind.ENDPOINT_SLICE, "web-1"),
@@ -101,8 +102,26 @@ def test_source_delivers_initial_list_then_only_changes(tmp_path: Path) -> None:
     sink.events.clear()
     path.write_text(SERVICE.replace("10.96.0.10", "10.96.0.11"))
     os.utime(path, ns=(1, 1))  # a different mtime even within the clock's resolution
+    assert not source.sync_once()
     assert source.sync_once()
     assert sink.events == [
         ("delete", Kind.ENDPOINT_SLICE, "web-1"),
         ("update", Kind.SERVICE, "web"),
     ]
+
+
+def test_a_half_written_file_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "svc.yaml"
+    path.write_text(SERVICE)
+    sink = Sink()
+    source = ManifestSource(path, sink)
+    source.sync_once()
+    source.sync_once()
+    sink.events.clear()
+    path.write_text("")  # an editor truncated the file and has not written it yet...
+    assert not source.sync_once()
+    path.write_text(SERVICE.replace("80", "81"))  # ...and now has
+    os.utime(path, ns=(2, 2))
+    assert not source.sync_once()
+    assert source.sync_once()
+    assert sink.events == [("update", Kind.SERVICE, "web")]  # never a delete
