@@ -20,7 +20,7 @@ others.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 
@@ -113,6 +113,9 @@ class Reconciler:
         self.max_table_size = max_table_size
         self.metrics = metrics
         self.realized: dict[Frontend, Realized] = {}
+        # Indexes that keep an incremental apply proportional to what changed.
+        self._by_owner: dict[NamespacedName | None, set[Frontend]] = {}
+        self._maybe_unused: set[int] = set()  # backend ids whose references dropped
         self._svc_ids = IdAllocator(maps.services.name, maps.services.capacity)
         self._backend_ids = IdAllocator(maps.backends.name, maps.backends.capacity)
         self._slots = SlotAllocator(maps.slots.name, maps.slots.capacity)
@@ -130,6 +133,7 @@ class Reconciler:
     def restore(self) -> None:
         """Rebuild the realized state and the allocators from what the maps hold."""
         self.realized.clear()
+        self._by_owner.clear()
         self._svc_ids = IdAllocator(self.maps.services.name, self.maps.services.capacity)
         self._backend_ids = IdAllocator(self.maps.backends.name, self.maps.backends.capacity)
         self._slots = SlotAllocator(self.maps.slots.name, self.maps.slots.capacity)
@@ -174,11 +178,12 @@ class Reconciler:
                 table,
                 ranges=frozenset(ranges.pop(entry.svc_id, ())),
             )
-            self.realized[frontend] = realized
+            self._set_realized(frontend, realized)
             for backend_id in realized.backend_ids:
                 self._refs[backend_id] = self._refs.get(backend_id, 0) + 1
         for start, size in self._quarantine:
             self._slots.reserve(start, size)
+        self._maybe_unused = {i for i, refs in self._refs.items() if refs == 0}
         self._orphan_meta = sorted(set(metas) - used_ids)
         self._orphan_ranges = [SourceRange(i, n) for i, nets in ranges.items() for n in nets]
 
@@ -223,11 +228,14 @@ class Reconciler:
                     self.maps.services.delete(frontend)
                     result.count_write(self.maps.services.name)
             self._stray = []
-        for frontend, realized in list(self.realized.items()):
-            if frontend in wanted:
-                continue
-            if full or realized.owner in desired:
-                self._remove(frontend, realized, result)
+        candidates = (
+            list(self.realized)
+            if full
+            else [f for owner in desired for f in self._by_owner.get(owner, ())]
+        )
+        for frontend in candidates:
+            if frontend not in wanted:
+                self._remove(frontend, self.realized[frontend], result)
 
         for frontend, (owner, want) in sorted(wanted.items()):
             current = self.realized.get(frontend)
@@ -368,6 +376,7 @@ class Reconciler:
         for backend, backend_id in plan.new_backends.items():
             self._id_of[backend] = backend_id
             self._refs[backend_id] = 0
+            self._maybe_unused.add(backend_id)  # until a table names it
         for wb in plan.usable:
             self._write_backend(self._id_of[wb.backend], wb, result)
 
@@ -427,9 +436,9 @@ class Reconciler:
         for backend_id in new_ids - old_ids:
             self._refs[backend_id] = self._refs.get(backend_id, 0) + 1
         for backend_id in old_ids - new_ids:
-            self._refs[backend_id] -= 1
+            self._unref(backend_id)
         name = str(want.service)
-        self.realized[frontend] = Realized(entry, name, owner, plan.table, want, plan.ranges)
+        self._set_realized(frontend, Realized(entry, name, owner, plan.table, want, plan.ranges))
         result.slots_written += written
         if self.metrics and written:
             self.metrics.slots_written.inc(written)
@@ -508,15 +517,35 @@ class Reconciler:
         if realized.entry.table_size and realized.table is not None:
             self._quarantine.append((realized.entry.table_off, realized.entry.table_size))
         for backend_id in realized.backend_ids:
-            self._refs[backend_id] = self._refs.get(backend_id, 1) - 1
-        del self.realized[frontend]
+            self._unref(backend_id)
+        self._drop_realized(frontend)
         result.removed += 1
         log.info("service %s %s removed", realized.name or "(unnamed)", frontend)
 
+    def _set_realized(self, frontend: Frontend, realized: Realized) -> None:
+        previous = self.realized.get(frontend)
+        if previous is not None and previous.owner != realized.owner:
+            self._by_owner[previous.owner].discard(frontend)
+        self.realized[frontend] = realized
+        self._by_owner.setdefault(realized.owner, set()).add(frontend)
+
+    def _drop_realized(self, frontend: Frontend) -> None:
+        realized = self.realized.pop(frontend)
+        owned = self._by_owner[realized.owner]
+        owned.discard(frontend)
+        if not owned:
+            del self._by_owner[realized.owner]
+
+    def _unref(self, backend_id: int) -> None:
+        self._refs[backend_id] = self._refs.get(backend_id, 1) - 1
+        if self._refs[backend_id] <= 0:
+            self._maybe_unused.add(backend_id)
+
     def _collect_backends(self, result: ApplyResult) -> None:
         """Delete backends no table names any more (after every slot stopped naming them)."""
-        for backend_id, refs in list(self._refs.items()):
-            if refs > 0:
+        candidates, self._maybe_unused = self._maybe_unused, set()
+        for backend_id in sorted(candidates):
+            if self._refs.get(backend_id, 0) > 0 or backend_id not in self._refs:
                 continue
             entry = self._backend_entry.pop(backend_id, None)
             self.maps.backends.delete(backend_id)
@@ -532,8 +561,3 @@ class Reconciler:
         self.metrics.frontends.set(len(self.realized))
         self.metrics.backends.set(len(self._backend_entry))
         self.metrics.slots_used.set(self._slots.used)
-
-    # ---- queries -------------------------------------------------------------------------
-
-    def frontends_of(self, owner: NamespacedName) -> Iterable[Frontend]:
-        return (f for f, r in self.realized.items() if r.owner == owner)
