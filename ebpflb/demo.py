@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ebpflb.testing.agentproc import AgentProcess
+from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,19 +85,7 @@ def main() -> int:
         if agent is not None:
             agent.stop()
         if cgroup is not None:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "ebpflb",
-                    "cleanup",
-                    "--bpffs",
-                    str(BPFFS),
-                    "--cgroup",
-                    str(cgroup.path),
-                ],
-                capture_output=True,
-            )
+            cleanup_datapath(BPFFS, cgroup.path)
             cgroup.close()
         if topo is not None:
             topo.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from ebpflb.model import Endpoint, NamespacedName, ServicePort, ServicePortName
 from ebpflb.translate import (
@@ -23,6 +24,7 @@ from ebpflb.translate import (
 )
 
 PortMap = Mapping[ServicePortName, ServicePort]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +35,31 @@ class ServiceState:
     endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]]
 
 
-class ServiceTracker:
-    """Translated Services by name; remembers which changed since the last sync."""
+class _ChangeLog(Generic[T]):
+    """Per Service, its state at the last sync while it differs from the current one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._previous: dict[NamespacedName, T] = {}
+
+    def take_changes(self) -> set[NamespacedName]:
+        """The Services changed since the last call (the sync about to run)."""
+        with self._lock:
+            changed = set(self._previous)
+            self._previous.clear()
+            return changed
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._previous)
+
+
+class ServiceTracker(_ChangeLog[PortMap]):
+    """Translated Services by name; remembers which changed since the last sync."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self._services: dict[NamespacedName, ServiceTranslation] = {}
-        self._previous: dict[NamespacedName, PortMap] = {}
 
     def update(self, translation: ServiceTranslation) -> bool:
         """Record a translated Service; True when something is now pending."""
@@ -61,16 +81,6 @@ class ServiceTracker:
             del self._previous[ref]  # cancelled out
         return bool(self._previous)
 
-    def take_changes(self) -> set[NamespacedName]:
-        with self._lock:
-            changed = set(self._previous)
-            self._previous.clear()
-            return changed
-
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._previous)
-
     def get(self, ref: NamespacedName) -> ServiceTranslation | None:
         with self._lock:
             return self._services.get(ref)
@@ -84,14 +94,13 @@ class ServiceTracker:
             return {ref: t.skipped for ref, t in self._services.items() if t.skipped}
 
 
-class EndpointSliceTracker:
+class EndpointSliceTracker(_ChangeLog[tuple[SliceTranslation, ...]]):
     """EndpointSlices grouped by the Service they belong to (kube-proxy's slice cache)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        super().__init__()
         self._slices: dict[NamespacedName, SliceTranslation] = {}
         self._by_service: dict[NamespacedName, dict[NamespacedName, SliceTranslation]] = {}
-        self._previous: dict[NamespacedName, tuple[SliceTranslation, ...]] = {}
 
     def update(self, translation: SliceTranslation) -> bool:
         with self._lock:
@@ -122,16 +131,6 @@ class EndpointSliceTracker:
             del self._by_service[service]
         if self._previous[service] == _merged(group):
             del self._previous[service]
-
-    def take_changes(self) -> set[NamespacedName]:
-        with self._lock:
-            changed = set(self._previous)
-            self._previous.clear()
-            return changed
-
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._previous)
 
     def slices_for(self, service: NamespacedName) -> tuple[SliceTranslation, ...]:
         with self._lock:

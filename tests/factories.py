@@ -18,17 +18,22 @@ def service(
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "clusterIP": cluster_ip,
-            "ports": ports if ports is not None else [
-                {"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}
-            ],
+            "ports": ports
+            if ports is not None
+            else [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
             **spec,
         },
     }
     return body
 
 
-def endpoint(ip: str, ready: bool | None = True, serving: bool | None = None,
-             terminating: bool | None = None, node: str | None = None) -> dict[str, Any]:
+def endpoint(
+    ip: str,
+    ready: bool | None = True,
+    serving: bool | None = None,
+    terminating: bool | None = None,
+    node: str | None = None,
+) -> dict[str, Any]:
     conditions: dict[str, Any] = {}
     if ready is not None:
         conditions["ready"] = ready
@@ -60,7 +65,7 @@ def endpoint_slice(
         },
         "addressType": address_type,
         "ports": ports if ports is not None else [{"name": "http", "port": 8080}],
-        "endpoints": endpoints if endpoints is not None else [
-            endpoint("10.244.1.11"), endpoint("10.244.1.12"), endpoint("10.244.1.13")
-        ],
+        "endpoints": endpoints
+        if endpoints is not None
+        else [endpoint("10.244.1.11"), endpoint("10.244.1.12"), endpoint("10.244.1.13")],
     }

@@ -389,13 +389,7 @@ def bench_ebpflb(
         api.load(slice_object(s) for s in services)
         api.compact()
         report["api_load_s"] = time.perf_counter() - started
-        kubeconfig = workdir / "kubeconfig"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: bench\n"
-            f"clusters: [{{name: bench, cluster: {{server: '{api.url}'}}}}]\n"
-            "users: [{name: bench, user: {}}]\n"
-            "contexts: [{name: bench, context: {cluster: bench, user: bench}}]\n"
-        )
+        kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
         cgroup = Cgroup.create(f"ebpflb-bench-{tag}")
         argv = [
             "--kubeconfig",
@@ -482,10 +476,10 @@ def bench_ebpflb(
         from ebpflb.datapath import loader
 
         if cgroup is not None:
-            loader.cleanup(bpffs, cgroup.path)
+            loader.cleanup(bpffs, cgroup.path, interfaces=())
             cgroup.close()
         elif bpffs.exists():
-            loader.cleanup(bpffs, Path("/nonexistent"))
+            loader.cleanup(bpffs, Path("/nonexistent"), interfaces=())
         if bpffs.exists():
             for pin in bpffs.iterdir():
                 pin.unlink()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import errno
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -129,11 +130,8 @@ class KernelMap(Generic[K, V]):
         return True
 
     def items(self) -> Iterator[tuple[K, V]]:
-        for raw_key in raw_keys(self.pinned.fd, self._key.ctype):
-            raw_value = self._value.ctype()
-            # A key deleted between get_next_key and lookup is simply skipped.
-            if lib.bpf_lookup_elem(self.pinned.fd, ct.byref(raw_key), ct.byref(raw_value)) == 0:
-                yield self._key.decode(raw_key), self._value.decode(raw_value)
+        for raw_key, raw_value in raw_items(self.pinned.fd, self._key.ctype, self._value.ctype):
+            yield self._key.decode(raw_key), self._value.decode(raw_value)
 
     def __len__(self) -> int:
         return sum(1 for _ in raw_keys(self.pinned.fd, self._key.ctype))
@@ -150,6 +148,14 @@ def raw_keys(fd: int, key_type: Any) -> Iterator[Any]:
         if lib.bpf_get_next_key(fd, ct.byref(key), ct.byref(next_key)) < 0:
             return
         key = next_key
+
+
+def raw_items(fd: int, key_type: Any, value_type: Any) -> Iterator[tuple[Any, Any]]:
+    """Every (key, value) of a hash map, as ctypes values; keys deleted meanwhile skipped."""
+    for raw_key in raw_keys(fd, key_type):
+        raw_value = value_type()
+        if lib.bpf_lookup_elem(fd, ct.byref(raw_key), ct.byref(raw_value)) == 0:
+            yield raw_key, raw_value
 
 
 class KernelSlotPool:
@@ -240,24 +246,16 @@ class KernelMapSet:
 
     def reverse_entries(self, limit: int | None = None) -> list[ReverseSockEntry]:
         pinned = self._pins[MapName.REVERSE_SOCK]
-        entries = []
-        for raw_key in raw_keys(pinned.fd, layout.Lb4RevskKey):
-            raw_value = layout.Lb4RevskVal()
-            if lib.bpf_lookup_elem(pinned.fd, ct.byref(raw_key), ct.byref(raw_value)) == 0:
-                entries.append(layout.decode_revsk(raw_key, raw_value))
-            if limit is not None and len(entries) >= limit:
-                break
-        return entries
+        items = raw_items(pinned.fd, layout.Lb4RevskKey, layout.Lb4RevskVal)
+        return [layout.decode_revsk(k, v) for k, v in itertools.islice(items, limit)]
 
     def conntrack(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Live and expired NodePort flows (ebpflb_ct4), for dumps."""
         pinned = self._pins[MapName.CONNTRACK]
         now = time.monotonic_ns()  # CLOCK_MONOTONIC, like bpf_ktime_get_ns()
         flows = []
-        for raw_key in raw_keys(pinned.fd, layout.Flow4):
-            val = layout.Ct4Entry()
-            if lib.bpf_lookup_elem(pinned.fd, ct.byref(raw_key), ct.byref(val)) != 0:
-                continue
+        items = raw_items(pinned.fd, layout.Flow4, layout.Ct4Entry)
+        for raw_key, val in itertools.islice(items, limit):
             source, frontend = layout.format_flow(raw_key)
             flags = layout.CtFlags(val.flags)
             flows.append(
@@ -276,8 +274,6 @@ class KernelMapSet:
                     "bytes": val.bytes,
                 }
             )
-            if limit is not None and len(flows) >= limit:
-                break
         return flows
 
     def reply_nat(self, limit: int | None = None) -> list[dict[str, Any]]:
@@ -285,10 +281,8 @@ class KernelMapSet:
         pinned = self._pins[MapName.REPLY_NAT]
         now = time.monotonic_ns()
         entries = []
-        for raw_key in raw_keys(pinned.fd, layout.Flow4):
-            val = layout.Rnat4Val()
-            if lib.bpf_lookup_elem(pinned.fd, ct.byref(raw_key), ct.byref(val)) != 0:
-                continue
+        items = raw_items(pinned.fd, layout.Flow4, layout.Rnat4Val)
+        for raw_key, val in itertools.islice(items, limit):
             backend, reply_to = layout.format_flow(raw_key)
             entries.append(
                 {
@@ -301,8 +295,6 @@ class KernelMapSet:
                     "expires_in": round((val.expires - now) / 1e9, 1),
                 }
             )
-            if limit is not None and len(entries) >= limit:
-                break
         return entries
 
     def expire_flows(self) -> int:
@@ -310,12 +302,11 @@ class KernelMapSet:
         its own deadlines, but nothing else frees an idle SNAT reservation's memory."""
         pinned = self._pins[MapName.REPLY_NAT]
         now = time.monotonic_ns()
-        expired = []
-        for raw_key in raw_keys(pinned.fd, layout.Flow4):
-            val = layout.Rnat4Val()
-            found = lib.bpf_lookup_elem(pinned.fd, ct.byref(raw_key), ct.byref(val)) == 0
-            if found and val.expires < now:
-                expired.append(raw_key)
+        expired = [
+            raw_key
+            for raw_key, val in raw_items(pinned.fd, layout.Flow4, layout.Rnat4Val)
+            if val.expires < now
+        ]
         for raw_key in expired:
             lib.bpf_delete_elem(pinned.fd, ct.byref(raw_key))
         return len(expired)

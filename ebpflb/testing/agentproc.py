@@ -102,3 +102,27 @@ class AgentProcess:
             if self.proc.stderr:
                 self.proc.stderr.close()
         return self.proc.returncode
+
+
+def cleanup_datapath(
+    bpffs: Path,
+    cgroup: Path,
+    interfaces: Sequence[str] = (),
+    netns: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`ebpflb cleanup` for one agent's pins, cgroup and (in `netns`) interfaces. Only the
+    interfaces named: never whatever a production agent on this machine attached."""
+    argv = [
+        sys.executable,
+        "-m",
+        "ebpflb",
+        "cleanup",
+        "--bpffs",
+        str(bpffs),
+        "--cgroup",
+        str(cgroup),
+        f"--interfaces={','.join(interfaces)}",
+    ]
+    if netns:
+        argv = ["nsenter", f"--net=/run/netns/{netns}", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)

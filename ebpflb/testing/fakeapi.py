@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
@@ -195,6 +196,16 @@ class FakeApiServer:
         assert self._server is not None, "start() first"
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}"
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig naming this server, for `ebpflb run --kubeconfig`."""
+        path.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{self.url}'}}}}]\n"
+            "users: [{name: fake, user: {token: test}}]\n"
+            "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+        )
+        return path
 
     def close(self) -> None:
         """Stop serving, end every open stream and connection, join every thread."""

@@ -45,7 +45,7 @@ def remove() -> None:
     from ebpflb.datapath import loader  # needs bcc: only when removing
 
     for cg in cgroups():
-        loader.cleanup(BPFFS / "ebpflb-unused", cg)
+        loader.cleanup(BPFFS / "ebpflb-unused", cg, interfaces=())
         for pid in (cg / "cgroup.procs").read_text().split():
             subprocess.run(["kill", "-9", pid], check=False)
         cg.rmdir()

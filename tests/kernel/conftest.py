@@ -3,10 +3,9 @@ directory and the real `ebpflb run`. Each removes what it created, also on failu
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ebpflb.testing import leftovers
-from ebpflb.testing.agentproc import AgentProcess
+from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Topology
 
 PODS = {"pod1": "10.244.1.11", "pod2": "10.244.1.12", "pod3": "10.244.1.13"}
@@ -67,17 +66,8 @@ def cgroup(bpffs: Path) -> Iterator[Cgroup]:
     try:
         yield cg
     finally:
-        ebpflb_cleanup(bpffs, cg.path)
+        cleanup_datapath(bpffs, cg.path)
         cg.close()
-
-
-def ebpflb_cleanup(bpffs: Path, cgroup: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ebpflb", "cleanup", "--bpffs", str(bpffs), "--cgroup", str(cgroup)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 AgentFactory = Callable[..., AgentProcess]
@@ -85,21 +75,19 @@ AgentFactory = Callable[..., AgentProcess]
 
 @pytest.fixture
 def start_agent(bpffs: Path, cgroup: Cgroup, tmp_path: Path) -> Iterator[AgentFactory]:
-    """Start `ebpflb run --manifests DIR` on this test's bpffs directory and cgroup."""
+    """Start `ebpflb run SOURCE-ARGS...` on this test's bpffs directory and cgroup."""
     agents: list[AgentProcess] = []
 
-    def start(manifests: Path, *extra: str, wait: bool = True) -> AgentProcess:
+    def start(*args: str, wait: bool = True) -> AgentProcess:
         agent = AgentProcess(
             [
-                "--manifests",
-                str(manifests),
+                *args,
                 "--bpffs",
                 str(bpffs),
                 "--cgroup",
                 str(cgroup.path),
                 "--min-sync-period",
                 "0.1",
-                *extra,
             ],
             log_file=tmp_path / f"agent{len(agents)}.log",
         )
@@ -113,6 +101,12 @@ def start_agent(bpffs: Path, cgroup: Cgroup, tmp_path: Path) -> Iterator[AgentFa
     finally:
         for agent in agents:
             agent.stop()
+
+
+def served_by(results: list[dict[str, object]]) -> collections.Counter[str]:
+    """Which backend answered each (all successful) request."""
+    assert all(r["ok"] for r in results), [r for r in results if not r["ok"]][:3]
+    return collections.Counter(str(r["server"]) for r in results)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ namespaces; a map entry deleted behind the agent's back returns at the next full
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Iterator
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -17,7 +16,7 @@ from ebpflb.testing.agentproc import AgentProcess
 from ebpflb.testing.fakeapi import FakeApiServer
 from ebpflb.testing.netns import Cgroup, Topology
 from tests.factories import endpoint, endpoint_slice, service
-from tests.kernel.conftest import PODS
+from tests.kernel.conftest import PODS, AgentFactory, served_by
 
 WEB = "10.96.0.10:80"
 WEB_FRONTEND = Frontend(IPv4Address("10.96.0.10"), 80, Proto.TCP)
@@ -34,47 +33,11 @@ def api() -> Iterator[FakeApiServer]:
 
 @pytest.fixture
 def kube_agent(
-    api: FakeApiServer, bpffs: Path, cgroup: Cgroup, tmp_path: Path
-) -> Iterator[Callable[..., AgentProcess]]:
+    api: FakeApiServer, start_agent: AgentFactory, tmp_path: Path
+) -> Callable[..., AgentProcess]:
     """Start `ebpflb run --kubeconfig FILE` (FILE naming the fake API server)."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
-        f"clusters: [{{name: fake, cluster: {{server: '{api.url}'}}}}]\n"
-        "users: [{name: fake, user: {token: test}}]\n"
-        "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
-    )
-    agents: list[AgentProcess] = []
-
-    def start(*extra: str) -> AgentProcess:
-        agent = AgentProcess(
-            [
-                "--kubeconfig",
-                str(kubeconfig),
-                "--bpffs",
-                str(bpffs),
-                "--cgroup",
-                str(cgroup.path),
-                "--min-sync-period",
-                "0.1",
-                *extra,
-            ],
-            log_file=tmp_path / f"agent{len(agents)}.log",
-        )
-        agents.append(agent)
-        agent.wait_ready()
-        return agent
-
-    try:
-        yield start
-    finally:
-        for agent in agents:
-            agent.stop()
-
-
-def served_by(results: list[dict[str, object]]) -> collections.Counter[str]:
-    assert all(r["ok"] for r in results), [r for r in results if not r["ok"]][:3]
-    return collections.Counter(str(r["server"]) for r in results)
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    return lambda *extra: start_agent("--kubeconfig", str(kubeconfig), *extra)
 
 
 def test_service_created_updated_and_deleted_through_the_api(

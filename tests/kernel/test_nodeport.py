@@ -8,7 +8,6 @@ directory and cgroup) inside its namespace, attached to its eth0.
 
 from __future__ import annotations
 
-import collections
 import json
 import subprocess
 import sys
@@ -20,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.testing.agentproc import AgentProcess
+from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Cluster
+from tests.kernel.conftest import served_by
 
 NODE1, NODE2 = "192.168.100.1", "192.168.100.2"
 CLIENT, OUTSIDER = "192.168.100.100", "192.168.100.200"
@@ -213,29 +213,9 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         for agent in environment.nodes.values():
             if agent.agent is not None:
                 agent.agent.stop()
-            cluster.run(
-                agent.netns,
-                [
-                    sys.executable,
-                    "-m",
-                    "ebpflb",
-                    "cleanup",
-                    "--bpffs",
-                    str(agent.bpffs),
-                    "--cgroup",
-                    str(agent.cgroup.path),
-                    "--interfaces",
-                    "eth0",
-                ],
-            )
+            cleanup_datapath(agent.bpffs, agent.cgroup.path, ["eth0"], agent.netns)
             agent.cgroup.close()
         cluster.close()
-
-
-def servers(results: list[dict[str, object]]) -> collections.Counter[str]:
-    failed = [r for r in results if not r["ok"]]
-    assert not failed, failed[:3]
-    return collections.Counter(str(r["server"]) for r in results)
 
 
 def seen_ip(result: dict[str, object]) -> str:
@@ -252,13 +232,13 @@ def xdp_tx_packets(env: Env) -> int:
 def test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones(env: Env) -> None:
     xdp_before = xdp_tx_packets(env)
     tcp = env.cluster.requests(env.client, "tcp", f"{NODE1}:30080", 60, None)
-    assert set(servers(tcp)) == {"pod11", "pod12", "pod21", "pod22"}
+    assert set(served_by(tcp)) == {"pod11", "pod12", "pod21", "pod22"}
     assert {r["peer"] for r in tcp} == {f"{NODE1}:30080"}  # replies come from node1:nodePort
     for r in tcp:
         # A pod on node2 sees node1's address (SNAT); a pod on node1 sees the client.
         assert seen_ip(r) == (NODE1 if str(r["server"]).startswith("pod2") else CLIENT), r
     udp = env.cluster.requests(env.client, "udp", f"{NODE1}:30053", 60, None)
-    assert set(servers(udp)) == {"pod11", "pod12", "pod21", "pod22"}
+    assert set(served_by(udp)) == {"pod11", "pod12", "pod21", "pod22"}
     assert {r["peer"] for r in udp} == {f"{NODE1}:30053"}
     for r in udp:
         assert seen_ip(r) == (NODE1 if str(r["server"]).startswith("pod2") else CLIENT), r
@@ -283,7 +263,7 @@ def http_get(env: Env, url: str) -> tuple[int, dict[str, object]]:
 
 def test_local_policy_keeps_client_address_and_only_nodes_with_endpoints_serve(env: Env) -> None:
     via_node1 = env.cluster.requests(env.client, "tcp", f"{NODE1}:30081", 10, None)
-    assert servers(via_node1) == {"pod11": 10}
+    assert served_by(via_node1) == {"pod11": 10}
     assert {seen_ip(r) for r in via_node1} == {CLIENT}  # no SNAT: the source is preserved
     via_node2 = env.cluster.requests(env.client, "tcp", f"{NODE2}:30081", 2, None, timeout=1.0)
     assert [r["ok"] for r in via_node2] == [False, False]  # node2 has no local pod: no forward
@@ -297,9 +277,9 @@ def test_local_policy_keeps_client_address_and_only_nodes_with_endpoints_serve(e
 
 def test_loadbalancer_and_external_ip_with_source_ranges(env: Env) -> None:
     lb = env.cluster.requests(env.client, "tcp", f"{LB_IP}:80", 20, None)
-    assert len(servers(lb)) >= 3 and {r["peer"] for r in lb} == {f"{LB_IP}:80"}
+    assert len(served_by(lb)) >= 3 and {r["peer"] for r in lb} == {f"{LB_IP}:80"}
     ext = env.cluster.requests(env.outsider, "tcp", f"{EXTERNAL_IP}:80", 20, None)
-    assert len(servers(ext)) >= 3 and {r["peer"] for r in ext} == {f"{EXTERNAL_IP}:80"}
+    assert len(served_by(ext)) >= 3 and {r["peer"] for r in ext} == {f"{EXTERNAL_IP}:80"}
     before = env.nodes["node1"].counter("src_range_drop")
     blocked = env.cluster.requests(env.outsider, "tcp", f"{LB_IP}:80", 2, None, timeout=1.0)
     assert [r["ok"] for r in blocked] == [False, False]
@@ -366,7 +346,7 @@ def test_checksums_with_and_without_offload(env: Env, offload: bool) -> None:
     try:
         tcp = env.cluster.requests(env.client, "tcp", f"{NODE1}:30080", 20, None)
         udp = env.cluster.requests(env.client, "udp", f"{NODE1}:30053", 20, None)
-        assert len(servers(tcp)) >= 3 and len(servers(udp)) >= 3
+        assert len(served_by(tcp)) >= 3 and len(served_by(udp)) >= 3
     finally:
         for netns in switched:
             env.cluster.offload(netns, "eth0", True)
@@ -376,7 +356,7 @@ def test_host_processes_reach_nodeport_and_lb_ip_through_socket_lb(env: Env) -> 
     node1 = env.nodes["node1"]
     for target in (f"{NODE1}:30080", "127.0.0.1:30080", f"{LB_IP}:80", f"{EXTERNAL_IP}:80"):
         results = env.cluster.requests(node1.netns, "tcp", target, 10, node1.cgroup)
-        assert len(servers(results)) >= 2, target
+        assert len(served_by(results)) >= 2, target
         assert {r["peer"] for r in results} == {target}
 
 
@@ -394,7 +374,7 @@ def test_snat_exhaustion_is_counted_and_never_mistranslates(env: Env) -> None:
     assert node1.counter("snat_exhausted") - before >= 2000 - 128
     assert node1.agent is not None and node1.agent.proc.poll() is None  # still running
     # Established flows are unaffected by the exhaustion of another backend port.
-    assert len(servers(env.cluster.requests(env.client, "tcp", f"{NODE1}:30080", 10, None))) >= 2
+    assert len(served_by(env.cluster.requests(env.client, "tcp", f"{NODE1}:30080", 10, None))) >= 2
 
 
 def test_maps_dump_shows_conntrack_and_nat(env: Env) -> None:
@@ -463,21 +443,7 @@ def test_cleanup_removes_tc_filters_and_xdp(tmp_path: Path) -> None:
         tc, link = attached()
         assert "ebpflb_np_in" in tc and "ebpflb_np_out" in tc  # left in place on exit
         assert "ebpflb_np_xdp" in link
-        done = cluster.run(
-            node.netns,
-            [
-                sys.executable,
-                "-m",
-                "ebpflb",
-                "cleanup",
-                "--bpffs",
-                str(bpffs),
-                "--cgroup",
-                str(cgroup.path),
-                "--interfaces",
-                "eth0",
-            ],
-        )
+        done = cleanup_datapath(bpffs, cgroup.path, ["eth0"], node.netns)
         assert done.returncode == 0, done.stderr
         assert "detached 7 programs" in done.stdout  # 4 socket hooks, tc in/out, xdp
         tc, link = attached()
@@ -486,20 +452,6 @@ def test_cleanup_removes_tc_filters_and_xdp(tmp_path: Path) -> None:
             "clsact" not in cluster.run(node.netns, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
         )
     finally:
-        cluster.run(
-            node.netns,
-            [
-                sys.executable,
-                "-m",
-                "ebpflb",
-                "cleanup",
-                "--bpffs",
-                str(bpffs),
-                "--cgroup",
-                str(cgroup.path),
-                "--interfaces",
-                "eth0",
-            ],
-        )
+        cleanup_datapath(bpffs, cgroup.path, ["eth0"], node.netns)
         cgroup.close()
         cluster.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import subprocess
@@ -12,23 +11,19 @@ from pathlib import Path
 
 from ebpflb.datapath import loader
 from ebpflb.datapath.maps import MapName
+from ebpflb.testing.agentproc import cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Topology
-from tests.kernel.conftest import PODS, AgentFactory, ebpflb_cleanup
+from tests.kernel.conftest import PODS, AgentFactory, served_by
 
 WEB = "10.96.0.10:80"
 DNS = "10.96.0.53:53"
 PENDING = "10.96.0.99:80"
 
 
-def served_by(results: list[dict[str, object]]) -> collections.Counter[str]:
-    assert all(r["ok"] for r in results), [r for r in results if not r["ok"]][:3]
-    return collections.Counter(str(r["server"]) for r in results)
-
-
 def test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip(
     topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
 ) -> None:
-    start_agent(manifests)
+    start_agent("--manifests", str(manifests))
     results = topology.requests(topology.node_ns, "tcp", WEB, 300, cgroup)
     counts = served_by(results)
     assert set(counts) == set(PODS)
@@ -41,7 +36,7 @@ def test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip(
 def test_udp_reply_comes_from_the_clusterip(
     topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
 ) -> None:
-    start_agent(manifests)
+    start_agent("--manifests", str(manifests))
     unconnected = topology.requests(topology.node_ns, "udp", DNS, 90, cgroup)
     assert set(served_by(unconnected)) == set(PODS)
     assert {r["peer"] for r in unconnected} == {DNS}  # recvmsg() source rewritten back
@@ -53,7 +48,7 @@ def test_udp_reply_comes_from_the_clusterip(
 def test_service_without_endpoints_refuses_tcp_and_udp(
     topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
 ) -> None:
-    start_agent(manifests)
+    start_agent("--manifests", str(manifests))
     features = loader.probe_features()
     expected = "ECONNREFUSED" if features.set_retval else "EPERM"
     started = time.monotonic()
@@ -73,7 +68,7 @@ def test_service_without_endpoints_refuses_tcp_and_udp(
 def test_uncovered_clusterip_is_not_translated(
     topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
 ) -> None:
-    start_agent(manifests)
+    start_agent("--manifests", str(manifests))
     (result,) = topology.requests(topology.node_ns, "tcp", "10.96.0.10:81", 1, cgroup)
     assert result["error"] == "ENETUNREACH"  # left alone: dies in the namespace, no route out
 
@@ -81,7 +76,7 @@ def test_uncovered_clusterip_is_not_translated(
 def test_manifest_edit_moves_traffic_within_a_second(
     topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
 ) -> None:
-    agent = start_agent(manifests)
+    agent = start_agent("--manifests", str(manifests))
     web = manifests / "web.yaml"
     web.write_text(
         web.read_text().replace(
@@ -104,12 +99,12 @@ def test_manifest_edit_moves_traffic_within_a_second(
 def test_restart_keeps_traffic_flowing_and_rewrites_nothing(
     topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
 ) -> None:
-    first = start_agent(manifests)
+    first = start_agent("--manifests", str(manifests))
     first.stop()
     # No agent: the programs and maps stay, so traffic keeps being balanced.
     counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 60, cgroup))
     assert len(counts) == 3
-    second = start_agent(manifests)
+    second = start_agent("--manifests", str(manifests))
     assert not [line for line in second.lines if " added: " in line or " updated: " in line]
     assert "replaced 4 programs of a previous ebpflb" in second.output()
     attached = loader.attached_programs(cgroup.path)
@@ -134,7 +129,7 @@ def test_bad_input_is_named_and_skipped(
         "metadata: {name: orphan-1, labels: {kubernetes.io/service-name: nobody}}\n"
         "addressType: IPv4\nendpoints: [{addresses: [10.244.1.11]}]\n"
     )
-    agent = start_agent(manifests)
+    agent = start_agent("--manifests", str(manifests))
     log = agent.output()
     assert "invalid Service, skipped: Service default/broken-ip: clusterIP '10.96.0.300'" in log
     assert "invalid Service, skipped: Service default/bad-port: spec.ports[0].port 70000" in log
@@ -146,7 +141,7 @@ def test_bad_input_is_named_and_skipped(
 def test_maps_dump_reads_the_pins_without_an_agent(
     cgroup: Cgroup, manifests: Path, start_agent: AgentFactory, bpffs: Path
 ) -> None:
-    start_agent(manifests).stop()
+    start_agent("--manifests", str(manifests)).stop()
     done = subprocess.run(
         [sys.executable, "-m", "ebpflb", "maps", "dump", "--bpffs", str(bpffs), "--json"],
         capture_output=True,
@@ -184,12 +179,12 @@ def test_maps_dump_without_pins_fails_in_one_line(tmp_path: Path) -> None:
 def test_cleanup_leaves_nothing_attached_or_pinned(
     cgroup: Cgroup, manifests: Path, start_agent: AgentFactory, bpffs: Path
 ) -> None:
-    start_agent(manifests).stop()
+    start_agent("--manifests", str(manifests)).stop()
     show = subprocess.run(
         ["bpftool", "cgroup", "show", str(cgroup.path)], capture_output=True, text=True
     )
     assert "ebpflb_connect4" in show.stdout  # left attached on exit, on purpose
-    done = ebpflb_cleanup(bpffs, cgroup.path)
+    done = cleanup_datapath(bpffs, cgroup.path)
     assert done.returncode == 0, done.stderr
     assert "detached 4 programs" in done.stdout
     assert f"removed {len(MapName)} pins" in done.stdout

@@ -53,8 +53,12 @@ def test_backends_are_sorted_and_local_is_marked() -> None:
 
 def lb_port(**kw: object) -> ServicePort:
     base = dict(
-        name=NAME, type=ServiceType.LOAD_BALANCER, cluster_ips=(IPv4Address("10.96.0.10"),),
-        port=80, target_port=8080, node_port=30080,
+        name=NAME,
+        type=ServiceType.LOAD_BALANCER,
+        cluster_ips=(IPv4Address("10.96.0.10"),),
+        port=80,
+        target_port=8080,
+        node_port=30080,
         load_balancer_ips=(IPv4Address("203.0.113.9"),),
         external_ips=(IPv4Address("192.0.2.7"),),
     )
@@ -72,8 +76,12 @@ def by_frontend(port: ServicePort, eps: list[Endpoint]) -> dict[str, DesiredFron
 def test_every_external_frontend_of_a_loadbalancer() -> None:
     fes = by_frontend(lb_port(), [ep(1, node_name="n1"), ep(2, node_name="n2")])
     assert set(fes) == {
-        "10.96.0.10:80/TCP", "192.168.1.10:30080/TCP", "192.168.2.10:30080/TCP",
-        "127.0.0.1:30080/TCP", "203.0.113.9:80/TCP", "192.0.2.7:80/TCP",
+        "10.96.0.10:80/TCP",
+        "192.168.1.10:30080/TCP",
+        "192.168.2.10:30080/TCP",
+        "127.0.0.1:30080/TCP",
+        "203.0.113.9:80/TCP",
+        "192.0.2.7:80/TCP",
     }
     assert fes["192.168.1.10:30080/TCP"].flags == SvcFlags.NODE_PORT
     assert fes["203.0.113.9:80/TCP"].flags == SvcFlags.LOADBALANCER

@@ -32,8 +32,11 @@ def test_answers_like_kube_proxy_and_follows_the_endpoints() -> None:
         servers.sync({port: HealthTarget(WEB, 2)})
         status, body, weight = get(port)
         assert (status, weight) == (200, "2")
-        assert body == {"service": {"namespace": "default", "name": "web"},
-                        "localEndpoints": 2, "serviceProxyHealthy": True}
+        assert body == {
+            "service": {"namespace": "default", "name": "web"},
+            "localEndpoints": 2,
+            "serviceProxyHealthy": True,
+        }
         servers.sync({port: HealthTarget(WEB, 0)})
         assert get(port)[:1] == (503,)
         servers.sync({})

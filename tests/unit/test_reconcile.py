@@ -236,8 +236,13 @@ def test_source_ranges_follow_the_frontend(maps: FakeMapSet) -> None:
     rec = Reconciler(maps)
     lb = fe("203.0.113.9")
     ranges = (IPv4Network("198.51.100.0/24"), IPv4Network("192.0.2.1/32"))
-    want = DesiredFrontend(lb, ServicePortName(WEB, "http", Proto.TCP),
-                           SvcFlags.LOADBALANCER | SvcFlags.SOURCE_RANGES, backends(11), ranges)
+    want = DesiredFrontend(
+        lb,
+        ServicePortName(WEB, "http", Proto.TCP),
+        SvcFlags.LOADBALANCER | SvcFlags.SOURCE_RANGES,
+        backends(11),
+        ranges,
+    )
     rec.apply({WEB: {lb: want}})
     svc_id = maps.services.data[lb].svc_id
     assert set(maps.source_ranges.data) == {SourceRange(svc_id, n) for n in ranges}
@@ -256,8 +261,13 @@ def test_too_many_source_ranges_fail_only_that_frontend() -> None:
     rec = Reconciler(maps)
     many = tuple(IPv4Network(f"198.51.100.{i}/32") for i in range(3))
     lb = fe("203.0.113.9")
-    want = DesiredFrontend(lb, ServicePortName(WEB, "http", Proto.TCP),
-                           SvcFlags.LOADBALANCER | SvcFlags.SOURCE_RANGES, backends(11), many)
+    want = DesiredFrontend(
+        lb,
+        ServicePortName(WEB, "http", Proto.TCP),
+        SvcFlags.LOADBALANCER | SvcFlags.SOURCE_RANGES,
+        backends(11),
+        many,
+    )
     result = rec.apply({WEB: {lb: want}, **desired(API, fe("10.96.0.20"), backends(12))})
     assert "ebpflb_srcrng4 is full (limit 2)" in result.errors[0]
     assert list(maps.services.data) == [fe("10.96.0.20")]
