@@ -25,7 +25,7 @@ from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import NodeView
 from ebpflb.errors import ConfigError
 from ebpflb.healthcheck import HealthCheckServers
-from ebpflb.metrics import DatapathCollector, Metrics
+from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector
 from ebpflb.sources.base import ObjectSink
 from ebpflb.sources.manifests import ManifestSource
 
@@ -33,11 +33,13 @@ log = logging.getLogger(__name__)
 
 
 class Source(Protocol):
-    """What app.run needs of a source: start delivering, stop."""
+    """What app.run needs of a source: start delivering, stop, report its counters."""
 
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
+
+    def counters(self) -> dict[str, dict[str, int]]: ...
 
 
 SourceFactory = Callable[[ObjectSink], Source]
@@ -105,6 +107,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 config, maps, metrics, node=node, health=health, housekeeping=maps.expire_flows
             )
             source = source_factory(agent)
+            registry.register(SourceCollector(source.counters))
             source.start()
             try:
 

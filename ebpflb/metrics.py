@@ -8,7 +8,7 @@ time instead of copying them periodically.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -107,4 +107,23 @@ class DatapathCollector(Collector):
             counters = {}
         for event, value in sorted(counters.items()):
             family.add_metric([event], value)
+        yield family
+
+
+class SourceCollector(Collector):
+    """Exposes what the source of Services and EndpointSlices counted (lists, relists,
+    watch events, failures; manifest reloads and parse errors), read at scrape time."""
+
+    def __init__(self, read: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "ebpflb_source_events",
+            "Source activity: lists, relists, watches, events, failures, reloads, errors.",
+            labels=["source", "event"],
+        )
+        for source, counters in sorted(self._read().items()):
+            for event, value in sorted(counters.items()):
+                family.add_metric([source, event], value)
         yield family

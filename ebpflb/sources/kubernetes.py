@@ -556,3 +556,7 @@ class KubernetesSource:
     def stats(self, kind: Kind) -> ReflectorStats:
         reflector = self._reflectors.get(kind)
         return dataclasses.replace(reflector.stats) if reflector else ReflectorStats()
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Per kind: lists, relists, watches, events, failures (for metrics)."""
+        return {kind.value: dataclasses.asdict(self.stats(kind)) for kind in self._reflectors}

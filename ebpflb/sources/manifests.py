@@ -132,6 +132,8 @@ class ManifestSource:
         self._seen: Fingerprint | None = None  # what the previous poll saw
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._reloads = 0
+        self._errors = 0
 
     def sync_once(self) -> bool:
         """Reload if the files changed and have since stayed unchanged for a poll, and
@@ -143,6 +145,8 @@ class ManifestSource:
         first = self._loaded is None
         self._loaded = fingerprint
         snapshot = load(self.path)
+        self._reloads += 1
+        self._errors += len(snapshot.errors)
         for error in snapshot.errors:
             log.error("manifest: %s", error)
         previous, self._current = self._current, snapshot.objects
@@ -170,6 +174,10 @@ class ManifestSource:
                 self.sync_once()
             except Exception:  # keep watching: the next edit may fix it
                 log.exception("reading manifests under %s failed", self.path)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Reloads of the files and documents that failed to parse (for metrics)."""
+        return {"manifests": {"reloads": self._reloads, "errors": self._errors}}
 
     def stop(self) -> None:
         self._stop.set()
