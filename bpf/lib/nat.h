@@ -140,10 +140,15 @@ static __always_inline int np4_ingress(const struct pkt4 *pkt, __u32 ifindex,
 		return NP_PASS;
 	}
 	now = bpf_ktime_get_ns();
-	rnat = ebpflb_rnat4.lookup((struct flow4 *)flow);
-	if (rnat && (rnat->flags & RNAT_F_SNAT)) {
-		np4_reply(pkt, rnat, now, out);
-		return NP_XLATE;
+	/* Replies to SNATed flows come back to a port of the SNAT range: only those packets
+	 * pay for the reply-translation lookup. */
+	if (bpf_ntohs(flow->dport) >= EBPFLB_SNAT_PORT_MIN &&
+	    bpf_ntohs(flow->dport) <= EBPFLB_SNAT_PORT_MAX) {
+		rnat = ebpflb_rnat4.lookup((struct flow4 *)flow);
+		if (rnat && (rnat->flags & RNAT_F_SNAT)) {
+			np4_reply(pkt, rnat, now, out);
+			return NP_XLATE;
+		}
 	}
 	svc = lb4_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
 	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
