@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-sync-period",
         type=float,
         default=DEFAULTS.min_sync_period,
-        help="seconds between syncs at most (bursts coalesce)",
+        help="least seconds between two syncs (bursts of changes coalesce)",
     )
     run.add_argument(
         "--sync-period",

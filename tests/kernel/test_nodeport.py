@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -360,12 +360,15 @@ def test_host_processes_reach_nodeport_and_lb_ip_through_socket_lb(env: Env) -> 
         assert {r["peer"] for r in results} == {target}
 
 
-def test_snat_exhaustion_is_counted_and_never_mistranslates(env: Env) -> None:
+def test_snat_exhaustion_is_counted_and_never_mistranslates(
+    env: Env, record_property: Callable[[str, object], None]
+) -> None:
     node1 = env.nodes["node1"]
     before = node1.counter("snat_exhausted")
     (burst,) = env.cluster.echo(
         env.client, "udp-burst", f"{NODE1}:30090", "--count", "2000", "--timeout", "2"
     )
+    record_property("burst", json.dumps(burst))
     assert burst["sent"] == 2000
     assert burst["mismatched"] == 0
     # 64 ports per backend, two backends (both on node2, so every flow needs SNAT).
