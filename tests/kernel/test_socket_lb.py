@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ebpflb.datapath import loader
@@ -74,7 +75,11 @@ def test_uncovered_clusterip_is_not_translated(
 
 
 def test_manifest_edit_moves_traffic_within_a_second(
-    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+    topology: Topology,
+    cgroup: Cgroup,
+    manifests: Path,
+    start_agent: AgentFactory,
+    record_property: Callable[[str, object], None],
 ) -> None:
     agent = start_agent("--manifests", str(manifests))
     web = manifests / "web.yaml"
@@ -87,6 +92,7 @@ def test_manifest_edit_moves_traffic_within_a_second(
     mark = len(agent.lines)
     edited = time.monotonic()
     line = agent.wait_for("default/web:http 10.96.0.10:80/TCP updated", timeout=5, start=mark)
+    record_property("edit_to_applied_seconds", round(time.monotonic() - edited, 3))
     assert time.monotonic() - edited < 1.0
     assert "backends 3 -> 2" in line and "-10.244.1.13:8080" in line
     # Only the changed slots were written: about a third of the table.
