@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 READY_LINE = "initial sync complete"
+# Multiplies the waits below: an agent compiles its programs at start-up, which takes
+# ~1 s here but a minute or two in an emulated VM (a kernel-matrix run sets e.g. 5).
+TIMEOUT_SCALE = float(os.environ.get("EBPFLB_TEST_TIMEOUT_SCALE", "1"))
 
 
 class AgentProcess:
@@ -57,6 +60,7 @@ class AgentProcess:
 
     def wait_for(self, text: str, timeout: float = 30.0, start: int = 0) -> str:
         """Block until a log line containing `text` (at index >= start) appears."""
+        timeout *= TIMEOUT_SCALE
         deadline = time.monotonic() + timeout
         seen = start
         while True:
