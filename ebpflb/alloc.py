@@ -52,16 +52,25 @@ class IdAllocator:
 
 
 class SlotAllocator:
-    """First-fit ranges of the slot pool, with free neighbours merged on release."""
+    """First-fit ranges of the slot pool, with free neighbours merged on release.
 
-    def __init__(self, map_name: str, capacity: int) -> None:
+    Ranges start at multiples of `align` and are padded to a multiple of it (the pool
+    stores slots in pairs, and no pair may be shared by two tables)."""
+
+    def __init__(self, map_name: str, capacity: int, align: int = 1) -> None:
         self.map_name = map_name
-        self.capacity = capacity
+        self.align = align
+        self.capacity = capacity - capacity % align
         self._starts: list[int] = [0]  # free extents, sorted by start
-        self._lengths: dict[int, int] = {0: capacity}
+        self._lengths: dict[int, int] = {0: self.capacity}
         self.used = 0
 
+    def span(self, size: int) -> int:
+        """Slots a range of `size` really takes."""
+        return -(-size // self.align) * self.align
+
     def allocate(self, size: int, needed_by: str) -> int:
+        size = self.span(size)
         for start in self._starts:
             length = self._lengths[start]
             if length >= size:
@@ -76,6 +85,9 @@ class SlotAllocator:
 
     def reserve(self, start: int, size: int) -> None:
         """Mark [start, start+size) used (restoring from the maps); it must be free."""
+        size = self.span(size)
+        if start % self.align:
+            raise ValueError(f"slot range {start}+{size} is not aligned to {self.align}")
         index = bisect.bisect_right(self._starts, start) - 1
         if index < 0:
             raise ValueError(f"slot range {start}+{size} overlaps a used range")
@@ -92,6 +104,7 @@ class SlotAllocator:
         self.used += size
 
     def release(self, start: int, size: int) -> None:
+        size = self.span(size)
         index = bisect.bisect_left(self._starts, start)
         end = start + size
         # Merge with the following and the preceding free extent when adjacent.

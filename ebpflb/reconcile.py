@@ -28,7 +28,14 @@ import numpy as np
 
 from ebpflb import maglev
 from ebpflb.alloc import IdAllocator, SlotAllocator
-from ebpflb.datapath.maps import BackendEntry, MapSet, ServiceEntry, SlotArray, SourceRange
+from ebpflb.datapath.maps import (
+    SLOTS_PER_ELEMENT,
+    BackendEntry,
+    MapSet,
+    ServiceEntry,
+    SlotArray,
+    SourceRange,
+)
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.errors import MapError, MapFullError
 from ebpflb.metrics import Metrics
@@ -118,7 +125,7 @@ class Reconciler:
         self._maybe_unused: set[int] = set()  # backend ids whose references dropped
         self._svc_ids = IdAllocator(maps.services.name, maps.services.capacity)
         self._backend_ids = IdAllocator(maps.backends.name, maps.backends.capacity)
-        self._slots = SlotAllocator(maps.slots.name, maps.slots.capacity)
+        self._slots = SlotAllocator(maps.slots.name, maps.slots.capacity, SLOTS_PER_ELEMENT)
         self._id_of: dict[Backend, int] = {}
         self._backend_entry: dict[int, BackendEntry] = {}
         self._refs: dict[int, int] = {}
@@ -136,7 +143,9 @@ class Reconciler:
         self._by_owner.clear()
         self._svc_ids = IdAllocator(self.maps.services.name, self.maps.services.capacity)
         self._backend_ids = IdAllocator(self.maps.backends.name, self.maps.backends.capacity)
-        self._slots = SlotAllocator(self.maps.slots.name, self.maps.slots.capacity)
+        self._slots = SlotAllocator(
+            self.maps.slots.name, self.maps.slots.capacity, SLOTS_PER_ELEMENT
+        )
         self._id_of.clear()
         self._backend_entry.clear()
         self._refs.clear()
@@ -385,7 +394,7 @@ class Reconciler:
             offset = current.entry.table_off
             changed = maglev.changed_slots(current.table, plan.table)
             if len(changed):
-                self.maps.slots.write_at(changed + offset, plan.table[changed])
+                self.maps.slots.write(offset, plan.table, changed)
                 written = len(changed)
         elif plan.new_range is not None:
             offset = plan.new_range[0]

@@ -23,11 +23,13 @@
 #define EBPFLB_MAX_BACKENDS 65536
 #endif
 
-/* Slots in the shared Maglev slot pool (ebpflb_slots). Each service owns one contiguous
- * range of a prime length M >= 100 x its backends, so memory follows the number of
- * backends, not services x a fixed maximum. 4 Mi slots = 16 MiB. */
+/* Slots in the shared Maglev slot pool (ebpflb_slots), even. Each frontend owns one
+ * contiguous range of a prime length M >= 100 x its backends (padded to a pair), so memory
+ * follows the number of backends, not services x a fixed maximum. Two slots share one
+ * 8-byte array element (the kernel rounds every array value up to 8 bytes): 8 Mi slots
+ * = 32 MiB, enough for 16,000 services of 3 backends (M = 509). */
 #ifndef EBPFLB_SLOT_POOL_SIZE
-#define EBPFLB_SLOT_POOL_SIZE 4194304
+#define EBPFLB_SLOT_POOL_SIZE 8388608
 #endif
 
 /* Socket reverse-translation entries (ebpflb_revsk4), one per (socket, backend) in use;

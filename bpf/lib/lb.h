@@ -44,19 +44,24 @@ static __always_inline struct lb4_svc_val *lb4_lookup_service(__be32 addr, __be1
 static __always_inline struct lb4_backend *lb4_select_backend(const struct lb4_svc_val *svc,
 							      __u32 hash, __u32 *backend_id_out)
 {
+	struct lb4_slot_pair *pair;
 	struct lb4_backend *backend;
-	__u32 slot, *backend_id;
+	__u32 slot, pair_index, backend_id;
 
 	if (svc->table_size == 0)
 		return NULL;
 	slot = svc->table_off + hash % svc->table_size;
-	backend_id = ebpflb_slots.lookup(&slot);
-	if (!backend_id || *backend_id == 0)
+	pair_index = slot >> 1;
+	pair = ebpflb_slots.lookup(&pair_index);
+	if (!pair)
 		goto miss;
-	backend = ebpflb_be4.lookup(backend_id);
+	backend_id = pair->backend_id[slot & 1];
+	if (backend_id == 0)
+		goto miss;
+	backend = ebpflb_be4.lookup(&backend_id);
 	if (!backend)
 		goto miss;
-	*backend_id_out = *backend_id;
+	*backend_id_out = backend_id;
 	return backend;
 miss:
 	stat_inc(STAT_SLOT_MISS);

@@ -14,9 +14,9 @@ BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
 BPF_TABLE_PINNED("hash", __u32, struct lb4_backend, ebpflb_be4,
 		 EBPFLB_MAX_BACKENDS, EBPFLB_PIN_DIR "/ebpflb_be4");
 
-/* Maglev slot pool: slot -> backend id; each service owns a contiguous range. */
-BPF_TABLE_PINNED("array", __u32, __u32, ebpflb_slots,
-		 EBPFLB_SLOT_POOL_SIZE, EBPFLB_PIN_DIR "/ebpflb_slots");
+/* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range. */
+BPF_TABLE_PINNED("array", __u32, struct lb4_slot_pair, ebpflb_slots,
+		 EBPFLB_SLOT_POOL_SIZE / 2, EBPFLB_PIN_DIR "/ebpflb_slots");
 
 /* Service id -> "namespace/name:port", for dumps and agent restarts only. */
 BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,

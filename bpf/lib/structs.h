@@ -18,13 +18,19 @@ struct lb4_svc_key {
 
 /* Where a frontend's Maglev table lives. Invariant: table_size == 0 <=> no usable backend
  * (the programs refuse); otherwise slots [table_off, table_off + table_size) of
- * ebpflb_slots each hold a backend id present in ebpflb_be4. */
+ * ebpflb_slots each hold a backend id present in ebpflb_be4; table_off is even. */
 struct lb4_svc_val {
 	__u32 svc_id;        /* dense service id, key of ebpflb_svcmeta */
 	__u32 table_off;     /* first slot of the table in ebpflb_slots */
 	__u32 table_size;    /* M, a prime; 0 = refuse */
 	__u16 backend_count; /* backends holding slots (for dumps; the datapath uses M) */
 	__u16 flags;         /* SVC_F_* */
+};
+
+/* Two consecutive Maglev slots: element k of ebpflb_slots holds slots 2k and 2k+1.
+ * Tables start at even slots, so no element is shared by two tables. */
+struct lb4_slot_pair {
+	__u32 backend_id[2]; /* backend id in slot 2k, 2k+1; 0 = empty */
 };
 
 /* A backend: what a frontend is translated to. Key of ebpflb_be4 is a dense __u32 id;

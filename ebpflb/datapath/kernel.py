@@ -25,12 +25,14 @@ from bcc.utils import get_possible_cpus
 
 from ebpflb.datapath import bpfsys, layout
 from ebpflb.datapath.maps import (
+    SLOTS_PER_ELEMENT,
     BackendEntry,
     MapName,
     ReverseSockEntry,
     ServiceEntry,
     SlotArray,
     SourceRange,
+    slot_pairs,
 )
 from ebpflb.errors import MapError, MapFullError, NoPinsError
 from ebpflb.model import Frontend, Proto
@@ -159,27 +161,24 @@ def raw_items(fd: int, key_type: Any, value_type: Any) -> Iterator[tuple[Any, An
 
 
 class KernelSlotPool:
-    """The Maglev slot pool array, written with BPF_MAP_UPDATE_BATCH (kernel 5.6+)."""
+    """The Maglev slot pool array (two slots per element), written with
+    BPF_MAP_UPDATE_BATCH (kernel 5.6+)."""
 
     def __init__(self, pinned: PinnedMap) -> None:
         self.pinned = pinned
         self.name = pinned.name
-        self.capacity = pinned.capacity
+        self.capacity = pinned.capacity * SLOTS_PER_ELEMENT
 
-    def write(self, offset: int, values: SlotArray) -> None:
-        keys = np.arange(offset, offset + len(values), dtype=np.uint32)
-        self._write(keys, values)
-
-    def write_at(self, indexes: npt.NDArray[np.int64], values: SlotArray) -> None:
-        self._write(indexes.astype(np.uint32), values)
-
-    def _write(self, keys: npt.NDArray[np.uint32], values: SlotArray) -> None:
+    def write(
+        self, offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None = None
+    ) -> None:
+        keys, values = slot_pairs(offset, table, changed)
         if len(keys) == 0:
             return
-        if keys.max() >= self.capacity:
-            raise MapError(f"{self.name}: slot {int(keys.max())} beyond capacity {self.capacity}")
-        values = np.ascontiguousarray(values, dtype=np.uint32)
-        keys = np.ascontiguousarray(keys)
+        if int(keys.max()) >= self.pinned.capacity:
+            raise MapError(
+                f"{self.name}: slot {offset + len(table)} beyond capacity {self.capacity}"
+            )
         count = ct.c_uint32(len(keys))
         res = lib.bpf_update_batch(
             self.pinned.fd,
@@ -188,31 +187,34 @@ class KernelSlotPool:
             ct.byref(count),
         )
         if res < 0:
-            raise _errno_error(f"batch update of {len(keys)} slots in {self.name}")
+            raise _errno_error(f"batch update of {len(keys)} slot pairs in {self.name}")
 
     def read(self, offset: int, count: int) -> SlotArray:
-        out: SlotArray = np.zeros(count, dtype=np.uint32)
         if count == 0:
-            return out
-        keys = np.zeros(count, dtype=np.uint32)
+            return np.zeros(0, dtype=np.uint32)
+        first = offset // SLOTS_PER_ELEMENT
+        n_pairs = (offset + count + 1) // SLOTS_PER_ELEMENT - first
+        keys = np.zeros(n_pairs, dtype=np.uint32)
+        values: SlotArray = np.zeros(n_pairs * SLOTS_PER_ELEMENT, dtype=np.uint32)
         # A batch lookup starts at the key *after* in_batch (NULL: at key 0); ENOENT means
         # it reached the array's end.
-        in_batch = ct.c_uint32(offset - 1)
+        in_batch = ct.c_uint32(first - 1)
         out_batch = ct.c_uint32(0)
-        n = ct.c_uint32(count)
+        n = ct.c_uint32(n_pairs)
         res = lib.bpf_lookup_batch(
             self.pinned.fd,
-            ct.byref(in_batch) if offset else None,
+            ct.byref(in_batch) if first else None,
             ct.byref(out_batch),
             keys.ctypes.data_as(ct.c_void_p),
-            out.ctypes.data_as(ct.c_void_p),
+            values.ctypes.data_as(ct.c_void_p),
             ct.byref(n),
         )
         if res < 0 and ct.get_errno() != errno.ENOENT:
-            raise _errno_error(f"batch lookup of {count} slots in {self.name}")
-        if n.value != count:
-            raise MapError(f"{self.name}: read {n.value} of {count} slots at {offset}")
-        return out
+            raise _errno_error(f"batch lookup of {n_pairs} slot pairs in {self.name}")
+        if n.value != n_pairs:
+            raise MapError(f"{self.name}: read {n.value} of {n_pairs} slot pairs at {offset}")
+        start = offset - first * SLOTS_PER_ELEMENT
+        return values[start : start + count].copy()
 
 
 class KernelMapSet:

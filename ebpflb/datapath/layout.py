@@ -43,6 +43,12 @@ class Lb4SvcVal(ct.Structure):
     ]
 
 
+class Lb4SlotPair(ct.Structure):
+    """Must match struct lb4_slot_pair in bpf/lib/structs.h."""
+
+    _fields_ = [("backend_id", ct.c_uint32 * 2)]
+
+
 class Lb4Backend(ct.Structure):
     """Must match struct lb4_backend in bpf/lib/structs.h."""
 

@@ -25,7 +25,7 @@ from bcc import BPF, BPFAttachType
 
 from ebpflb.config import Config, XdpMode
 from ebpflb.datapath import bpfsys, layout, netdev
-from ebpflb.datapath.maps import MapName
+from ebpflb.datapath.maps import SLOTS_PER_ELEMENT, MapName
 from ebpflb.datapath.mounts import is_bpffs
 from ebpflb.errors import AttachError, BpfLoadError, KernelSetupError
 
@@ -157,7 +157,12 @@ def expected_map_layout(config: Config) -> dict[str, tuple[str, int, int, int]]:
             config.max_services,
         ),
         MapName.BACKENDS.value: ("hash", 4, ct.sizeof(layout.Lb4Backend), config.max_backends),
-        MapName.SLOTS.value: ("array", 4, 4, config.slot_pool_size),
+        MapName.SLOTS.value: (
+            "array",
+            4,
+            ct.sizeof(layout.Lb4SlotPair),
+            config.slot_pool_size // SLOTS_PER_ELEMENT,
+        ),
         MapName.SERVICE_META.value: (
             "hash",
             4,

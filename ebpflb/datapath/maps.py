@@ -98,22 +98,48 @@ class KeyValueMap(Protocol[K, V]):
     def __len__(self) -> int: ...
 
 
+SLOTS_PER_ELEMENT = 2  # struct lb4_slot_pair: two slots per 8-byte array element
+
+
 class SlotPool(Protocol):
-    """The Maglev slot pool: an array of backend ids, written in runs."""
+    """The Maglev slot pool: backend ids, stored two per element (struct lb4_slot_pair).
+
+    Tables start at even slots; writes go by whole elements, so a table's last element
+    carries a padding slot that is never read (lookups stay below the table size)."""
 
     @property
     def name(self) -> str: ...
 
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int:
+        """Slots (twice the array's elements)."""
+        ...
 
-    def write(self, offset: int, values: SlotArray) -> None:
-        """Store values at [offset, offset + len(values))."""
-
-    def write_at(self, indexes: npt.NDArray[np.int64], values: SlotArray) -> None:
-        """Store values[i] at indexes[i] (sparse delta writes)."""
+    def write(
+        self, offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None = None
+    ) -> None:
+        """Store the table at `offset` (even): all of it, or only the elements holding
+        the `changed` slot indexes (a delta)."""
 
     def read(self, offset: int, count: int) -> SlotArray: ...
+
+
+def slot_pairs(
+    offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None
+) -> tuple[npt.NDArray[np.uint32], SlotArray]:
+    """(element indexes, their slot values flattened in pairs) for a SlotPool write."""
+    if offset % SLOTS_PER_ELEMENT:
+        raise ValueError(f"slot table offset {offset} is not even")
+    padded = np.zeros(len(table) + len(table) % SLOTS_PER_ELEMENT, dtype=np.uint32)
+    padded[: len(table)] = table
+    pairs = padded.reshape(-1, SLOTS_PER_ELEMENT)
+    index = (
+        np.arange(len(pairs), dtype=np.int64)
+        if changed is None
+        else np.unique(np.asarray(changed, dtype=np.int64) // SLOTS_PER_ELEMENT)
+    )
+    keys = (index + offset // SLOTS_PER_ELEMENT).astype(np.uint32)
+    return keys, np.ascontiguousarray(pairs[index]).reshape(-1)
 
 
 class MapSet(Protocol):
@@ -176,12 +202,12 @@ class FakeSlotPool:
         self.array: SlotArray = np.zeros(capacity, dtype=np.uint32)
         self.slots_written = 0
 
-    def write(self, offset: int, values: SlotArray) -> None:
-        self.array[offset : offset + len(values)] = values
-        self.slots_written += len(values)
-
-    def write_at(self, indexes: npt.NDArray[np.int64], values: SlotArray) -> None:
-        self.array[indexes] = values
+    def write(
+        self, offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None = None
+    ) -> None:
+        keys, values = slot_pairs(offset, table, changed)
+        pairs = self.array.reshape(-1, SLOTS_PER_ELEMENT)
+        pairs[keys] = values.reshape(-1, SLOTS_PER_ELEMENT)
         self.slots_written += len(values)
 
     def read(self, offset: int, count: int) -> SlotArray:

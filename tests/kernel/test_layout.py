@@ -17,7 +17,7 @@ from ebpflb.datapath.maps import MapName
 MIRRORS = {
     MapName.SERVICES: (layout.Lb4SvcKey, layout.Lb4SvcVal),
     MapName.BACKENDS: (ct.c_uint32, layout.Lb4Backend),
-    MapName.SLOTS: (ct.c_uint32, ct.c_uint32),
+    MapName.SLOTS: (ct.c_uint32, layout.Lb4SlotPair),
     MapName.SERVICE_META: (ct.c_uint32, layout.Lb4SvcMeta),
     MapName.REVERSE_SOCK: (layout.Lb4RevskKey, layout.Lb4RevskVal),
     MapName.STATS: (ct.c_uint32, ct.c_uint64),
