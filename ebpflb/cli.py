@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 from ebpflb import __version__
-from ebpflb.config import DEFAULT_BPFFS_DIR, DEFAULT_METRICS_BIND_ADDRESS, Config, XdpMode
+from ebpflb.config import DEFAULT_BPFFS_DIR, Config, XdpMode
 from ebpflb.errors import ConfigError, EbpflbError
-from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE
 
 log = logging.getLogger("ebpflb")
 DEFAULTS = Config()
@@ -49,6 +48,43 @@ def _add_datapath_args(parser: argparse.ArgumentParser, *, cgroup: bool = True) 
         )
 
 
+# Options that each set one Config field: (flag, field, type, help).
+_CONFIG_FLAGS: tuple[tuple[str, str, type, str], ...] = (
+    ("--hash-seed", "hash_seed", str, "Maglev hash seed; must be identical on every node"),
+    ("--maglev-max-table-size", "maglev_max_table_size", int, "largest Maglev table (a prime)"),
+    ("--max-services", "max_services", int, "frontend map size"),
+    ("--max-backends", "max_backends", int, "backend map size"),
+    ("--slot-pool-size", "slot_pool_size", int, "slots shared by all Maglev tables, 4 B each"),
+    (
+        "--min-sync-period",
+        "min_sync_period",
+        float,
+        "least seconds between two syncs (bursts of changes coalesce)",
+    ),
+    ("--sync-period", "max_sync_period", float, "seconds between full resyncs that repair drift"),
+    ("--ct-max", "ct_max", int, "NodePort conntrack entries"),
+    ("--nat-max", "rnat_max", int, "reply-translation (and SNAT port) entries"),
+    (
+        "--ct-udp-timeout",
+        "ct_udp_timeout",
+        int,
+        "seconds an idle UDP flow keeps its backend and SNAT port",
+    ),
+    (
+        "--ct-tcp-timeout",
+        "ct_tcp_timeout",
+        int,
+        "seconds an idle established TCP flow keeps its backend",
+    ),
+    (
+        "--metrics-bind-address",
+        "metrics_bind_address",
+        str,
+        "HOST:PORT for /metrics; empty disables",
+    ),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ebpflb",
@@ -79,41 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--node-name",
         help="this node's name, marking local endpoints (default: $NODE_NAME, then the hostname)",
     )
-    run.add_argument(
-        "--hash-seed",
-        default=DEFAULT_HASH_SEED,
-        help="Maglev hash seed; must be identical on every node",
-    )
-    run.add_argument(
-        "--maglev-max-table-size",
-        type=int,
-        default=DEFAULT_MAX_TABLE_SIZE,
-        help="largest Maglev table (a prime)",
-    )
-    run.add_argument(
-        "--max-services", type=int, default=DEFAULTS.max_services, help="frontend map size"
-    )
-    run.add_argument(
-        "--max-backends", type=int, default=DEFAULTS.max_backends, help="backend map size"
-    )
-    run.add_argument(
-        "--slot-pool-size",
-        type=int,
-        default=DEFAULTS.slot_pool_size,
-        help="slots shared by all Maglev tables (4 bytes each)",
-    )
-    run.add_argument(
-        "--min-sync-period",
-        type=float,
-        default=DEFAULTS.min_sync_period,
-        help="least seconds between two syncs (bursts of changes coalesce)",
-    )
-    run.add_argument(
-        "--sync-period",
-        type=float,
-        default=DEFAULTS.max_sync_period,
-        help="seconds between full resyncs that repair drift",
-    )
+    for flag, field, kind, text in _CONFIG_FLAGS:
+        run.add_argument(
+            flag,
+            dest=field,
+            type=kind,
+            default=getattr(DEFAULTS, field),
+            metavar=flag.lstrip("-").replace("-", "_").upper(),
+            help=f"{text} (default %(default)s)",
+        )
     run.add_argument(
         "--interfaces",
         type=_interfaces,
@@ -126,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_port_range,
         default=(DEFAULTS.snat_port_min, DEFAULTS.snat_port_max),
         metavar="MIN-MAX",
-        help="source ports for masqueraded NodePort flows",
+        help="source ports for masqueraded NodePort flows (default 32768-65535)",
     )
     run.add_argument(
         "--xdp",
@@ -135,30 +145,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=XdpMode.OFF,
         metavar="{native,generic,off}",
         help="run the NodePort ingress path in XDP where the driver allows (tc otherwise)",
-    )
-    run.add_argument("--ct-max", type=int, default=DEFAULTS.ct_max, help="conntrack entries")
-    run.add_argument(
-        "--nat-max",
-        type=int,
-        default=DEFAULTS.rnat_max,
-        help="reply-translation (and SNAT port) entries",
-    )
-    run.add_argument(
-        "--ct-udp-timeout",
-        type=int,
-        default=DEFAULTS.ct_udp_timeout,
-        help="seconds an idle UDP flow keeps its backend and SNAT port",
-    )
-    run.add_argument(
-        "--ct-tcp-timeout",
-        type=int,
-        default=DEFAULTS.ct_tcp_timeout,
-        help="seconds an idle established TCP flow keeps its backend",
-    )
-    run.add_argument(
-        "--metrics-bind-address",
-        default=DEFAULT_METRICS_BIND_ADDRESS,
-        help="HOST:PORT for /metrics; empty disables",
     )
 
     cleanup = sub.add_parser("cleanup", help="detach ebpflb's programs and remove its pins")
@@ -236,22 +222,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         bpffs_dir=args.bpffs,
         cgroup_dir=args.cgroup,
         node_name=node_name(args.node_name),
-        hash_seed=args.hash_seed,
-        maglev_max_table_size=args.maglev_max_table_size,
-        max_services=args.max_services,
-        max_backends=args.max_backends,
-        slot_pool_size=args.slot_pool_size,
-        min_sync_period=args.min_sync_period,
-        max_sync_period=args.sync_period,
-        metrics_bind_address=args.metrics_bind_address,
         interfaces=args.interfaces,
         xdp=args.xdp,
         snat_port_min=args.snat_port_range[0],
         snat_port_max=args.snat_port_range[1],
-        ct_max=args.ct_max,
-        rnat_max=args.nat_max,
-        ct_udp_timeout=args.ct_udp_timeout,
-        ct_tcp_timeout=args.ct_tcp_timeout,
+        **{field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS},
     )
     if args.manifests is not None and args.kubeconfig is not None:
         raise ConfigError("--manifests and --kubeconfig are two sources: choose one")
