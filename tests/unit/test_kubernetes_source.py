@@ -4,7 +4,6 @@ backoff runs on an injected clock, so retries do not sleep."""
 
 from __future__ import annotations
 
-import ast
 import random
 import threading
 import time
@@ -592,20 +591,6 @@ def test_node_name_defaults_to_env_then_hostname(monkeypatch: pytest.MonkeyPatch
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_only_the_kubernetes_source_imports_kubernetes() -> None:
-    importers = set()
-    for path in (REPO / "ebpflb").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else []
-            )
-            if any(n == "kubernetes" or n.startswith("kubernetes.") for n in names):
-                importers.add(path.relative_to(REPO).as_posix())
-    assert importers == {"ebpflb/sources/kubernetes.py"}
 
 
 def test_deploy_manifests_grant_what_the_source_uses() -> None:

@@ -1,0 +1,33 @@
+"""The architecture's import boundaries: only the datapath adapter talks to BCC, only the
+Kubernetes source to the kubernetes client (everything else is testable without either)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ebpflb"
+
+
+def importers_of(module: str) -> set[str]:
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(n == module or n.startswith(f"{module}.") for n in names):
+                found.add(path.relative_to(PACKAGE.parent).as_posix())
+    return found
+
+
+def test_only_the_kubernetes_source_imports_kubernetes() -> None:
+    assert importers_of("kubernetes") == {"ebpflb/sources/kubernetes.py"}
+
+
+def test_only_the_datapath_adapter_imports_bcc() -> None:
+    assert importers_of("bcc")
+    assert all(path.startswith("ebpflb/datapath/") for path in importers_of("bcc"))
