@@ -152,16 +152,4 @@ static __always_inline int rnat4_store_local(const struct ct4_entry *ct, const s
 	return ebpflb_rnat4.update(&key, &val);
 }
 
-/* Keep a flow's reply translation alive as long as the flow. */
-static __always_inline void rnat4_refresh(const struct ct4_entry *ct, const struct flow4 *orig)
-{
-	struct flow4 key = {};
-	struct rnat4_val *val;
-
-	rnat4_key(&key, ct, orig);
-	val = ebpflb_rnat4.lookup(&key);
-	if (val && rnat4_owned_by(val, orig))
-		val->expires = ct->expires;
-}
-
 #endif /* EBPFLB_CT_H */

@@ -111,17 +111,24 @@ static __always_inline int np4_new_flow(const struct pkt4 *pkt, const struct lb4
 	return NP_XLATE;
 }
 
-/* A live flow's SNAT reservation must still be its own before its packets use it. */
-static __always_inline int np4_flow_valid(const struct ct4_entry *ct, const struct flow4 *flow)
+/* Record a packet of a known flow and keep its reply translation alive (one lookup).
+ * 0 when a SNATed flow's port reservation is no longer its own: the flow starts over. */
+static __always_inline int np4_flow_continue(struct ct4_entry *ct, const struct pkt4 *pkt,
+					     __u64 now)
 {
 	struct flow4 key = {};
 	struct rnat4_val *rnat;
+	int owned;
 
-	if (!(ct->flags & CT_F_SNAT))
-		return 1;
-	rnat4_key(&key, ct, flow);
+	rnat4_key(&key, ct, &pkt->flow);
 	rnat = ebpflb_rnat4.lookup(&key);
-	return rnat && rnat4_owned_by(rnat, flow);
+	owned = rnat && rnat4_owned_by(rnat, &pkt->flow);
+	if (!owned && (ct->flags & CT_F_SNAT))
+		return 0;
+	ct_touch(ct, pkt, 0, now);
+	if (owned)
+		rnat->expires = ct->expires;
+	return 1;
 }
 
 /* Ingress on a node interface. */
@@ -158,9 +165,7 @@ static __always_inline int np4_ingress(const struct pkt4 *pkt, __u32 ifindex,
 		return NP_DROP;
 	}
 	ct = ct4_lookup(flow, pkt, now);
-	if (ct && np4_flow_valid(ct, flow)) {
-		ct_touch(ct, pkt, 0, now);
-		rnat4_refresh(ct, flow);
+	if (ct && np4_flow_continue(ct, pkt, now)) {
 		stat_inc(STAT_NP_FWD);
 	} else {
 		verdict = np4_new_flow(pkt, svc, ifindex, now, &new_ct);
