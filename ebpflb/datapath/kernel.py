@@ -28,7 +28,6 @@ from ebpflb.datapath.maps import (
     SLOTS_PER_ELEMENT,
     BackendEntry,
     MapName,
-    ReverseSockEntry,
     ServiceEntry,
     SlotArray,
     SourceRange,
@@ -245,11 +244,6 @@ class KernelMapSet:
                 raise _errno_error(f"lookup {pinned.name}[{counter.name}]")
             totals[counter.name.lower()] = sum(values)
         return totals
-
-    def reverse_entries(self, limit: int | None = None) -> list[ReverseSockEntry]:
-        pinned = self._pins[MapName.REVERSE_SOCK]
-        items = raw_items(pinned.fd, layout.Lb4RevskKey, layout.Lb4RevskVal)
-        return [layout.decode_revsk(k, v) for k, v in itertools.islice(items, limit)]
 
     def conntrack(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Live and expired NodePort flows (ebpflb_ct4), for dumps."""

@@ -13,7 +13,7 @@ import enum
 import socket
 from ipaddress import IPv4Address, IPv4Network
 
-from ebpflb.datapath.maps import BackendEntry, ReverseSockEntry, ServiceEntry, SourceRange
+from ebpflb.datapath.maps import BackendEntry, ServiceEntry, SourceRange
 from ebpflb.model import Backend, BackendFlags, Frontend, Proto, Scope, SvcFlags
 
 SVC_NAME_LEN = 144  # EBPFLB_SVC_NAME_LEN in bpf/lib/consts.h
@@ -251,14 +251,6 @@ def encode_meta(name: str) -> Lb4SvcMeta:
 
 def decode_meta(val: Lb4SvcMeta) -> str:
     return bytes(val.name).decode(errors="replace")
-
-
-def decode_revsk(key: Lb4RevskKey, val: Lb4RevskVal) -> ReverseSockEntry:
-    return ReverseSockEntry(
-        cookie=key.cookie,
-        backend_address=f"{be32_to_addr(key.addr)}:{be16_to_port(key.port)}",
-        frontend_address=f"{be32_to_addr(val.addr)}:{be16_to_port(val.port)}",
-    )
 
 
 def encode_source_range(key: SourceRange) -> SrcRange4Key:

@@ -67,15 +67,6 @@ class SourceRange:
     network: IPv4Network
 
 
-@dataclass(frozen=True, slots=True)
-class ReverseSockEntry:
-    """One ebpflb_revsk4 entry: a socket talking to `backend` asked for `frontend`."""
-
-    cookie: int
-    backend_address: str
-    frontend_address: str
-
-
 class KeyValueMap(Protocol[K, V]):
     """One BPF hash map with typed keys and values."""
 
