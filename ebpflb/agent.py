@@ -3,15 +3,22 @@
 One loop, one tracker per kind, one reconciler, whatever the source. Sources call the
 ObjectSink methods from their threads; the runner's thread does every map write. Nothing
 is written until every kind's initial list is in, as in kube-proxy, so a start-up never
-removes services that simply have not been listed yet.
+removes services that simply have not been listed yet, and until the maps exist: a source
+may start listing while the datapath is still being compiled (`use_maps` comes later).
+
+The desired frontends of every service are kept, and recomputed only for the services
+that changed, so a periodic full resync costs the reading back of the maps, not a pass
+through translation and Maglev for 100,000 services.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ebpflb.clock import Clock, RealClock
@@ -25,10 +32,25 @@ from ebpflb.model import Frontend, NamespacedName, TrafficPolicy
 from ebpflb.reconcile import ApplyResult, Reconciler
 from ebpflb.runner import BoundedFrequencyRunner, SyncKind
 from ebpflb.sources.base import Kind
-from ebpflb.tracker import EndpointSliceTracker, ServiceTracker, service_state
+from ebpflb.tracker import EndpointSliceTracker, ServiceState, ServiceTracker, service_state
 from ebpflb.translate import translate_service, translate_slice
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic GC inside: a sync allocates in bulk (a full resync rebuilds the realized
+    state of every frontend, a million objects at 100,000 services), and collections
+    would walk the growing heap again and again, doubling its time. The GC catches up
+    afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Agent:
@@ -37,30 +59,31 @@ class Agent:
     def __init__(
         self,
         config: Config,
-        maps: MapSet,
+        maps: MapSet | None,
         metrics: Metrics,
         *,
         clock: Clock | None = None,
         node: NodeView | None = None,
         health: HealthCheckServers | None = None,
         housekeeping: Callable[[], object] | None = None,
+        on_synced: Callable[[], object] | None = None,
     ) -> None:
-        """`health` serves healthCheckNodePorts; `housekeeping` runs at every full resync
-        (expiring idle flows)."""
+        """`maps` None: given later with `use_maps`. `health` serves healthCheckNodePorts;
+        `housekeeping` runs at every full resync (expiring idle flows); `on_synced` once,
+        after the first sync."""
         self.config = config
         self.health = health
         self.housekeeping = housekeeping
+        self._on_synced = on_synced
         self._health_targets: dict[NamespacedName, tuple[int, HealthTarget]] = {}
         self.node = node or NodeView(config.node_name)
         self.metrics = metrics
         self.services = ServiceTracker()
         self.slices = EndpointSliceTracker()
-        self.reconciler = Reconciler(
-            maps,
-            hash_seed=config.hash_seed,
-            max_table_size=config.maglev_max_table_size,
-            metrics=metrics,
-        )
+        self._reconciler: Reconciler | None = None
+        self._desired: dict[NamespacedName, dict[Frontend, DesiredFrontend]] = {}
+        self._enable_lock = threading.Lock()
+        self._ready = False  # lists in and maps given: syncs may run
         self.runner = BoundedFrequencyRunner(
             self._sync,
             min_interval=config.min_sync_period,
@@ -74,6 +97,25 @@ class Agent:
         self._restored = False
         self.synced = threading.Event()  # set after the first successful sync
         self.last_result: ApplyResult | None = None
+        if maps is not None:
+            self.use_maps(maps)
+
+    @property
+    def reconciler(self) -> Reconciler:
+        if self._reconciler is None:
+            raise RuntimeError("the agent has no maps yet (use_maps)")
+        return self._reconciler
+
+    def use_maps(self, maps: MapSet) -> None:
+        """The maps to write, once they exist; syncing starts when the lists are in too."""
+        with self._enable_lock:
+            self._reconciler = Reconciler(
+                maps,
+                hash_seed=self.config.hash_seed,
+                max_table_size=self.config.maglev_max_table_size,
+                metrics=self.metrics,
+            )
+        self._enable_when_ready()
 
     # ---- ObjectSink ----------------------------------------------------------------------
 
@@ -108,23 +150,29 @@ class Agent:
             self._changed()
 
     def initial_list_done(self, kind: Kind) -> None:
-        self._listed.add(kind)
-        if self._listed == set(Kind):
+        with self._enable_lock:
+            self._listed.add(kind)
+        self._enable_when_ready()
+
+    def _enable_when_ready(self) -> None:
+        with self._enable_lock:
+            self._ready = self._listed == set(Kind) and self._reconciler is not None
+        if self._ready:
             self.runner.enable()
 
     def _changed(self) -> None:
+        if not self._ready:
+            return  # the first sync takes every service anyway: spare the initial lists this
         self.metrics.pending_changes.set(self.services.pending() + self.slices.pending())
         self.runner.request()
 
     # ---- sync ----------------------------------------------------------------------------
 
-    def desired_for(self, ref: NamespacedName) -> dict[Frontend, DesiredFrontend]:
-        state = service_state(self.services, self.slices, ref)
-        if state is None:
-            return {}
-        return frontends_for_service(state, self.node)
-
     def _sync(self, kind: SyncKind) -> bool:
+        with gc_paused():
+            return self._sync_unpaused(kind)
+
+    def _sync_unpaused(self, kind: SyncKind) -> bool:
         started = time.monotonic()
         changed = self.services.take_changes() | self.slices.take_changes() | self._retry
         self._retry = set()
@@ -136,17 +184,18 @@ class Agent:
             # service right; unchanged entries are not rewritten.
             self.reconciler.restore()
             self._restored = True
-            result = self.reconciler.apply(self._all_desired(), full=True)
-            changed = self.services.refs()
+            self._refresh(self.services.refs() | changed)
+            result = self.reconciler.apply(self._desired, full=True)
         else:
             if changed:
-                result = self.reconciler.apply({ref: self.desired_for(ref) for ref in changed})
+                result = self.reconciler.apply(self._refresh(changed))
             if kind is SyncKind.FULL:
                 repair = self._full_resync()
                 result = repair if result is None else result
                 if self.housekeeping is not None:
                     self.housekeeping()
-        self._sync_health(changed)
+        if self.health is not None:
+            self.health.sync(dict(self._health_targets.values()))
         elapsed = time.monotonic() - started
         if result is not None:
             self._retry |= result.failed
@@ -162,54 +211,68 @@ class Agent:
                 len(result.errors) if result else 0,
             )
             self.synced.set()
+            if self._on_synced is not None:
+                self._on_synced()
         return ok
+
+    def _refresh(
+        self, refs: set[NamespacedName]
+    ) -> dict[NamespacedName, dict[Frontend, DesiredFrontend]]:
+        """Recompute the desired frontends and health target of each service in `refs` from
+        the trackers (one service_state each); what they want now, for an apply."""
+        wanted = {}
+        for ref in refs:
+            state = service_state(self.services, self.slices, ref)
+            frontends = {} if state is None else frontends_for_service(state, self.node)
+            if frontends:
+                self._desired[ref] = frontends
+            else:
+                self._desired.pop(ref, None)
+            wanted[ref] = frontends
+            self._health_target(ref, state)
+        return wanted
 
     def _full_resync(self) -> ApplyResult:
         """Re-read the maps and repair anything that differs from the desired state."""
         self.reconciler.restore()
-        result = self.reconciler.apply(self._all_desired(), full=True)
+        result = self.reconciler.apply(self._desired, full=True)
         for map_name, count in result.writes.items():
             self.metrics.drift_repaired.labels(map_name).inc(count)
         if result.writes:
             log.warning("full resync repaired drift: %s", result.writes)
         return result
 
-    def _sync_health(self, changed: set[NamespacedName]) -> None:
+    def _health_target(self, ref: NamespacedName, state: ServiceState | None) -> None:
         """Keep one health check port per externalTrafficPolicy=Local service answering
         with its count of ready endpoints on this node (kube-proxy's LocalReadyEndpoints)."""
-        if self.health is None:
+        self._health_targets.pop(ref, None)
+        if self.health is None or state is None:
             return
-        for ref in changed:
-            self._health_targets.pop(ref, None)
-            state = service_state(self.services, self.slices, ref)
-            if state is None:
-                continue
-            local = {
-                ep.address
-                for eps in state.endpoints.values()
-                for ep in eps
-                if ep.ready and self.node.name and ep.node_name == self.node.name
-            }
-            for port in state.ports.values():
-                if (
-                    port.external_traffic_policy is TrafficPolicy.LOCAL
-                    and port.health_check_node_port
-                ):
-                    target = HealthTarget(ref, len(local))
-                    self._health_targets[ref] = (port.health_check_node_port, target)
-                    break
-        self.health.sync(dict(self._health_targets.values()))
-
-    def _all_desired(self) -> dict[NamespacedName, dict[Frontend, DesiredFrontend]]:
-        return {ref: self.desired_for(ref) for ref in self.services.refs()}
+        for port in state.ports.values():
+            if port.external_traffic_policy is TrafficPolicy.LOCAL and port.health_check_node_port:
+                local = {
+                    ep.address
+                    for eps in state.endpoints.values()
+                    for ep in eps
+                    if ep.ready and self.node.name and ep.node_name == self.node.name
+                }
+                target = HealthTarget(ref, len(local))
+                self._health_targets[ref] = (port.health_check_node_port, target)
+                return
 
     def _warn_orphan_slices(self, changed: set[NamespacedName]) -> None:
         """Warn once per service whose slices name no known Service. Only services changed
         since the last sync can have become (or stopped being) orphans, so only they are
         looked at: an incremental sync stays O(changes) with 10,000 services."""
-        for service in sorted(changed):
+        unknown = []
+        for service in changed:
+            if self.services.get(service) is not None:
+                self._warned_orphans.discard(service)
+            else:
+                unknown.append(service)
+        for service in sorted(unknown):  # few (sorting all 100,000 names is not free)
             slices = self.slices.slices_for(service)
-            if not slices or self.services.get(service) is not None:
+            if not slices:
                 self._warned_orphans.discard(service)
             elif service not in self._warned_orphans:
                 names = ", ".join(str(s.ref) for s in slices)

@@ -72,18 +72,34 @@ def _backends(
     port: ServicePort, endpoints: Iterable[Endpoint], node: NodeView
 ) -> tuple[tuple[WeightedBackend, ...], SvcFlags]:
     chosen, fallback = usable_endpoints(endpoints)
+    protocol = port.protocol
     backends = tuple(
         sorted(
-            WeightedBackend(
-                Backend(ep.address, ep.port, port.protocol),
-                DEFAULT_WEIGHT,
-                (BackendFlags.LOCAL if _is_local(ep, node) else BackendFlags.NONE)
-                | (BackendFlags.TERMINATING if ep.terminating else BackendFlags.NONE),
-            )
-            for ep in chosen
+            (
+                WeightedBackend(
+                    Backend(ep.address, ep.port, protocol), DEFAULT_WEIGHT, _flags(ep, node)
+                )
+                for ep in chosen
+            ),
+            key=_order,
         )
     )
     return backends, SvcFlags.TERMINATING if fallback and backends else SvcFlags.NONE
+
+
+def _flags(ep: Endpoint, node: NodeView) -> BackendFlags:
+    local = _is_local(ep, node)
+    if not local and not ep.terminating:
+        return BackendFlags.NONE  # the usual case, without IntFlag arithmetic (slow)
+    return (BackendFlags.LOCAL if local else BackendFlags.NONE) | (
+        BackendFlags.TERMINATING if ep.terminating else BackendFlags.NONE
+    )
+
+
+def _order(wb: WeightedBackend) -> tuple[int, int, int, int, int]:
+    """WeightedBackend's own order, in ints (its dataclass comparisons are slow)."""
+    backend = wb.backend
+    return (int(backend.address), backend.port, backend.protocol, wb.weight, wb.flags)
 
 
 def _is_local(ep: Endpoint, node: NodeView) -> bool:

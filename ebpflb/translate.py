@@ -8,6 +8,8 @@ anything the API server would have rejected raises InvalidObjectError naming the
 
 from __future__ import annotations
 
+import socket
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from ipaddress import AddressValueError, IPv4Address, IPv4Network, NetmaskValueError, ip_address
@@ -70,13 +72,22 @@ class SliceTranslation:
 
 def object_ref(obj: Obj) -> NamespacedName:
     meta = obj.get("metadata") or {}
-    return NamespacedName(str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+    return NamespacedName(
+        shared(str(meta.get("namespace") or "default")), str(meta.get("name") or "")
+    )
+
+
+def shared(text: str) -> str:
+    """One copy of a string many objects repeat (namespaces, port and node names): each
+    JSON document brings its own, and 100,000 services keep them for their lifetime."""
+    return sys.intern(text)
 
 
 def translate_service(obj: Obj) -> ServiceTranslation:
     ref = object_ref(obj)
     if not ref.name:
         raise InvalidObjectError("Service", str(ref), "metadata.name is missing")
+    ref = NamespacedName(ref.namespace, shared(ref.name))  # its slices name it too
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     labels = meta.get("labels") or {}
@@ -125,7 +136,7 @@ def translate_service(obj: Obj) -> ServiceTranslation:
         if not isinstance(raw, Mapping):
             raise InvalidObjectError("Service", str(ref), f"spec.ports[{index}] is not a mapping")
         where = f"spec.ports[{index}]"
-        port_name = str(raw.get("name") or "")
+        port_name = shared(str(raw.get("name") or ""))
         try:
             proto = Proto.parse(raw.get("protocol"))
         except ValueError as exc:
@@ -169,7 +180,7 @@ def translate_slice(obj: Obj) -> SliceTranslation:
     service_name = labels.get(SERVICE_NAME_LABEL)
     if not service_name:
         raise InvalidObjectError("EndpointSlice", str(ref), f"no {SERVICE_NAME_LABEL} label")
-    service = NamespacedName(ref.namespace, str(service_name))
+    service = NamespacedName(ref.namespace, shared(str(service_name)))
     address_type = obj.get("addressType") or "IPv4"
     if address_type != "IPv4":
         return SliceTranslation(ref, service, skipped=f"addressType {address_type}")
@@ -186,7 +197,7 @@ def translate_slice(obj: Obj) -> SliceTranslation:
         number = raw.get("port")
         ports.append(
             SlicePort(
-                str(raw.get("name") or ""),
+                shared(str(raw.get("name") or "")),
                 proto,
                 None
                 if number is None
@@ -218,8 +229,8 @@ def translate_slice(obj: Obj) -> SliceTranslation:
                 ready=ready_b,
                 serving=ready_b if serving is None else bool(serving),
                 terminating=bool(conditions.get("terminating") or False),
-                node_name=raw.get("nodeName"),
-                zone=raw.get("zone"),
+                node_name=_shared_optional(raw.get("nodeName")),
+                zone=_shared_optional(raw.get("zone")),
             )
         )
     return SliceTranslation(ref, service, tuple(ports), tuple(endpoints))
@@ -233,30 +244,30 @@ def endpoints_for_port(
     An address listed by several slices (during slice churn) is kept once, preferring a
     ready copy, as kube-proxy's EndpointSliceCache does.
     """
-    merged: dict[tuple[IPv4Address, int], Endpoint] = {}
+    # Keyed and sorted by (address as an int, port): Endpoint's own order for distinct
+    # keys, without hashing and comparing ipaddress objects (slow, and 100,000 services
+    # go through here at start).
+    merged: dict[tuple[int, int], Endpoint] = {}
+    wanted_name, wanted_protocol = port_name.port_name, port_name.protocol
     for slice_ in slices:
         if slice_.skipped:
             continue
         for sp in slice_.ports:
-            if sp.name != port_name.port_name or sp.protocol != port_name.protocol:
-                continue
-            if sp.port is None:
+            if sp.name != wanted_name or sp.protocol != wanted_protocol or sp.port is None:
                 continue
             for ep in slice_.endpoints:
-                key = (ep.address, sp.port)
+                key = (int(ep.address), sp.port)
                 existing = merged.get(key)
                 if existing is not None and existing.ready and not ep.ready:
                     continue
                 merged[key] = Endpoint(
-                    address=ep.address,
-                    port=sp.port,
-                    ready=ep.ready,
-                    serving=ep.serving,
-                    terminating=ep.terminating,
-                    node_name=ep.node_name,
-                    zone=ep.zone,
+                    ep.address, sp.port, ep.ready, ep.serving, ep.terminating, ep.node_name, ep.zone
                 )
-    return tuple(sorted(merged.values()))
+    return tuple(merged[key] for key in sorted(merged))
+
+
+def _shared_optional(value: Any) -> Any:
+    return shared(value) if isinstance(value, str) else value
 
 
 def _split_families(
@@ -265,26 +276,35 @@ def _split_families(
     v4: list[IPv4Address] = []
     v6 = 0
     for text in raw:
+        addr = parse_ipv4(str(text))
+        if addr is not None:
+            v4.append(addr)
+            continue
         try:
-            addr = ip_address(str(text))
+            ip_address(str(text))
         except ValueError:
             raise InvalidObjectError(
                 "Service", str(ref), f"{what} {text!r} is not an IP address"
             ) from None
-        if isinstance(addr, IPv4Address):
-            v4.append(addr)
-        else:
-            v6 += 1
+        v6 += 1
     return tuple(v4), v6
 
 
-def _ipv4(text: Any, ref: NamespacedName, what: str, kind: str) -> IPv4Address:
+def parse_ipv4(text: str) -> IPv4Address | None:
+    """IPv4Address(text), or None when `text` is not an IPv4 address. inet_pton is as strict
+    (four decimal octets, no leading zeros) and five times faster than ipaddress's parser,
+    which 300,000 endpoint addresses would otherwise go through at start."""
     try:
-        return IPv4Address(str(text))
-    except AddressValueError:
-        raise InvalidObjectError(
-            kind, str(ref), f"{what} {text!r} is not an IPv4 address"
-        ) from None
+        return IPv4Address(socket.inet_pton(socket.AF_INET, text))
+    except (OSError, ValueError):  # ValueError: an embedded NUL
+        return None
+
+
+def _ipv4(text: Any, ref: NamespacedName, what: str, kind: str) -> IPv4Address:
+    addr = parse_ipv4(str(text))
+    if addr is None:
+        raise InvalidObjectError(kind, str(ref), f"{what} {text!r} is not an IPv4 address")
+    return addr
 
 
 def _network(text: str, ref: NamespacedName) -> IPv4Network:

@@ -14,9 +14,10 @@ BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
 BPF_TABLE_PINNED("hash", __u32, struct lb4_backend, ebpflb_be4,
 		 EBPFLB_MAX_BACKENDS, EBPFLB_PIN_DIR "/ebpflb_be4");
 
-/* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range. */
+/* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range.
+ * Mmapable: the agent writes and reads tables as memory, not one syscall per pair. */
 BPF_TABLE_PINNED("array", __u32, struct lb4_slot_pair, ebpflb_slots,
-		 EBPFLB_SLOT_POOL_SIZE / 2, EBPFLB_PIN_DIR "/ebpflb_slots");
+		 EBPFLB_SLOT_POOL_SIZE / 2, EBPFLB_PIN_DIR "/ebpflb_slots", BPF_F_MMAPABLE);
 
 /* Service id -> "namespace/name:port", for dumps and agent restarts only. */
 BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,

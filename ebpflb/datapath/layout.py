@@ -4,6 +4,11 @@ Each class mirrors one C struct field for field; tests/kernel/test_layout.py com
 their sizes and offsets with the Key/Leaf types BCC generates from the C source. Fields
 the C side types __be16/__be32 hold network byte order: the encode_*/decode_* functions
 below are the only code that converts.
+
+The maps a sync writes and a full resync reads in bulk also have numpy mirrors (the
+*_DTYPE records, checked against the ctypes ones by the unit tests) with functions that
+convert whole arrays at once: a start writes, and every resync reads, 500,000 entries at
+100,000 services, and element-wise ctypes conversion costs several microseconds each.
 """
 
 from __future__ import annotations
@@ -11,7 +16,12 @@ from __future__ import annotations
 import ctypes as ct
 import enum
 import socket
+from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv4Network
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 from ebpflb.datapath.maps import BackendEntry, ServiceEntry, SourceRange
 from ebpflb.model import Backend, BackendFlags, Frontend, Proto, Scope, SvcFlags
@@ -278,3 +288,114 @@ def format_flow(raw: Flow4) -> tuple[str, str]:
 
 def format_endpoint(addr: int, port: int) -> str:
     return f"{be32_to_addr(addr)}:{be16_to_port(port)}"
+
+
+# ---- numpy mirrors, for many elements at once ---------------------------------------------
+
+Records = npt.NDArray[Any]  # a structured array of one of the dtypes below
+F = TypeVar("F", SvcFlags, BackendFlags)
+
+U32_DTYPE = np.dtype("=u4")
+# Network-order fields read as big-endian give host-order values directly.
+SVC_KEY_DTYPE = np.dtype([("addr", ">u4"), ("port", ">u2"), ("proto", "u1"), ("scope", "u1")])
+SVC_VAL_DTYPE = np.dtype(
+    [
+        ("svc_id", "=u4"),
+        ("table_off", "=u4"),
+        ("table_size", "=u4"),
+        ("backend_count", "=u2"),
+        ("flags", "=u2"),
+    ]
+)
+BACKEND_DTYPE = np.dtype([("addr", ">u4"), ("port", ">u2"), ("proto", "u1"), ("flags", "u1")])
+META_DTYPE = np.dtype([("name", f"S{SVC_NAME_LEN}")])
+
+# Enum members by value: calling an enum class is slow, and flags take few values.
+_PROTOS = {int(p): p for p in Proto}
+_SCOPES = {int(s): s for s in Scope}
+_FLAGS: dict[type[Any], dict[int, Any]] = {SvcFlags: {}, BackendFlags: {}}
+
+
+def _proto(value: int) -> Proto:
+    return _PROTOS[value] if value in _PROTOS else Proto(value)  # ValueError: not ours
+
+
+def _scope(value: int) -> Scope:
+    return _SCOPES[value] if value in _SCOPES else Scope(value)
+
+
+def _flags(cls: type[F], value: int) -> F:
+    cache: dict[int, F] = _FLAGS[cls]
+    flags = cache.get(value)
+    if flags is None:
+        flags = cache[value] = cls(value)
+    return flags
+
+
+def u32s_to_array(values: Sequence[int]) -> Records:
+    return np.array(values, dtype=U32_DTYPE)
+
+
+def u32s_from_array(array: Records) -> list[int]:
+    return [int(v) for v in array.tolist()]
+
+
+def frontends_to_array(frontends: Sequence[Frontend]) -> Records:
+    array = np.zeros(len(frontends), dtype=SVC_KEY_DTYPE)
+    array["addr"] = [int(f.address) for f in frontends]
+    array["port"] = [f.port for f in frontends]
+    array["proto"] = [f.protocol for f in frontends]
+    array["scope"] = [f.scope for f in frontends]
+    return array
+
+
+def frontends_from_array(array: Records) -> list[Frontend]:
+    return [
+        Frontend(IPv4Address(addr), port, _proto(proto), _scope(scope))
+        for addr, port, proto, scope in array.tolist()
+    ]
+
+
+def services_to_array(entries: Sequence[ServiceEntry]) -> Records:
+    array = np.zeros(len(entries), dtype=SVC_VAL_DTYPE)
+    for field in ("svc_id", "table_off", "table_size", "backend_count", "flags"):
+        array[field] = [getattr(e, field) for e in entries]
+    return array
+
+
+def services_from_array(array: Records) -> list[ServiceEntry]:
+    return [
+        ServiceEntry(svc_id, table_off, table_size, backend_count, _flags(SvcFlags, flags))
+        for svc_id, table_off, table_size, backend_count, flags in array.tolist()
+    ]
+
+
+def backends_to_array(entries: Sequence[BackendEntry]) -> Records:
+    array = np.zeros(len(entries), dtype=BACKEND_DTYPE)
+    array["addr"] = [int(e.backend.address) for e in entries]
+    array["port"] = [e.backend.port for e in entries]
+    array["proto"] = [e.backend.protocol for e in entries]
+    array["flags"] = [e.flags for e in entries]
+    return array
+
+
+def backends_from_array(array: Records) -> list[BackendEntry]:
+    return [
+        BackendEntry(Backend(IPv4Address(addr), port, _proto(proto)), _flags(BackendFlags, flags))
+        for addr, port, proto, flags in array.tolist()
+    ]
+
+
+def metas_to_array(names: Sequence[str]) -> Records:
+    raw = [name.encode() for name in names]
+    too_long = next((n for n, r in zip(names, raw, strict=True) if len(r) >= SVC_NAME_LEN), None)
+    if too_long is not None:
+        raise ValueError(f"service name {too_long!r} exceeds {SVC_NAME_LEN - 1} bytes")
+    array = np.zeros(len(names), dtype=META_DTYPE)
+    array["name"] = raw
+    return array
+
+
+def metas_from_array(array: Records) -> list[str]:
+    # A C string: up to the first NUL, as decode_meta reads it.
+    return [raw.split(b"\0", 1)[0].decode(errors="replace") for raw in array["name"].tolist()]

@@ -8,7 +8,7 @@ same capacity limits, so "map full" paths are tested without a kernel.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Network
 from typing import Generic, Protocol, TypeVar
@@ -16,7 +16,7 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ebpflb.errors import MapFullError
+from ebpflb.errors import MapError, MapFullError
 from ebpflb.model import Backend, BackendFlags, Frontend, SvcFlags
 
 K = TypeVar("K")
@@ -81,6 +81,13 @@ class KeyValueMap(Protocol[K, V]):
     def put(self, key: K, value: V) -> None:
         """Insert or replace; MapFullError when inserting into a full map."""
 
+    def put_many(self, items: Sequence[tuple[K, V]]) -> dict[int, MapError]:
+        """Insert or replace every item, in order, in as few syscalls as the kernel allows.
+
+        Never raises for one item: the items that failed, by index, each with the error
+        `put` would have raised (MapFullError for a full map). Every other item is written.
+        """
+
     def delete(self, key: K) -> bool:
         """Remove the key; False (not an error) when it was absent."""
 
@@ -90,6 +97,16 @@ class KeyValueMap(Protocol[K, V]):
 
 
 SLOTS_PER_ELEMENT = 2  # struct lb4_slot_pair: two slots per 8-byte array element
+
+
+@dataclass(frozen=True, slots=True)
+class SlotWrite:
+    """One table to store at `offset` (even): all of it, or only the elements holding the
+    `changed` slot indexes (a delta)."""
+
+    offset: int
+    table: SlotArray
+    changed: npt.NDArray[np.int64] | None = None
 
 
 class SlotPool(Protocol):
@@ -110,9 +127,16 @@ class SlotPool(Protocol):
         self, offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None = None
     ) -> None:
         """Store the table at `offset` (even): all of it, or only the elements holding
-        the `changed` slot indexes (a delta)."""
+        the `changed` slot indexes (a delta). MapError if it cannot."""
 
-    def read(self, offset: int, count: int) -> SlotArray: ...
+    def write_many(self, writes: Sequence[SlotWrite]) -> dict[int, MapError]:
+        """Every write, in as few syscalls as possible; the ones that failed, by index (a
+        failed write may be partly stored: its range must not be used). Never raises."""
+
+    def read(self, offset: int, count: int) -> SlotArray:
+        """The slots as they are now: a copy, or a read-only view of the pool that follows
+        later writes (so read again rather than keep it across a write of the range)."""
+        ...
 
 
 def slot_pairs(
@@ -131,6 +155,13 @@ def slot_pairs(
     )
     keys = (index + offset // SLOTS_PER_ELEMENT).astype(np.uint32)
     return keys, np.ascontiguousarray(pairs[index]).reshape(-1)
+
+
+def write_one(pool: SlotPool, write: SlotWrite) -> None:
+    """`SlotPool.write` in terms of `write_many`, raising its error."""
+    failures = pool.write_many([write])
+    if failures:
+        raise failures[0]
 
 
 class MapSet(Protocol):
@@ -165,15 +196,29 @@ class FakeMap(Generic[K, V]):
         self.data: dict[K, V] = {}
         self.writes = 0
         self.deletes = 0
+        self.batches = 0  # put_many calls
+        self.failing: set[K] = set()  # keys whose writes fail (tests inject errors)
 
     def get(self, key: K) -> V | None:
         return self.data.get(key)
 
     def put(self, key: K, value: V) -> None:
+        if key in self.failing:
+            raise MapError(f"update {self.name}[{key}]: injected failure")
         if key not in self.data and len(self.data) >= self.capacity:
             raise MapFullError(self.name, self.capacity, str(key))
         self.data[key] = value
         self.writes += 1
+
+    def put_many(self, items: Sequence[tuple[K, V]]) -> dict[int, MapError]:
+        self.batches += 1
+        failures: dict[int, MapError] = {}
+        for index, (key, value) in enumerate(items):
+            try:
+                self.put(key, value)
+            except MapError as exc:
+                failures[index] = exc
+        return failures
 
     def delete(self, key: K) -> bool:
         self.deletes += 1
@@ -192,14 +237,28 @@ class FakeSlotPool:
         self.capacity = capacity
         self.array: SlotArray = np.zeros(capacity, dtype=np.uint32)
         self.slots_written = 0
+        self.batches = 0  # write_many calls
+        self.failing: set[int] = set()  # table offsets whose writes fail (tests)
 
     def write(
         self, offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None = None
     ) -> None:
-        keys, values = slot_pairs(offset, table, changed)
+        write_one(self, SlotWrite(offset, table, changed))
+
+    def write_many(self, writes: Sequence[SlotWrite]) -> dict[int, MapError]:
+        self.batches += 1
+        failures: dict[int, MapError] = {}
         pairs = self.array.reshape(-1, SLOTS_PER_ELEMENT)
-        pairs[keys] = values.reshape(-1, SLOTS_PER_ELEMENT)
-        self.slots_written += len(values)
+        for index, write in enumerate(writes):
+            keys, values = slot_pairs(write.offset, write.table, write.changed)
+            if len(keys) and (int(keys.max()) >= len(pairs) or write.offset in self.failing):
+                failures[index] = MapError(
+                    f"{self.name}: cannot write {len(write.table)} slots at {write.offset}"
+                )
+                continue
+            pairs[keys] = values.reshape(-1, SLOTS_PER_ELEMENT)
+            self.slots_written += len(values)
+        return failures
 
     def read(self, offset: int, count: int) -> SlotArray:
         return self.array[offset : offset + count].copy()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from ebpflb import agent as agent_module
 from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
@@ -14,6 +16,7 @@ from ebpflb.datapath import dump
 from ebpflb.datapath.maps import FakeMapSet
 from ebpflb.metrics import Metrics
 from ebpflb.model import NamespacedName
+from ebpflb.runner import SyncKind
 from ebpflb.sources.base import Kind
 from tests.factories import endpoint, endpoint_slice, service
 
@@ -158,3 +161,52 @@ def test_terminating_fallback_and_named_target_port(agent: Agent, maps: FakeMapS
     )
     start(agent)
     assert [a for a, _ in frontends(maps)["10.96.0.10:80/TCP"]] == ["10.244.1.11:8080"]
+
+
+def test_the_maps_may_come_after_the_lists(clock: FakeClock) -> None:
+    """A source lists while the datapath compiles: no sync before the maps exist."""
+    agent = Agent(Config(), None, Metrics(CollectorRegistry()), clock=clock)
+    agent.object_updated(Kind.SERVICE, service())
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice())
+    agent.initial_list_done(Kind.SERVICE)
+    agent.initial_list_done(Kind.ENDPOINT_SLICE)
+    assert agent.runner.run_once() is None
+    with pytest.raises(RuntimeError, match="no maps yet"):
+        agent.reconciler  # noqa: B018
+    maps = FakeMapSet()
+    agent.use_maps(maps)
+    assert agent.runner.run_once() is not None
+    assert list(frontends(maps)) == ["10.96.0.10:80/TCP"]
+
+
+def test_each_changed_service_is_looked_at_once_and_a_resync_reuses_it(
+    agent: Agent, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked_at: list[NamespacedName] = []
+    real = agent_module.service_state
+
+    def counting(*args: object) -> object:
+        looked_at.append(args[2])  # type: ignore[arg-type]
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(agent_module, "service_state", counting)
+    agent.object_updated(Kind.SERVICE, service())
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice())
+    start(agent)
+    assert looked_at == [NamespacedName("default", "web")]
+    clock.advance(2)
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice(endpoints=[endpoint("10.244.1.11")]))
+    agent.runner.run_once()
+    assert looked_at == [NamespacedName("default", "web")] * 2
+    clock.advance(60)  # a full resync: the desired state is kept, not recomputed
+    assert agent.runner.run_once() is not None
+    assert len(looked_at) == 2
+
+
+def test_a_sync_runs_without_the_cyclic_gc(agent: Agent) -> None:
+    seen: list[bool] = []
+    agent.housekeeping = lambda: seen.append(gc.isenabled())
+    agent.object_updated(Kind.SERVICE, service())
+    start(agent)  # the first sync is a full one, with housekeeping only later
+    agent._sync(SyncKind.FULL)
+    assert seen == [False] and gc.isenabled()

@@ -45,3 +45,29 @@ def test_slot_reserve_rejects_overlap() -> None:
         slots.reserve(25, 10)
     assert slots.allocate(10, "a") == 0
     assert slots.allocate(10, "b") == 30
+
+
+def test_ids_outside_the_limit_are_never_in_use() -> None:
+    ids = IdAllocator("m", 4)
+    ids.reserve(9)  # an id some other writer put in the map: ours never reach it
+    ids.reserve(2)
+    assert 2 in ids and 9 not in ids and "x" not in ids and len(ids) == 1
+    ids.release(9)
+    assert [ids.allocate("x") for _ in range(3)] == [1, 3, 4]
+
+
+def test_who_needs_room_is_described_only_when_there_is_none() -> None:
+    calls: list[str] = []
+
+    def needed_by() -> str:
+        calls.append("called")
+        return "service web"
+
+    ids = IdAllocator("m", 1)
+    ids.allocate(needed_by)
+    assert calls == []
+    with pytest.raises(MapFullError, match="cannot add service web"):
+        ids.allocate(needed_by)
+    slots = SlotAllocator("pool", 10)
+    with pytest.raises(MapFullError, match="cannot add service web \\(20 slots"):
+        slots.allocate(20, needed_by)

@@ -330,6 +330,28 @@ def test_expired_continue_token_restarts_the_list_in_one_request(
     assert recorder.count(("done", SVC, "")) == 1
 
 
+def test_requests_carry_the_list_and_watch_parameters(
+    api: FakeApiServer, start_source: SourceFactory
+) -> None:
+    """The source calls the API through the client's ApiClient, not its generated classes:
+    the same paths and query parameters as list_*_for_all_namespaces."""
+    for i in range(3):
+        api.create(service(f"s{i}", cluster_ip=f"10.96.0.{i + 1}"))
+    recorder = Recorder()
+    source = start_source(recorder)
+    wait_until(both_listed(recorder), "both initial lists")
+    api.wait_for_watches(2)
+    lists = api.requests_for("services", watch=False)
+    assert [r.path for r in lists] == ["/api/v1/services"] * 2
+    assert lists[0].params == {"limit": "2"}
+    assert set(lists[1].params) == {"limit", "continue"}
+    (watch,) = api.requests_for("endpointslices", watch=True)
+    assert watch.path == "/apis/discovery.k8s.io/v1/endpointslices"
+    assert watch.params["resourceVersion"] == source.resource_version(EPS)
+    assert watch.params["allowWatchBookmarks"] == "true"
+    assert 30 <= int(watch.params["timeoutSeconds"]) < 60
+
+
 # ---- watch: renewal, drops, 410, bookmarks --------------------------------------------------
 
 
@@ -589,8 +611,6 @@ def test_node_name_defaults_to_env_then_hostname(monkeypatch: pytest.MonkeyPatch
 # ---- boundaries and deployment ---------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
-
-
 
 
 def test_deploy_manifests_grant_what_the_source_uses() -> None:

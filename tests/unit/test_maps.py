@@ -1,9 +1,24 @@
 from __future__ import annotations
 
+import ctypes as ct
+from collections.abc import Callable
+from ipaddress import IPv4Address
+from typing import Any
+
 import numpy as np
 import pytest
 
-from ebpflb.datapath.maps import FakeSlotPool, slot_pairs
+from ebpflb.datapath import layout
+from ebpflb.datapath.maps import (
+    BackendEntry,
+    FakeMap,
+    FakeSlotPool,
+    ServiceEntry,
+    SlotWrite,
+    slot_pairs,
+)
+from ebpflb.errors import MapFullError
+from ebpflb.model import Backend, BackendFlags, Frontend, Proto, Scope, SvcFlags
 
 
 def u32(*values: int) -> np.ndarray:
@@ -33,3 +48,88 @@ def test_fake_pool_round_trip() -> None:
     assert pool.read(2, 3).tolist() == [5, 1, 7]
     assert pool.read(8, 3).tolist() == [9, 9, 9]
     assert pool.array.tolist()[:12] == [0, 0, 5, 1, 7, 0, 0, 0, 9, 9, 9, 0]
+
+
+def test_fake_put_many_writes_the_rest_and_names_the_failures() -> None:
+    fake: FakeMap[int, str] = FakeMap("m", capacity=3)
+    fake.failing = {2}
+    failures = fake.put_many([(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e")])
+    assert fake.data == {1: "a", 3: "c", 4: "d"} and fake.batches == 1
+    assert sorted(failures) == [1, 4]
+    assert "injected" in str(failures[1])
+    assert isinstance(failures[4], MapFullError) and "m is full (limit 3)" in str(failures[4])
+
+
+def test_fake_pool_write_many_fails_only_the_writes_that_do_not_fit() -> None:
+    pool = FakeSlotPool("p", 8)
+    failures = pool.write_many([SlotWrite(0, u32(1, 2)), SlotWrite(6, u32(3, 4, 5))])
+    assert list(failures) == [1] and "cannot write 3 slots at 6" in str(failures[1])
+    assert pool.array.tolist() == [1, 2, 0, 0, 0, 0, 0, 0]
+
+
+# ---- numpy mirrors of the map records (layout.py): same bytes as the ctypes ones ---------
+
+FRONTENDS = [
+    Frontend(IPv4Address("10.96.0.10"), 80, Proto.TCP),
+    Frontend(IPv4Address("192.168.1.2"), 30080, Proto.UDP, Scope.INTERNAL),
+]
+SERVICES = [
+    ServiceEntry(1, 0, 509, 3, SvcFlags.CLUSTER_IP),
+    ServiceEntry(70000, 2**31, 131071, 1000, SvcFlags.NODE_PORT | SvcFlags.ETP_LOCAL),
+]
+BACKENDS = [
+    BackendEntry(Backend(IPv4Address("10.244.1.11"), 8080, Proto.TCP)),
+    BackendEntry(
+        Backend(IPv4Address("255.1.2.3"), 65535, Proto.UDP),
+        BackendFlags.LOCAL | BackendFlags.TERMINATING,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("ctype", "dtype"),
+    [
+        (layout.Lb4SvcKey, layout.SVC_KEY_DTYPE),
+        (layout.Lb4SvcVal, layout.SVC_VAL_DTYPE),
+        (layout.Lb4Backend, layout.BACKEND_DTYPE),
+        (layout.Lb4SvcMeta, layout.META_DTYPE),
+    ],
+    ids=lambda t: getattr(t, "__name__", ""),
+)
+def test_numpy_mirrors_have_the_ctypes_layout(ctype: type, dtype: np.dtype) -> None:
+    assert dtype.itemsize == ct.sizeof(ctype)
+    assert dtype.names is not None
+    for name, *_ in ctype._fields_:  # type: ignore[attr-defined]
+        assert dtype.fields is not None and dtype.fields[name][1] == getattr(ctype, name).offset
+
+
+@pytest.mark.parametrize(
+    ("values", "encode", "to_array", "from_array"),
+    [
+        (FRONTENDS, layout.encode_frontend, layout.frontends_to_array, layout.frontends_from_array),
+        (SERVICES, layout.encode_service, layout.services_to_array, layout.services_from_array),
+        (BACKENDS, layout.encode_backend, layout.backends_to_array, layout.backends_from_array),
+        (
+            ["default/web:http", "kube-system/dns:"],
+            layout.encode_meta,
+            layout.metas_to_array,
+            layout.metas_from_array,
+        ),
+        ([0, 1, 2**32 - 1], ct.c_uint32, layout.u32s_to_array, layout.u32s_from_array),
+    ],
+    ids=["frontend", "service", "backend", "meta", "u32"],
+)
+def test_array_conversions_write_the_bytes_of_the_element_ones(
+    values: list[Any],
+    encode: Callable[[Any], Any],
+    to_array: Callable[[list[Any]], np.ndarray],
+    from_array: Callable[[np.ndarray], list[Any]],
+) -> None:
+    array = to_array(values)
+    assert array.tobytes() == b"".join(bytes(encode(v)) for v in values)
+    assert from_array(array) == values
+
+
+def test_a_name_too_long_for_the_meta_map_is_refused_in_bulk_too() -> None:
+    with pytest.raises(ValueError, match="exceeds 143 bytes"):
+        layout.metas_to_array(["ok", "x" * 144])

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 from ipaddress import IPv4Address, IPv4Network
 
 import numpy as np
@@ -11,7 +12,7 @@ from ebpflb.datapath.maps import FakeMapSet, SourceRange
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.metrics import Metrics
 from ebpflb.model import Backend, Frontend, NamespacedName, Proto, ServicePortName, SvcFlags
-from ebpflb.reconcile import Reconciler
+from ebpflb.reconcile import LOG_EACH_MAX, Reconciler
 
 WEB = NamespacedName("default", "web")
 API = NamespacedName("default", "api")
@@ -273,3 +274,132 @@ def test_too_many_source_ranges_fail_only_that_frontend() -> None:
     assert list(maps.services.data) == [fe("10.96.0.20")]
     assert not maps.source_ranges.data and maps.slots.array[:101].any()
     assert {str(b.backend) for b in maps.backends.data.values()} == {"10.244.1.12:8080"}
+
+
+# ---- batches: one write per map per apply, failures attributed to their frontends --------
+
+
+def many(count: int, first_ip: int = 10) -> dict[NamespacedName, dict[Frontend, DesiredFrontend]]:
+    """`count` services of one frontend (10.96.1.<first_ip + i>) and two backends each."""
+    state: dict[NamespacedName, dict[Frontend, DesiredFrontend]] = {}
+    for i in range(count):
+        pair = tuple(
+            WeightedBackend(Backend(IPv4Address("10.245.0.0") + 2 * i + k, 8080, Proto.TCP))
+            for k in (1, 2)
+        )
+        state.update(
+            desired(NamespacedName("default", f"svc{i}"), fe(f"10.96.1.{first_ip + i}"), pair)
+        )
+    return state
+
+
+def test_an_apply_writes_each_map_in_one_batch() -> None:
+    maps = FakeMapSet(max_services=64, max_backends=128, slot_pool_size=1 << 16)
+    result = Reconciler(maps).apply(many(20))
+    assert result.added == 20 and result.errors == []
+    assert (maps.backends.batches, maps.service_meta.batches, maps.services.batches) == (1, 1, 1)
+    assert maps.slots.batches == 1
+    assert len(maps.services.data) == 20 and len(maps.backends.data) == 40
+
+
+def test_a_backend_the_kernel_refuses_fails_only_the_frontends_using_it() -> None:
+    maps = FakeMapSet(max_services=64, max_backends=128, slot_pool_size=1 << 16)
+    rec = Reconciler(maps, metrics=Metrics(CollectorRegistry()))
+    state = many(5)
+    # The backend written third in the batch (ids are handed out in frontend order).
+    maps.backends.failing = {3}
+    result = rec.apply(state)
+    svc1 = NamespacedName("default", "svc1")
+    assert result.failed == {svc1} and result.added == 4
+    (message,) = result.errors
+    assert "default/svc1:http 10.96.1.11:80/TCP not programmed" in message
+    assert fe("10.96.1.11") not in maps.services.data
+    assert len(maps.services.data) == 4
+    # Its other backend was written, names no table, and is gone again.
+    assert sorted(maps.backends.data) == [1, 2, 5, 6, 7, 8, 9, 10]
+    assert rec.metrics is not None
+    assert (
+        rec.metrics.registry.get_sample_value(
+            "ebpflb_map_errors_total", {"map": "ebpflb_be4", "reason": "error"}
+        )
+        == 1
+    )
+    # Once the kernel takes it, the retry programs the frontend.
+    maps.backends.failing = set()
+    retry = rec.apply({svc1: state[svc1]})
+    assert retry.added == 1 and fe("10.96.1.11") in maps.services.data
+
+
+def test_a_failed_table_write_fails_its_frontend_and_frees_its_range() -> None:
+    maps = FakeMapSet(max_services=64, max_backends=128, slot_pool_size=1 << 16)
+    rec = Reconciler(maps)
+    maps.slots.failing = {252}  # the second table's range: 251 slots + 1 padding each
+    result = rec.apply(many(3))
+    assert result.failed == {NamespacedName("default", "svc1")}
+    assert fe("10.96.1.11") not in maps.services.data
+    assert [e.table_off for e in maps.services.data.values()] == [0, 504]
+    maps.slots.failing = set()
+    rec.apply(many(3))
+    assert maps.services.data[fe("10.96.1.11")].table_off == 252  # reused at once
+
+
+def test_a_failed_entry_write_keeps_the_previous_entry_until_the_retry() -> None:
+    maps = FakeMapSet()
+    rec = Reconciler(maps)
+    rec.apply(desired(WEB, fe(), backends(11, 12, 13)))
+    before = maps.services.data[fe()]
+    maps.services.failing = {fe()}
+    result = rec.apply(desired(WEB, fe(), backends(11, 12)))
+    assert result.failed == {WEB} and maps.services.data[fe()] == before
+    # The slots changed in place before the entry failed: the pool holds the new table,
+    # which names only the two remaining backends, and the third is still in the map.
+    assert set(table_names(maps, fe())) == {"10.244.1.11:8080", "10.244.1.12:8080"}
+    maps.services.failing = set()
+    retry = rec.apply(desired(WEB, fe(), backends(11, 12)))
+    assert retry.errors == [] and maps.services.data[fe()].backend_count == 2
+    assert len(maps.backends.data) == 2
+
+
+def test_source_ranges_of_a_frontend_that_failed_later_are_taken_back() -> None:
+    maps = FakeMapSet()
+    rec = Reconciler(maps)
+    lb = fe("203.0.113.9")
+    want = DesiredFrontend(
+        lb,
+        ServicePortName(WEB, "http", Proto.TCP),
+        SvcFlags.LOADBALANCER | SvcFlags.SOURCE_RANGES,
+        backends(11),
+        (IPv4Network("198.51.100.0/24"),),
+    )
+    maps.services.failing = {lb}
+    result = rec.apply({WEB: {lb: want}})
+    assert result.failed == {WEB}
+    assert not maps.source_ranges.data and not maps.services.data and not maps.backends.data
+
+
+def test_restore_keeps_everything_when_the_maps_hold_what_was_written(maps: FakeMapSet) -> None:
+    rec = Reconciler(maps)
+    state = {**desired(WEB, fe(), backends(11, 12)), **desired(API, fe("10.96.0.20"), ())}
+    rec.apply(state)
+    known = dict(rec.realized)
+    rec.restore()
+    assert all(rec.realized[f] is r for f, r in known.items())
+    result = rec.apply(state, full=True)
+    assert result.writes == {} and result.unchanged == 2
+    # One slot changed behind its back: relearned from the maps, and repaired.
+    entry = maps.services.data[fe()]
+    maps.slots.array[entry.table_off] = 0
+    rec.restore()
+    assert rec.realized[fe()] is not known[fe()]
+    assert rec.apply(state, full=True).writes == {"ebpflb_slots": 1}
+
+
+def test_a_big_apply_logs_one_summary_line(caplog: pytest.LogCaptureFixture) -> None:
+    maps = FakeMapSet(max_services=256, max_backends=512, slot_pool_size=1 << 16)
+    with caplog.at_level(logging.INFO, logger="ebpflb.reconcile"):
+        Reconciler(maps).apply(many(LOG_EACH_MAX + 1, first_ip=0))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        f"applied {LOG_EACH_MAX + 1} frontends: {LOG_EACH_MAX + 1} added, 0 updated,"
+        f" 0 removed, 0 unchanged, 0 failed, {(LOG_EACH_MAX + 1) * 251} slots written"
+    ]

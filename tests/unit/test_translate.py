@@ -6,7 +6,7 @@ import pytest
 
 from ebpflb.errors import InvalidObjectError
 from ebpflb.model import NamespacedName, Proto, ServicePortName, ServiceType, TrafficPolicy
-from ebpflb.translate import endpoints_for_port, translate_service, translate_slice
+from ebpflb.translate import endpoints_for_port, parse_ipv4, translate_service, translate_slice
 from tests.factories import endpoint, endpoint_slice, service
 
 WEB = NamespacedName("default", "web")
@@ -182,3 +182,38 @@ def test_endpoints_join_by_port_name_and_protocol_across_slices() -> None:
 def test_unresolved_named_port_has_no_endpoints() -> None:
     s = translate_slice(endpoint_slice(ports=[{"name": "http", "protocol": "TCP", "port": None}]))
     assert endpoints_for_port(ServicePortName(WEB, "http", Proto.TCP), [s]) == ()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "10.0.0.1",
+        "0.0.0.0",
+        "255.255.255.255",
+        "01.2.3.4",
+        "1.2.3",
+        "256.1.1.1",
+        " 1.2.3.4",
+        "1.2.3.4 ",
+        "0x1.2.3.4",
+        "1..2.3",
+        "1.2.3.4\x00",
+        "::1",
+        "",
+        "1.2.3.04",
+    ],
+)
+def test_ipv4_parsing_is_as_strict_as_ipaddress(text: str) -> None:
+    try:
+        expected: IPv4Address | None = IPv4Address(text)
+    except ValueError:
+        expected = None
+    assert parse_ipv4(text) == expected
+
+
+def test_merged_endpoints_come_in_address_order() -> None:
+    ips = ["10.244.1.9", "10.244.1.10", "10.244.0.200", "9.1.1.1"]
+    slice_ = translate_slice(endpoint_slice(endpoints=[endpoint(ip) for ip in ips]))
+    merged = endpoints_for_port(ServicePortName(WEB, "http", Proto.TCP), [slice_])
+    assert [str(e.address) for e in merged] == sorted(ips, key=IPv4Address)
+    assert list(merged) == sorted(merged)

@@ -1,0 +1,173 @@
+"""Batched element operations and the mapped slot pool on real kernel maps (the ones
+bpf/lib/maps.h declares, compiled into a private bpffs directory): what they write is what
+one-by-one writes write, and a failure in the middle of a batch is attributed to its own
+element, the others being written."""
+
+from __future__ import annotations
+
+import errno
+import uuid
+from collections.abc import Iterator
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bcc import BPF
+
+from ebpflb.config import Config
+from ebpflb.datapath import loader
+from ebpflb.datapath.kernel import LOOKUP_CHUNK, KernelMapSet, KernelSlotPool, PinnedMap
+from ebpflb.datapath.maps import BackendEntry, ServiceEntry, SlotWrite, SourceRange
+from ebpflb.errors import MapError, MapFullError
+from ebpflb.model import Backend, Frontend, Proto, SvcFlags
+
+MAX_SERVICES = 16
+MAX_BACKENDS = LOOKUP_CHUNK + 1000  # a whole-map read takes two batches
+POOL = 1024
+
+
+@pytest.fixture(scope="module")
+def pins() -> Iterator[Path]:
+    path = Path("/sys/fs/bpf") / f"ebpflb-batch-{uuid.uuid4().hex[:8]}"
+    config = Config(
+        bpffs_dir=path,
+        slot_pool_size=POOL,
+        maglev_max_table_size=1021,
+        max_services=MAX_SERVICES,
+        max_backends=MAX_BACKENDS,
+        rev_sk_max=16,
+        src_range_max=LOOKUP_CHUNK + 100,
+    )
+    loader.ensure_bpffs(path)
+    bpf = loader.compile_program(
+        loader.BPF_DIR / "sock_lb.c", config.cflags() + loader.Features(False).cflags()
+    )
+    try:
+        yield path
+    finally:
+        bpf.cleanup()
+        for pin in path.iterdir():
+            pin.unlink()
+        path.rmdir()
+
+
+@pytest.fixture
+def maps(pins: Path) -> Iterator[KernelMapSet]:
+    with KernelMapSet(pins) as opened:
+        yield opened
+        for frontend, _ in list(opened.services.items()):
+            opened.services.delete(frontend)
+        for backend_id, _ in list(opened.backends.items()):
+            opened.backends.delete(backend_id)
+
+
+def frontend(i: int) -> Frontend:
+    return Frontend(IPv4Address("10.96.0.0") + i, 80 + i, Proto.UDP if i % 2 else Proto.TCP)
+
+
+def backend(i: int) -> BackendEntry:
+    return BackendEntry(Backend(IPv4Address("10.244.0.0") + i, 8080, Proto.TCP))
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-by-one"])
+def test_many_entries_written_and_read_back(maps: KernelMapSet, batched: bool) -> None:
+    maps.backends.io.batched = batched
+    written = {i: backend(i) for i in range(1, MAX_BACKENDS + 1)}
+    assert maps.backends.put_many(sorted(written.items())) == {}
+    assert maps.backends.io.batched == batched
+    assert dict(maps.backends.items()) == written
+    assert maps.backends.get(7) == written[7]
+    services = [
+        (frontend(i), ServiceEntry(i + 1, 2 * i, 101, 3, SvcFlags.CLUSTER_IP)) for i in range(5)
+    ]
+    assert maps.services.put_many(services) == {}
+    assert sorted(maps.services.items()) == sorted(services)
+    assert maps.service_meta.put_many([(1, "default/web:http")]) == {}
+    assert dict(maps.service_meta.items()) == {1: "default/web:http"}
+
+
+def test_a_trie_is_read_back_in_batches_too(maps: KernelMapSet) -> None:
+    """Not a hash map: a batch ends at a key (12 bytes here), not at a bucket number."""
+    ranges = [
+        (SourceRange(i // 8 + 1, IPv4Network(f"10.{i % 8}.{i // 256 % 256}.0/24")), 1)
+        for i in range(LOOKUP_CHUNK + 50)
+    ]
+    try:
+        assert maps.source_ranges.put_many(ranges) == {}
+        assert sorted(maps.source_ranges.items()) == sorted(ranges)
+    finally:
+        for source_range, _ in ranges:
+            maps.source_ranges.delete(source_range)
+
+
+def test_a_full_map_fails_only_the_entries_that_need_room(maps: KernelMapSet) -> None:
+    first = [(frontend(i), ServiceEntry(i + 1, 0, 0, 0, SvcFlags.CLUSTER_IP)) for i in range(10)]
+    assert maps.services.put_many(first) == {}
+    # 8 more new keys, with updates of existing ones among them: 6 fit, 2 do not.
+    more = [(frontend(i), ServiceEntry(i + 100, 0, 0, 0, SvcFlags.NODE_PORT)) for i in range(5, 18)]
+    failures = maps.services.put_many(more)
+    assert sorted(failures) == [11, 12]  # frontends 16 and 17
+    assert all(isinstance(e, MapFullError) for e in failures.values())
+    assert "ebpflb_svc4 is full (limit 16)" in str(failures[11])
+    stored = dict(maps.services.items())
+    assert len(stored) == MAX_SERVICES and frontend(16) not in stored
+    assert stored[frontend(5)].svc_id == 105 and stored[frontend(15)].svc_id == 115
+
+
+def test_a_batch_resumes_after_the_element_the_kernel_refused(pins: Path) -> None:
+    with KernelMapSet(pins) as opened:
+        io = opened.slots.io  # an array: a key past its end is refused (E2BIG)
+        keys = np.array([1, 2, POOL, 3], dtype=np.uint32)  # POOL // 2 elements exist
+        values = np.array([[5, 6], [7, 8], [9, 9], [10, 11]], dtype=np.uint32)
+        errors = io.update(keys.ctypes.data, values.ctypes.data, len(keys))
+        assert errors == {2: errno.E2BIG}
+        assert opened.slots.read(2, 6).tolist() == [5, 6, 7, 8, 10, 11]
+        opened.slots.write(0, np.zeros(8, dtype=np.uint32))
+
+
+def test_the_slot_pool_is_mapped_and_written_as_memory(maps: KernelMapSet) -> None:
+    pool = maps.slots
+    assert pool.mapped and pool.capacity == POOL
+    table = np.arange(1, 102, dtype=np.uint32)
+    failures = pool.write_many(
+        [SlotWrite(100, table), SlotWrite(POOL - 2, table), SlotWrite(300, table[:3])]
+    )
+    assert list(failures) == [1] and "beyond capacity" in str(failures[1])
+    view = pool.read(100, 101)
+    assert view.tolist() == table.tolist() and not view.flags.writeable
+    assert pool.read(201, 1).tolist() == [0]  # the odd table's padding slot
+    changed = table.copy()
+    changed[[0, 50]] = 99
+    pool.write(100, changed, np.array([0, 50]))
+    assert view[[0, 1, 50]].tolist() == [99, 2, 99]  # a view follows the pool
+    assert pool._read_batch(100, 101).tolist() == changed.tolist()  # as the kernel sees it
+    pool.write(100, np.zeros(102, dtype=np.uint32))
+    pool.write(300, np.zeros(4, dtype=np.uint32))
+
+
+def test_a_pool_pinned_without_the_mmap_flag_is_written_in_batches(pins: Path) -> None:
+    """An older ebpflb pinned the pool without BPF_F_MMAPABLE: batches of syscalls."""
+    path = pins / "legacy_slots"
+    bpf = BPF(
+        text=(
+            'BPF_TABLE_PINNED("array", u32, u64, legacy_slots, 64, "' + str(path) + '");'
+        ).encode()
+    )
+    pinned = PinnedMap(path)
+    try:
+        pool = KernelSlotPool(pinned)
+        assert not pool.mapped and pool.capacity == 128
+        table = np.arange(1, 8, dtype=np.uint32)
+        failures = pool.write_many(
+            [SlotWrite(0, table), SlotWrite(126, table), SlotWrite(10, table, np.array([3]))]
+        )
+        assert list(failures) == [1]
+        assert pool.read(0, 8).tolist() == [*table.tolist(), 0]
+        assert pool.read(10, 8).tolist() == [0, 0, 3, 4, 0, 0, 0, 0]  # the pair of slot 3
+        with pytest.raises(MapError):
+            pool.write(127, table)
+    finally:
+        pinned.close()
+        bpf.cleanup()
+        path.unlink()
