@@ -12,7 +12,8 @@
 #include "lib/lb.h"
 
 /* Translate ctx's destination if it is a frontend; `hash` picks the Maglev slot. */
-static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u32 hash, __u32 stat)
+static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u32 hash, __u32 stat,
+					   bool check_first)
 {
 	__be32 vaddr = ctx->user_ip4;
 	__be16 vport = (__be16)ctx->user_port;
@@ -29,7 +30,7 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u32 hash
 		lb_set_refused();
 		return 0;
 	}
-	lb4_revsk_store(bpf_get_socket_cookie(ctx), backend, vaddr, vport);
+	lb4_revsk_store(bpf_get_socket_cookie(ctx), backend, vaddr, vport, check_first);
 	ctx->user_ip4 = backend->addr;
 	ctx->user_port = (__u32)backend->port;
 	stat_inc(stat);
@@ -53,7 +54,7 @@ static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx, __u32 sta
 /* connect(): TCP and connected UDP. A uniformly random slot per connect. */
 int ebpflb_connect4(struct bpf_sock_addr *ctx)
 {
-	return sock4_xlate_fwd(ctx, bpf_get_prandom_u32(), STAT_CONNECT_XLATED);
+	return sock4_xlate_fwd(ctx, bpf_get_prandom_u32(), STAT_CONNECT_XLATED, false);
 }
 
 /* sendmsg() with a destination (unconnected UDP). The slot is a hash of the socket
@@ -61,7 +62,8 @@ int ebpflb_connect4(struct bpf_sock_addr *ctx)
  * as conntrack makes kube-proxy's DNAT sticky per flow. */
 int ebpflb_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return sock4_xlate_fwd(ctx, mix64(bpf_get_socket_cookie(ctx)), STAT_SENDMSG_XLATED);
+	return sock4_xlate_fwd(ctx, mix64(bpf_get_socket_cookie(ctx)), STAT_SENDMSG_XLATED,
+			       true);
 }
 
 /* recvmsg() on UDP: the datagram's source becomes the frontend the socket sent to. */

@@ -77,10 +77,11 @@ static __always_inline void lb_set_refused(void)
 #endif
 }
 
-/* Remember which frontend a socket's backend stands for. Written only when missing or
- * different, so a UDP socket's sendmsg() does not update the map per datagram. */
+/* Remember which frontend a socket's backend stands for. With `check_first`, written
+ * only when missing or different, so a UDP socket's sendmsg() does not update the map per
+ * datagram; connect() skips the lookup, which would miss for nearly every new socket. */
 static __always_inline void lb4_revsk_store(__u64 cookie, const struct lb4_backend *backend,
-					    __be32 vaddr, __be16 vport)
+					    __be32 vaddr, __be16 vport, bool check_first)
 {
 	struct lb4_revsk_key key = {
 		.cookie = cookie,
@@ -91,10 +92,13 @@ static __always_inline void lb4_revsk_store(__u64 cookie, const struct lb4_backe
 		.addr = vaddr,
 		.port = vport,
 	};
-	struct lb4_revsk_val *old = ebpflb_revsk4.lookup(&key);
+	struct lb4_revsk_val *old;
 
-	if (old && old->addr == vaddr && old->port == vport)
-		return;
+	if (check_first) {
+		old = ebpflb_revsk4.lookup(&key);
+		if (old && old->addr == vaddr && old->port == vport)
+			return;
+	}
 	if (ebpflb_revsk4.update(&key, &val) != 0)
 		stat_inc(STAT_REVSK_UPDATE_FAIL);
 }
