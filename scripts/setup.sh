@@ -19,7 +19,8 @@ log() { printf 'setup: %s\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "setup: must run as root (installs packages, links headers, mounts bpffs)" >&2; exit 1; }
 
 packages=(python3-bpfcc libbpfcc bpftool linux-headers-amd64 iproute2 iptables nftables
-          python3-venv util-linux procps kmod ethtool)
+          python3-venv util-linux procps kmod ethtool
+          gcc libc6-dev conntrack nfacct)  # ebpflb bench: its client, conntrack flushes, kube-proxy counters
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

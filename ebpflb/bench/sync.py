@@ -1,328 +1,53 @@
-"""Sync benchmark: ebpflb fed by the Kubernetes API versus kube-proxy's iptables-restore.
+"""Sync benchmark: the agent's control plane fed by the Kubernetes API, in detail.
 
-ebpflb side: the fake API server (ebpflb.testing.fakeapi) serves N Services with one
-EndpointSlice of K endpoints each; the real `ebpflb run --kubeconfig` lists them and
-programs the real kernel maps (its own bpffs directory and test cgroup, removed at the
-end). Measured: process start -> "initial sync complete", and for a few single-slice
-changes (one endpoint turning not ready) the time from the API write to the pinned map
-showing the new service entry (polled from this process).
+The fake API server (ebpflb.testing.fakeapi, real HTTP) holds N Services with one
+EndpointSlice of K endpoints each (ebpflb.bench.scenario's addressing, up to 131,070
+services) before the real `ebpflb run --kubeconfig` starts, so "programmed from nothing"
+is the agent's cold start: process start -> programs compiled and attached, both kinds
+listed, every service in the real kernel maps ("initial sync complete"). The agent uses
+its own bpffs directory and test cgroup, removed at the end. Measured besides: each
+start-up step, the agent's CPU seconds and memory, the periodic full resync, and for a
+few single-slice changes (one endpoint turning not ready) the time from the API write to
+the pinned map showing the new service entry, polled from this process.
 
-kube-proxy side: no kube-proxy binary is available here, so the bench writes the
-iptables-restore input kube-proxy's iptables proxier writes for the same Services (the
-KUBE-SERVICES / KUBE-SVC-* / KUBE-SEP-* chains, statistic probabilities, DNAT; chain names
-hashed as kube-proxy does) and times `iptables-restore -w 5 -W 100000 --noflush --counters`
-(kube-proxy's flags) inside a network namespace created and deleted here: the full sync
-into an empty namespace, and the partial sync of kube-proxy >= 1.26 for the one-endpoint
-change (KUBE-SERVICES rewritten whole, plus the changed service's chains). Only the
-restore is timed, so these are lower bounds on kube-proxy's sync time.
+`running_agent` leaves the agent running for other measurements: `ebpflb bench`
+(compare.py), which puts it side by side with kube-proxy's modes, uses it.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import os
 import re
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ebpflb.bench.scenario import (
+    PORT,
+    BenchService,
+    bench_services,
+    objects,
+    slice_object,
+)
+from ebpflb.bench.topology import thread_in_netns
 from ebpflb.errors import ConfigError, EbpflbError
 
-NAMESPACE = "bench"
-PORT, TARGET_PORT = 80, 8080
-CLUSTER_CIDR = "10.244.0.0/16"
-VIP_BASE = int(IPv4Address("10.96.0.0"))
-ENDPOINT_BASE = int(IPv4Address("10.244.0.0"))
-IPTABLES_BACKENDS = {"legacy": "iptables-legacy-restore", "nft": "iptables-nft-restore"}
-# kube-proxy's own invocation (pkg/util/iptables: -w 5 -W 100000, --noflush --counters).
-RESTORE_FLAGS = ("-w", "5", "-W", "100000", "--noflush", "--counters")
-MASQ_MARK = "0x4000"
+if TYPE_CHECKING:
+    from ebpflb.testing.agentproc import AgentProcess
+    from ebpflb.testing.fakeapi import FakeApiServer
 
-
-@dataclass(frozen=True, slots=True)
-class BenchService:
-    index: int
-    endpoints: tuple[str, ...]
-
-    @property
-    def name(self) -> str:
-        return f"svc-{self.index:05d}"
-
-    @property
-    def vip(self) -> str:
-        return str(IPv4Address(VIP_BASE + self.index + 1))
-
-    @property
-    def port_name(self) -> str:
-        """kube-proxy's ServicePortName string: namespace/name:port."""
-        return f"{NAMESPACE}/{self.name}:http"
-
-
-def bench_services(count: int, endpoints: int) -> list[BenchService]:
-    if count < 1 or endpoints < 2:
-        raise ConfigError("need at least 1 service and 2 endpoints per service")
-    if count >= 65000 or count * endpoints >= 65000:
-        raise ConfigError("the bench addresses fit in one /16: at most 65000 of each")
-    return [
-        BenchService(
-            i,
-            tuple(
-                str(IPv4Address(ENDPOINT_BASE + i * endpoints + e + 1)) for e in range(endpoints)
-            ),
-        )
-        for i in range(count)
-    ]
-
-
-# ---- API objects ---------------------------------------------------------------------------
-
-
-def service_object(svc: BenchService) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": svc.name, "namespace": NAMESPACE},
-        "spec": {
-            "type": "ClusterIP",
-            "clusterIP": svc.vip,
-            "clusterIPs": [svc.vip],
-            "ports": [{"name": "http", "protocol": "TCP", "port": PORT, "targetPort": TARGET_PORT}],
-        },
-    }
-
-
-def slice_object(svc: BenchService, not_ready: int = 0) -> dict[str, Any]:
-    """The service's one EndpointSlice; the last `not_ready` endpoints are not ready."""
-    ready_count = len(svc.endpoints) - not_ready
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": f"{svc.name}-abcde",
-            "namespace": NAMESPACE,
-            "labels": {"kubernetes.io/service-name": svc.name},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "protocol": "TCP", "port": TARGET_PORT}],
-        "endpoints": [
-            {"addresses": [ip], "conditions": {"ready": i < ready_count}, "nodeName": "node-1"}
-            for i, ip in enumerate(svc.endpoints)
-        ],
-    }
-
-
-# ---- kube-proxy's iptables-restore input ---------------------------------------------------
-
-
-def _hash16(text: str) -> str:
-    """kube-proxy's chain-name hash: base32(sha256(text))[:16]."""
-    return base64.b32encode(hashlib.sha256(text.encode()).digest()).decode()[:16]
-
-
-def svc_chain(svc: BenchService) -> str:
-    return "KUBE-SVC-" + _hash16(svc.port_name + "tcp")
-
-
-def sep_chain(svc: BenchService, ip: str) -> str:
-    return "KUBE-SEP-" + _hash16(svc.port_name + "tcp" + f"{ip}:{TARGET_PORT}")
-
-
-FILTER_TABLE = f"""*filter
-:KUBE-NODEPORTS - [0:0]
-:KUBE-SERVICES - [0:0]
-:KUBE-EXTERNAL-SERVICES - [0:0]
-:KUBE-FIREWALL - [0:0]
-:KUBE-FORWARD - [0:0]
-:KUBE-PROXY-FIREWALL - [0:0]
--A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 \
-! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
--A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
--A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark \
---mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT
--A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack \
---ctstate RELATED,ESTABLISHED -j ACCEPT
-COMMIT
-"""
-
-# Jumps from the built-in chains; kube-proxy adds them with single iptables calls, once.
-JUMP_RULES = (
-    ("nat", "PREROUTING", "kubernetes service portals", "KUBE-SERVICES"),
-    ("nat", "OUTPUT", "kubernetes service portals", "KUBE-SERVICES"),
-    ("nat", "POSTROUTING", "kubernetes postrouting rules", "KUBE-POSTROUTING"),
-    ("filter", "FORWARD", "kubernetes forwarding rules", "KUBE-FORWARD"),
-)
-
-
-def restore_input(
-    services: Sequence[BenchService],
-    *,
-    changed: BenchService | None = None,
-    ready: int | None = None,
-) -> str:
-    """What kube-proxy's iptables proxier hands to iptables-restore.
-
-    Without `changed`: a full sync, every chain. With it: the partial sync after that
-    service's endpoints dropped to the first `ready`: KUBE-SERVICES and the other base
-    chains in full, the changed service's chains, and its stale endpoint chain flushed
-    and deleted. Rule syntax follows pkg/proxy/iptables/proxier.go (ClusterIP services).
-    """
-    chains = [
-        ":KUBE-NODEPORTS - [0:0]",
-        ":KUBE-SERVICES - [0:0]",
-        ":KUBE-MARK-MASQ - [0:0]",
-        ":KUBE-POSTROUTING - [0:0]",
-    ]
-    rules = [
-        f"-A KUBE-POSTROUTING -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN",
-        f"-A KUBE-POSTROUTING -j MARK --xor-mark {MASQ_MARK}",
-        '-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT"'
-        " -j MASQUERADE --random-fully",
-        f"-A KUBE-MARK-MASQ -j MARK --or-mark {MASQ_MARK}",
-    ]
-    deletions = []
-    for svc in services:
-        chain = svc_chain(svc)
-        match = f"-m tcp -p tcp -d {svc.vip} --dport {PORT}"
-        comment = f'-m comment --comment "{svc.port_name} cluster IP"'
-        rules.append(f"-A KUBE-SERVICES {comment} {match} -j {chain}")
-        if changed is not None and svc is not changed:
-            continue  # partial sync: untouched service chains stay as they are
-        live = svc.endpoints if svc is not changed or ready is None else svc.endpoints[:ready]
-        chains.append(f":{chain} - [0:0]")
-        rules.append(f"-A {chain} {comment} {match} ! -s {CLUSTER_CIDR} -j KUBE-MARK-MASQ")
-        for i, ip in enumerate(live):
-            sep = sep_chain(svc, ip)
-            chains.append(f":{sep} - [0:0]")
-            probability = (
-                f" -m statistic --mode random --probability {1.0 / (len(live) - i):0.10f}"
-                if i < len(live) - 1
-                else ""
-            )
-            rules.append(
-                f'-A {chain} -m comment --comment "{svc.port_name} -> {ip}:{TARGET_PORT}"'
-                f"{probability} -j {sep}"
-            )
-            rules.append(f"-A {sep} -m comment --comment {svc.port_name} -s {ip} -j KUBE-MARK-MASQ")
-            rules.append(
-                f"-A {sep} -m comment --comment {svc.port_name} -m tcp -p tcp"
-                f" -j DNAT --to-destination {ip}:{TARGET_PORT}"
-            )
-        for ip in svc.endpoints[len(live) :]:
-            # kube-proxy flushes a stale chain with its chain line, then deletes it.
-            chains.append(f":{sep_chain(svc, ip)} - [0:0]")
-            deletions.append(f"-X {sep_chain(svc, ip)}")
-    rules.append(
-        '-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must'
-        ' be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS'
-    )
-    return FILTER_TABLE + "\n".join(["*nat", *chains, *rules, *deletions, "COMMIT", ""])
-
-
-def rule_count(text: str) -> int:
-    return sum(1 for line in text.splitlines() if line.startswith("-A "))
-
-
-@contextlib.contextmanager
-def bench_netns() -> Iterator[str]:
-    """A network namespace of our own for iptables (never the root namespace's tables)."""
-    name = f"ebpflb-bench-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
-
-
-def _in_netns(netns: str, argv: Sequence[str]) -> list[str]:
-    return ["nsenter", f"--net=/run/netns/{netns}", *argv]
-
-
-def timed_restore(netns: str, binary: str, text: str) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(
-        _in_netns(netns, [binary, *RESTORE_FLAGS]),
-        input=text,
-        text=True,
-        capture_output=True,
-        timeout=600,
-    )
-    elapsed = time.perf_counter() - started
-    if done.returncode != 0:
-        raise EbpflbError(f"{binary} failed ({done.returncode}): {done.stderr.strip()[:500]}")
-    return elapsed
-
-
-def bench_iptables(
-    services: Sequence[BenchService], backend: str, changes: Sequence[int]
-) -> dict[str, Any]:
-    binary = IPTABLES_BACKENDS[backend]
-    if shutil.which(binary) is None:
-        return {"backend": backend, "skipped": f"{binary} not found"}
-    full = restore_input(services)
-    endpoints = len(services[0].endpoints)
-    with bench_netns() as netns:
-        initial = timed_restore(netns, binary, full)
-        # The jumps from the built-in chains (their targets exist only now), not timed.
-        single = binary.removesuffix("-restore")
-        for table, chain, comment, target in JUMP_RULES:
-            subprocess.run(
-                _in_netns(
-                    netns,
-                    [
-                        single,
-                        "-w",
-                        "5",
-                        "-t",
-                        table,
-                        "-A",
-                        chain,
-                        "-m",
-                        "comment",
-                        "--comment",
-                        comment,
-                        "-j",
-                        target,
-                    ],
-                ),
-                check=True,
-                capture_output=True,
-            )
-        partial_inputs = [
-            restore_input(services, changed=services[i], ready=endpoints - 1) for i in changes
-        ]
-        partial = [timed_restore(netns, binary, text) for text in partial_inputs]
-        loaded = subprocess.run(
-            _in_netns(netns, [binary.replace("-restore", "-save"), "-t", "nat"]),
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    return {
-        "backend": backend,
-        "binary": binary,
-        "version": subprocess.run(
-            [binary, "--version"], capture_output=True, text=True
-        ).stdout.strip(),
-        "command": f"nsenter --net=/run/netns/<bench netns> {binary} {' '.join(RESTORE_FLAGS)}"
-        " < input",
-        "full_sync_rules": rule_count(full),
-        "full_sync_bytes": len(full),
-        "full_sync_s": initial,
-        "partial_sync_rules": rule_count(partial_inputs[0]),
-        "partial_sync_s": partial,
-        "rules_loaded": sum(1 for line in loaded.splitlines() if line.startswith("-A ")),
-    }
+START_TIMEOUT = 600.0
+CHANGE_TIMEOUT = 30.0
 
 
 # ---- ebpflb --------------------------------------------------------------------------------
@@ -344,11 +69,331 @@ def _metric(url: str, name: str, labels: str) -> float | None:
     return None
 
 
-def _rss_mib(pid: int) -> float:
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def live_threads_cpu_seconds(pid: int) -> float:
+    """CPU time of a process's live threads in ns resolution (/proc/PID/task/*/schedstat):
+    /proc/PID/stat's 10 ms ticks are too coarse for one endpoint change."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def process_memory_mib(pid: int) -> dict[str, float]:
+    """VmRSS and its parts, and the peak (VmHWM), from /proc/PID/status. RssFile counts the
+    mapped slot pool's pages: kernel map memory seen through the mapping, not a copy."""
+    wanted = {"VmRSS": "rss", "VmHWM": "peak_rss", "RssAnon": "anon", "RssFile": "file"}
+    memory = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+        key, _, value = line.partition(":")
+        if key in wanted:
+            memory[f"{wanted[key]}_mib"] = int(value.split()[0]) / 1024
+    return memory
+
+
+def map_sizes(services: int, endpoints: int, frontends: int | None = None) -> dict[str, int]:
+    """--slot-pool-size, --max-services and --max-backends with room for every service's
+    table, frontend and backend (and for resizes), never below the defaults."""
+    from ebpflb.config import Config
+    from ebpflb.maglev import table_size_for
+
+    default = Config()
+    frontends = frontends or services + 8
+
+    def room(needed: int, floor: int) -> int:
+        return max(1 << (needed * 5 // 4).bit_length(), floor)
+
+    return {
+        "slot_pool_size": room(services * table_size_for(endpoints), default.slot_pool_size),
+        "max_services": room(frontends, default.max_services),
+        "max_backends": room(services * endpoints, default.max_backends),
+    }
+
+
+# The agent's log lines the start-up figures come from.
+_STARTUP_LINES = {
+    "socket_lb_compiled": r"compiled and loaded socket-LB programs in ([\d.]+)s",
+    "nodeport_compiled": r"compiled and loaded NodePort programs in ([\d.]+)s",
+    "attached": r"socket-LB attached",
+    "services_listed": r"listed (\d+) Services at resourceVersion \S+ in ([\d.]+)s",
+    "slices_listed": r"listed (\d+) EndpointSlices at resourceVersion \S+ in ([\d.]+)s",
+    "synced": r"initial sync complete in ([\d.]+)s: (\d+) frontends, (\d+) errors",
+}
+
+
+def _log_time(line: str) -> float | None:
+    """The wall-clock time a log line was written (logging's asctime, to the millisecond)."""
+    match = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ", line)
+    if match is None:
+        return None
+    return datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S").timestamp() + int(match[2]) / 1000
+
+
+def startup_figures(lines: Sequence[str], started_wall: float) -> dict[str, Any]:
+    """When each start-up step ended (seconds after process start, from the log's own
+    timestamps) and what the agent says it took."""
+    figures: dict[str, Any] = {}
+    for name, pattern in _STARTUP_LINES.items():
+        for line in lines:
+            match = re.search(pattern, line)
+            if match is None:
+                continue
+            at = _log_time(line)
+            if at is not None:
+                figures[f"start_to_{name}_s"] = round(at - started_wall, 3)
+            if name.endswith("_compiled"):
+                figures[f"{name.removesuffix('_compiled')}_compile_s"] = float(match[1])
+            elif name.endswith("_listed"):
+                figures[f"{name.removesuffix('_listed')}_list_s"] = float(match[2])
+                figures[f"{name.removesuffix('_listed')}_listed"] = int(match[1])
+            elif name == "synced":
+                figures["sync_s"] = float(match[1])
+                figures["frontends"] = int(match[2])
+                figures["sync_errors"] = int(match[3])
+            break
+    return figures
+
+
+def latency_summary(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {
+        "median_s": statistics.median(ordered),
+        "p99_s": p99,
+        "min_s": ordered[0],
+        "max_s": ordered[-1],
+    }
+
+
+@dataclass
+class RunningAgent:
+    """An `ebpflb run` process serving the bench's services, and what it cost so far."""
+
+    agent: AgentProcess
+    api: FakeApiServer
+    services: Sequence[BenchService]
+    bpffs: Path
+    cgroup: Path
+    metrics_url: str | None
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.agent.proc.pid
+
+    def cpu_seconds(self) -> float:
+        return process_cpu_seconds(self.pid)
+
+    def memory(self) -> dict[str, float]:
+        return process_memory_mib(self.pid)
+
+    def change_latencies(self, picks: Sequence[int], *, pause: float) -> list[dict[str, float]]:
+        """Per service index in `picks`: one of its endpoints turns not ready in the API;
+        the seconds until the pinned service entry shows one backend fewer, and the agent's
+        CPU seconds for it. `pause` before each, so that each is a lone change."""
+        from ebpflb.datapath.kernel import KernelMapSet
+        from ebpflb.model import Frontend, Proto
+
+        results = []
+        with KernelMapSet(self.bpffs) as maps:
+            for index in picks:
+                svc = self.services[index]
+                frontend = Frontend(IPv4Address(svc.vip), PORT, Proto.TCP)
+                entry = maps.services.get(frontend)
+                if entry is None or entry.backend_count != svc.endpoint_count:
+                    raise EbpflbError(f"{svc.name}: unexpected map entry {entry}")
+                time.sleep(pause)
+                cpu = live_threads_cpu_seconds(self.pid)
+                started = time.perf_counter()
+                self.api.update(slice_object(svc, not_ready=1))
+                while (entry := maps.services.get(frontend)) is None or (
+                    entry.backend_count != svc.endpoint_count - 1
+                ):
+                    if time.perf_counter() - started > CHANGE_TIMEOUT:
+                        raise EbpflbError(f"{svc.name}: change not in the map after 30 s")
+                    time.sleep(0.0001)
+                latency = time.perf_counter() - started
+                time.sleep(0.05)  # the agent finishes the sync (logging) it was in
+                results.append(
+                    {"seconds": latency, "cpu_s": live_threads_cpu_seconds(self.pid) - cpu}
+                )
+        return results
+
+
+@contextlib.contextmanager
+def running_agent(
+    services: Sequence[BenchService],
+    *,
+    extra_args: Sequence[str] = (),
+    netns: str | None = None,
+    cgroup: Path | None = None,
+    sync_period: float = 3600.0,
+    min_sync_period: float = 0.1,
+    metrics: bool = False,
+    preexec_fn: Callable[[], None] | None = None,
+) -> Iterator[RunningAgent]:
+    """Serve `services` from a fake API server, start `ebpflb run` on it (inside `netns` if
+    given, with `extra_args` such as `--interfaces eth0,eth1`), wait for its first sync
+    and yield it with its start-up figures; stop it and remove everything it made on exit.
+
+    `cgroup`: where socket-LB attaches (default: a test cgroup made here). The agent's own
+    bpffs directory is made here. `preexec_fn` runs in the agent's process before exec
+    (e.g. CPU affinity, a memory cgroup). `metrics`: serve /metrics on a free port of
+    127.0.0.1 (RunningAgent.metrics_url; reachable from here only without `netns`).
+    Root only.
+    """
+    # Imported here so that `bench sync --help` works without bcc and without root.
+    from ebpflb.datapath import loader
+    from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
+    from ebpflb.testing.fakeapi import FakeApiServer
+    from ebpflb.testing.netns import Cgroup
+
+    if os.geteuid() != 0:
+        raise EbpflbError("the agent loads BPF programs: run the bench as root")
+    tag = uuid.uuid4().hex[:8]
+    bpffs = Path(f"/sys/fs/bpf/ebpflb-bench-{tag}")
+    workdir = Path(tempfile.mkdtemp(prefix="ebpflb-bench-"))
+    api = FakeApiServer()
+    own_cgroup: Cgroup | None = None
+    agent: AgentProcess | None = None
+    try:
+        # The agent's 127.0.0.1 is its namespace's: the API server must listen there.
+        with thread_in_netns(netns) if netns else contextlib.nullcontext():
+            api.start()
+        loaded = time.perf_counter()
+        api.load(objects(list(services)))
+        api.compact()
+        api_load_s = time.perf_counter() - loaded
+        if cgroup is None:
+            own_cgroup = Cgroup.create(f"ebpflb-bench-{tag}")
+            cgroup = own_cgroup.path
+        sizes = map_sizes(len(services), services[0].endpoint_count)
+        metrics_port = _free_port() if metrics else None
+        argv = [
+            "--kubeconfig",
+            str(api.write_kubeconfig(workdir / "kubeconfig")),
+            "--bpffs",
+            str(bpffs),
+            "--cgroup",
+            str(cgroup),
+            *(f"--{name.replace('_', '-')}={value}" for name, value in sizes.items()),
+            f"--sync-period={sync_period}",
+            f"--min-sync-period={min_sync_period}",
+            *([f"--metrics-bind-address=127.0.0.1:{metrics_port}"] if metrics_port else []),
+            *extra_args,
+        ]
+        started_wall, started = time.time(), time.perf_counter()
+        agent = AgentProcess(
+            argv, netns=netns, log_file=workdir / "agent.log", preexec_fn=preexec_fn
+        )
+        try:
+            line = agent.wait_for("initial sync complete", timeout=START_TIMEOUT)
+        except (RuntimeError, TimeoutError) as exc:  # the agent died or hung: say why
+            raise EbpflbError(f"ebpflb run did not sync: {exc}") from exc
+        synced = time.perf_counter() - started
+        cpu = process_cpu_seconds(agent.proc.pid)
+        figures = startup_figures(agent.lines, started_wall)
+        if figures.get("sync_errors") or figures.get("frontends", 0) < len(services):
+            raise EbpflbError(f"unexpected initial sync: {line}\n{agent.output()[-3000:]}")
+        figures.update(
+            start_to_synced_s=synced,
+            cpu_s_at_synced=cpu,
+            api_load_s=api_load_s,
+            **sizes,
+            table_size=_table_size(services[0].endpoint_count),
+        )
+        url = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None
+        yield RunningAgent(agent, api, services, bpffs, cgroup, url, figures)
+    finally:
+        if agent is not None:
+            agent.stop()
+        api.close()
+        if cgroup is not None:
+            cleanup_datapath(bpffs, cgroup, _interfaces_in(extra_args), netns=netns)
+        if bpffs.exists():  # pins the cleanup did not know (or cleanup failed)
+            loader.cleanup(bpffs, Path("/nonexistent"), interfaces=())
+        if own_cgroup is not None:
+            own_cgroup.close()
+        shutil.rmtree(workdir, ignore_errors=True)  # failures quote the agent's log already
+
+
+def _interfaces_in(args: Sequence[str]) -> list[str]:
+    """The interfaces an `--interfaces` argument names (the only ones to clean up)."""
+    names: list[str] = []
+    for index, arg in enumerate(args):
+        if arg.startswith("--interfaces="):
+            names = arg.partition("=")[2].split(",")
+        elif arg == "--interfaces" and index + 1 < len(args):
+            names = args[index + 1].split(",")
+    return [name for name in names if name]
+
+
+def _table_size(endpoints: int) -> int:
+    from ebpflb.maglev import table_size_for
+
+    return table_size_for(endpoints)
+
+
+def measure_agent(
+    services: Sequence[BenchService],
+    *,
+    extra_args: Sequence[str] = (),
+    netns: str | None = None,
+    changes: Sequence[int] = (),
+    pause: float = 0.3,
+    **options: Any,
+) -> dict[str, Any]:
+    """`running_agent`'s start-up figures plus the agent's memory after its first sync and,
+    for each service index in `changes`, one endpoint change's latency (API write -> map)
+    and CPU. `options` go to running_agent."""
+    with running_agent(services, extra_args=extra_args, netns=netns, **options) as run:
+        return _settled_figures(run, changes, pause=pause)
+
+
+def _settled_figures(run: RunningAgent, changes: Sequence[int], *, pause: float) -> dict[str, Any]:
+    return {**_after_sync(run, pause=pause), **_change_figures(run, changes, pause=pause)}
+
+
+def _after_sync(run: RunningAgent, *, pause: float) -> dict[str, Any]:
+    figures = dict(run.figures)
+    time.sleep(pause)  # the agent settles after its first sync (GC freeze, heap trim)
+    figures["memory_after_sync"] = run.memory()
+    # Kernel memory the agent sees through its mapping of the slot pool (in RssFile).
+    figures["slot_tables_mib"] = figures["frontends"] * figures["table_size"] * 4 / 2**20
+    figures["cpu_s_settled"] = run.cpu_seconds()
+    return figures
+
+
+def _change_figures(run: RunningAgent, changes: Sequence[int], *, pause: float) -> dict[str, Any]:
+    results = run.change_latencies(changes, pause=pause) if changes else []
+    seconds = [r["seconds"] for r in results]
+    return {
+        "change_to_map_s": seconds,
+        "change_cpu_s": [r["cpu_s"] for r in results],
+        "change_latency": latency_summary(seconds),
+    }
+
+
+def _periodic_resync_s(run: RunningAgent, first_sync_s: float, sync_period: float) -> float | None:
+    """The duration of one periodic full resync (re-read, compare, repair), from metrics."""
+    assert run.metrics_url is not None
+    labels = 'kind="full",result="ok"'
+    deadline = time.perf_counter() + sync_period + 120
+    while (_metric(run.metrics_url, "ebpflb_syncs_total", labels) or 0) < 2:
+        if time.perf_counter() > deadline:
+            return None
+        time.sleep(0.2)
+    count = _metric(run.metrics_url, "ebpflb_syncs_total", labels) or 0
+    total = _metric(run.metrics_url, "ebpflb_sync_duration_seconds_sum", 'kind="full"') or 0.0
+    return (total - first_sync_s) / (count - 1)
 
 
 def bench_ebpflb(
@@ -357,149 +402,28 @@ def bench_ebpflb(
     *,
     sync_period: float,
     min_sync_period: float,
+    extra_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    # Imported here so that `bench sync --help` works without bcc and without root.
-    from ebpflb.config import Config
-    from ebpflb.datapath.kernel import KernelMapSet
-    from ebpflb.maglev import table_size_for
-    from ebpflb.model import Frontend, Proto
-    from ebpflb.testing.agentproc import AgentProcess
-    from ebpflb.testing.fakeapi import FakeApiServer
-    from ebpflb.testing.netns import Cgroup
-
-    if os.geteuid() != 0:
-        raise EbpflbError("bench sync loads BPF programs: run it as root")
-    endpoints = len(services[0].endpoints)
-    table = table_size_for(endpoints)
-    # Every table plus room to resize, and never below the default (which must hold the
-    # largest table).
-    slot_pool = max(1 << (len(services) * table * 5 // 4).bit_length(), Config().slot_pool_size)
-    tag = uuid.uuid4().hex[:8]
-    bpffs = Path(f"/sys/fs/bpf/ebpflb-bench-{tag}")
-    workdir = Path(tempfile.mkdtemp(prefix="ebpflb-bench-"))
-    metrics_port = _free_port()
-    report: dict[str, Any] = {}
-    api = FakeApiServer()
-    cgroup: Cgroup | None = None
-    agent: AgentProcess | None = None
-    try:
-        api.start()
-        started = time.perf_counter()
-        api.load(service_object(s) for s in services)
-        api.load(slice_object(s) for s in services)
-        api.compact()
-        report["api_load_s"] = time.perf_counter() - started
-        kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
-        cgroup = Cgroup.create(f"ebpflb-bench-{tag}")
-        argv = [
-            "--kubeconfig",
-            str(kubeconfig),
-            "--bpffs",
-            str(bpffs),
-            "--cgroup",
-            str(cgroup.path),
-            "--slot-pool-size",
-            str(slot_pool),
-            "--sync-period",
-            str(sync_period),
-            "--min-sync-period",
-            str(min_sync_period),
-            f"--metrics-bind-address=127.0.0.1:{metrics_port}",
-        ]
-        started = time.perf_counter()
-        agent = AgentProcess(argv, log_file=workdir / "agent.log")
-        try:
-            agent.wait_for("socket-LB attached", timeout=180)
-            attached = time.perf_counter() - started
-            listed = [
-                agent.wait_for(f" {kind} at resourceVersion", timeout=300)
-                for kind in ("Services", "EndpointSlices")
-            ]
-            line = agent.wait_for("initial sync complete", timeout=300)
-        except (RuntimeError, TimeoutError) as exc:  # the agent died or hung: say why
-            raise EbpflbError(f"ebpflb run did not sync: {exc}") from exc
-        synced = time.perf_counter() - started
-        match = re.search(r"complete in ([\d.]+)s: (\d+) frontends, (\d+) errors", line)
-        if match is None or int(match[2]) != len(services) or int(match[3]):
-            raise EbpflbError(f"unexpected initial sync: {line}\n{agent.output()[-3000:]}")
-        report.update(
-            start_to_attached_s=attached,
-            start_to_synced_s=synced,
-            first_sync_s=float(match[1]),
-            lists=[_list_figures(text) for text in listed],
-            frontends=int(match[2]),
-            slot_pool_size=slot_pool,
-            table_size=table,
-            agent_rss_mib=_rss_mib(agent.proc.pid),
-        )
-
-        latencies = []
-        with KernelMapSet(bpffs) as maps:
-            for i in changes:
-                svc = services[i]
-                frontend = Frontend(IPv4Address(svc.vip), PORT, Proto.TCP)
-                entry = maps.services.get(frontend)
-                if entry is None or entry.backend_count != endpoints:
-                    raise EbpflbError(f"{svc.name}: unexpected map entry {entry}")
-                # Past the minimum interval since the last sync, as a lone change would be.
-                time.sleep(min_sync_period + 0.2)
-                started = time.perf_counter()
-                api.update(slice_object(svc, not_ready=1))
-                deadline = started + 30
-                while (entry := maps.services.get(frontend)) is None or (
-                    entry.backend_count != endpoints - 1
-                ):
-                    if time.perf_counter() > deadline:
-                        raise EbpflbError(f"{svc.name}: change not written within 30 s")
-                    time.sleep(0.0005)
-                latencies.append(time.perf_counter() - started)
-        report["change_to_map_s"] = latencies
-        # The periodic full resync (re-read every map, compare, repair): wait for one.
-        url = f"http://127.0.0.1:{metrics_port}/metrics"
-        deadline = time.perf_counter() + sync_period + 60
-        while (
-            _metric(url, "ebpflb_syncs_total", 'kind="full",result="ok"') or 0
-        ) < 2 and time.perf_counter() < deadline:
-            time.sleep(0.2)
-        full_count = _metric(url, "ebpflb_syncs_total", 'kind="full",result="ok"') or 0
-        full_sum = _metric(url, "ebpflb_sync_duration_seconds_sum", 'kind="full"') or 0.0
-        if full_count >= 2:
-            report["periodic_full_resync_s"] = (full_sum - report["first_sync_s"]) / (
-                full_count - 1
-            )
-        repaired = _metric(url, "ebpflb_drift_repaired_total", 'map="ebpflb_svc4"')
+    with running_agent(
+        services,
+        extra_args=extra_args,
+        sync_period=sync_period,
+        min_sync_period=min_sync_period,
+        metrics=True,
+    ) as run:
+        # Past the minimum interval since the last sync, as a lone change would be.
+        pause = min_sync_period + 0.2
+        report = _after_sync(run, pause=pause)
+        report["periodic_full_resync_s"] = _periodic_resync_s(run, report["sync_s"], sync_period)
+        # The changes right after that resync: none waits behind the next one (a change
+        # that comes during a full resync waits for it: the figure above).
+        report.update(_change_figures(run, changes, pause=pause))
+        assert run.metrics_url is not None
+        repaired = _metric(run.metrics_url, "ebpflb_drift_repaired_total", 'map="ebpflb_svc4"')
         report["drift_repaired_svc4"] = repaired or 0.0
-    finally:
-        if agent is not None:
-            agent.stop()
-        api.close()
-        from ebpflb.datapath import loader
-
-        if cgroup is not None:
-            loader.cleanup(bpffs, cgroup.path, interfaces=())
-            cgroup.close()
-        elif bpffs.exists():
-            loader.cleanup(bpffs, Path("/nonexistent"), interfaces=())
-        if bpffs.exists():
-            for pin in bpffs.iterdir():
-                pin.unlink()
-            bpffs.rmdir()
-        shutil.rmtree(workdir, ignore_errors=True)  # failures quote the agent's log already
+        report["memory_end"] = run.memory()
+        report["cpu_s_end"] = run.cpu_seconds()
     return report
-
-
-def _list_figures(line: str) -> dict[str, Any]:
-    match = re.search(
-        r"listed (\d+) (\w+) at resourceVersion \S+ in ([\d.]+)s \((\d+) requests", line
-    )
-    if match is None:
-        return {"line": line}
-    return {
-        "kind": match[2],
-        "objects": int(match[1]),
-        "seconds": float(match[3]),
-        "requests": int(match[4]),
-    }
 
 
 # ---- the whole bench -----------------------------------------------------------------------
@@ -510,16 +434,14 @@ def run_sync_bench(
     services: int = 10_000,
     endpoints: int = 3,
     changes: int = 5,
-    backends: Sequence[str] = ("legacy", "nft"),
-    sync_period: float = 10.0,
+    sync_period: float = 15.0,
     min_sync_period: float = 0.5,
+    extra_args: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """The whole bench (kube-proxy's modes side by side: `ebpflb bench`, compare.py)."""
     specs = bench_services(services, endpoints)
     if changes < 1:
         raise ConfigError("--changes must be at least 1")
-    for backend in backends:
-        if backend not in IPTABLES_BACKENDS:
-            raise ConfigError(f"unknown iptables backend {backend!r}: legacy or nft")
     picks = [(k * 7919 + services // 2) % services for k in range(changes)]  # spread out
     started = time.perf_counter()
     report: dict[str, Any] = {
@@ -529,9 +451,12 @@ def run_sync_bench(
         "cpus": os.cpu_count(),
         "kernel": os.uname().release,
         "ebpflb": bench_ebpflb(
-            specs, picks, sync_period=sync_period, min_sync_period=min_sync_period
+            specs,
+            picks,
+            sync_period=sync_period,
+            min_sync_period=min_sync_period,
+            extra_args=extra_args,
         ),
-        "iptables": [bench_iptables(specs, backend, picks) for backend in backends],
     }
     report["ebpflb"]["sync_period_s"] = sync_period
     report["ebpflb"]["min_sync_period_s"] = min_sync_period
@@ -546,13 +471,65 @@ def _ms(seconds: float) -> str:
 def _spread(values: Sequence[float]) -> str:
     if len(values) == 1:
         return _ms(values[0])
+    summary = latency_summary(values)
     return (
-        f"median {_ms(statistics.median(values))} (min {_ms(min(values))}, max {_ms(max(values))})"
+        f"median {_ms(summary['median_s'])} (p99 {_ms(summary['p99_s'])},"
+        f" min {_ms(summary['min_s'])}, max {_ms(summary['max_s'])})"
     )
 
 
 def _row(label: str, value: str) -> str:
     return f"  {label:<46}{value}"
+
+
+def _ebpflb_lines(e: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, label in (("socket_lb", "socket-LB"), ("nodeport", "NodePort")):
+        if f"{name}_compile_s" in e:
+            lines.append(_row(f"compile + load {label} programs", _ms(e[f"{name}_compile_s"])))
+    if "start_to_attached_s" in e:
+        lines.append(_row("start -> programs attached", _ms(e["start_to_attached_s"])))
+    for kind, label in (("services", "Services"), ("slices", "EndpointSlices")):
+        if f"{kind}_list_s" in e:
+            lines.append(
+                _row(
+                    f"list {e[f'{kind}_listed']:,} {label} (in parallel)",
+                    f"{_ms(e[f'{kind}_list_s'])}, done at {_ms(e[f'start_to_{kind}_listed_s'])}",
+                )
+            )
+    lines += [
+        _row(
+            f"first sync: {e['frontends']:,} frontends, M={e['table_size']} each",
+            _ms(e["sync_s"]),
+        ),
+        _row("start -> synced", _ms(e["start_to_synced_s"])),
+        _row("agent CPU, start -> synced", f"{e['cpu_s_at_synced']:.2f} s"),
+        _row(
+            "one slice change -> map entry written",
+            f"{_spread(e['change_to_map_s'])}, {len(e['change_to_map_s'])} changes",
+        ),
+    ]
+    if e.get("periodic_full_resync_s") is not None:
+        lines.append(
+            _row(
+                f"periodic full resync (every {e['sync_period_s']:g} s here)",
+                f"{_ms(e['periodic_full_resync_s'])} (re-read, compare, repair)",
+            )
+        )
+    memory = e["memory_after_sync"]
+    lines += [
+        _row(
+            "agent memory after sync",
+            f"RSS {memory['rss_mib']:.0f} MiB, peak {memory['peak_rss_mib']:.0f} MiB",
+        ),
+        _row("  its own (anonymous)", f"{memory['anon_mib']:.0f} MiB"),
+        _row(
+            "  file-backed: libraries, mapped slot pool",
+            f"{memory['file_mib']:.0f} MiB, of which ~{e['slot_tables_mib']:.0f} MiB slot"
+            " tables (kernel memory)",
+        ),
+    ]
+    return lines
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -563,52 +540,7 @@ def render_text(report: dict[str, Any]) -> str:
         f" EndpointSlices), {report['cpus']} CPUs, Linux {report['kernel']}",
         "",
         "ebpflb: `ebpflb run --kubeconfig` on the fake API server (127.0.0.1), real BPF maps",
-        _row("start -> programs compiled and attached", _ms(e["start_to_attached_s"])),
+        *_ebpflb_lines(e),
     ]
-    for listed in e["lists"]:
-        if "seconds" in listed:
-            lines.append(
-                _row(
-                    f"list {listed['objects']:,} {listed['kind']} (in parallel)",
-                    f"{_ms(listed['seconds'])} ({listed['requests']} requests of 500)",
-                )
-            )
-    lines += [
-        _row(
-            f"first sync: {e['frontends']:,} frontends, M={e['table_size']} each",
-            _ms(e["first_sync_s"]),
-        ),
-        _row("start -> synced", _ms(e["start_to_synced_s"])),
-        _row(
-            "one slice change -> map entry written",
-            f"{_spread(e['change_to_map_s'])}, {len(e['change_to_map_s'])} changes",
-        ),
-    ]
-    if "periodic_full_resync_s" in e:
-        lines.append(
-            _row(
-                f"periodic full resync (every {e['sync_period_s']:g} s here)",
-                f"{_ms(e['periodic_full_resync_s'])} (re-read, compare, repair)",
-            )
-        )
-    lines.append(_row("agent RSS after sync", f"{e['agent_rss_mib']:.0f} MiB"))
-    for ipt in report["iptables"]:
-        lines.append("")
-        if "skipped" in ipt:
-            lines.append(f"kube-proxy iptables ({ipt['backend']}): skipped, {ipt['skipped']}")
-            continue
-        mib = ipt["full_sync_bytes"] / 2**20
-        lines += [
-            f"kube-proxy iptables mode, iptables-restore only: {ipt['version']}",
-            _row(
-                f"full sync, {ipt['full_sync_rules']:,} rules ({mib:.1f} MiB)",
-                _ms(ipt["full_sync_s"]),
-            ),
-            _row(
-                f"one endpoint change: partial, {ipt['partial_sync_rules']:,} rules",
-                f"{_spread(ipt['partial_sync_s'])}, {len(ipt['partial_sync_s'])} changes",
-            ),
-            f"  command: {ipt['command']}",
-        ]
     lines += ["", f"total bench time {report['total_s']:.0f} s"]
     return "\n".join(lines)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 READY_LINE = "initial sync complete"
@@ -26,6 +26,7 @@ class AgentProcess:
         *,
         netns: str | None = None,
         log_file: Path | None = None,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         # Tests and the demo never attach tc programs to the machine's own interfaces:
         # NodePort needs an explicit --interfaces (inside a test namespace).
@@ -44,6 +45,8 @@ class AgentProcess:
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # e.g. joining a memory cgroup that accounts the agent's kernel memory
+            preexec_fn=preexec_fn,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -207,6 +207,11 @@ class Namespaces:
             timeout=30 + count * timeout,
         )
 
+    def offload(self, netns: str, ifname: str, on: bool) -> None:
+        """Checksum offload of one interface (off: senders compute complete checksums)."""
+        state = "on" if on else "off"
+        sh("ip", "netns", "exec", netns, "ethtool", "-K", ifname, "tx", state, "rx", state)
+
     def close(self) -> None:
         for proc in self.processes:
             if proc.poll() is None:
@@ -261,6 +266,21 @@ class Topology(Namespaces):
         pod = Pod(name, netns, ip)
         self.pods[name] = pod
         return pod
+
+
+def attach_xdp_pass(namespaces: Namespaces, netns: str, ifnames: Sequence[str]) -> None:
+    """An XDP_PASS program on veth ends in `netns`: a veth drops the frames its peer sends
+    with XDP_TX or XDP_REDIRECT unless its own end runs an XDP program. The attachment
+    outlives the loading process and goes with the namespace."""
+    code = (
+        "import sys\nfrom bcc import BPF\n"
+        "b = BPF(text=b'int wire_pass(struct xdp_md *ctx) { return XDP_PASS; }')\n"
+        "fn = b.load_func(b'wire_pass', BPF.XDP)\n"
+        "for port in sys.argv[1:]:\n    BPF.attach_xdp(port, fn, 0)\n"
+    )
+    done = namespaces.run(netns, [sys.executable, "-c", code, *ifnames])
+    if done.returncode != 0:
+        raise RuntimeError(f"XDP on {', '.join(ifnames)} in {netns} failed: {done.stderr}")
 
 
 WIRE_PREFIX = "192.168.100"  # the "physical" network between clients and nodes
@@ -369,16 +389,4 @@ class Cluster(Namespaces):
             *(p.netns for n in self.nodes.values() for p in n.pods.values()),
         ]:
             self.offload(netns, "eth0", False)
-        code = (
-            "import sys\nfrom bcc import BPF\n"
-            "b = BPF(text=b'int wire_pass(struct xdp_md *ctx) { return XDP_PASS; }')\n"
-            "fn = b.load_func(b'wire_pass', BPF.XDP)\n"
-            "for port in sys.argv[1:]:\n    BPF.attach_xdp(port, fn, 0)\n"
-        )
-        done = self.run(self.wire_ns, [sys.executable, "-c", code, *self.wire_ports])
-        if done.returncode != 0:
-            raise RuntimeError(f"XDP on the wire ports failed: {done.stderr}")
-
-    def offload(self, netns: str, ifname: str, on: bool) -> None:
-        state = "on" if on else "off"
-        sh("ip", "netns", "exec", netns, "ethtool", "-K", ifname, "tx", state, "rx", state)
+        attach_xdp_pass(self, self.wire_ns, self.wire_ports)

@@ -1,0 +1,194 @@
+"""The benchmark's own network: three namespaces, made and removed by `ebpflb bench`.
+
+    external (10.240.0.2) --eth0-- node --eth1-- backends (10.250.0.2, owns 10.128.0.0/12)
+                                   10.240.0.1 / 10.250.0.1
+
+- node: where the proxy under test runs and the ClusterIP client connects from. It routes
+  the pod network and the service CIDR to the backends namespace; nothing routes out of
+  the topology, so an untranslated ClusterIP packet dies in the backends namespace (which
+  neither owns nor forwards 10.96.0.0/12).
+- backends: one server answers every endpoint address (an AnyIP route for the whole pod
+  network), so 100,000 services need no 100,000 pods.
+- external: the NodePort client, on the node's "physical" link.
+
+The links are set up as NIC-like for every mode alike (senders compute complete
+checksums; each veth's far end runs an XDP_PASS program), because native XDP on the
+node's interfaces needs it and the modes must share one network to be compared.
+
+Clients run in one of two cgroups: `lb`, where ebpflb's socket programs are attached,
+and `plain`, where nothing is, so the no-proxy floor can be measured interleaved with
+ebpflb in the same run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ebpflb.bench import scenario
+from ebpflb.datapath.mounts import cgroup2_root
+from ebpflb.testing.netns import Cgroup, Namespaces, attach_xdp_pass, sh
+
+NODE_IP = "10.240.0.1"
+EXTERNAL_IP = "10.240.0.2"
+NODE_BACKEND_IP = "10.250.0.1"
+BACKENDS_IP = "10.250.0.2"
+NODE_INTERFACES = ("eth0", "eth1")  # external side, backend side
+CLONE_NEWNET = 0x40000000
+
+
+@contextlib.contextmanager
+def thread_in_netns(netns: str) -> Iterator[None]:
+    """Run the calling thread in `netns` for the block (setns(2) is per thread; Python
+    3.11 has no os.setns). Sockets created inside stay in that namespace afterwards, and
+    threads started inside inherit it: that is how the fake API server listens on the
+    node's loopback, where the agent can reach it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/thread-self/ns/net") as home, open(f"/run/netns/{netns}") as target:
+        if libc.setns(target.fileno(), CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {netns}")
+        try:
+            yield
+        finally:
+            if libc.setns(home.fileno(), CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")
+
+
+@dataclass
+class BenchTopology(Namespaces):
+    cgroups: dict[str, Cgroup] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls) -> BenchTopology:
+        topo = cls(f"ebpflb-bench-{uuid.uuid4().hex[:6]}")
+        try:
+            topo._build()
+        except BaseException:
+            topo.close()
+            raise
+        return topo
+
+    @property
+    def node(self) -> str:
+        return f"{self.prefix}-node"
+
+    @property
+    def external(self) -> str:
+        return f"{self.prefix}-ext"
+
+    @property
+    def backends(self) -> str:
+        return f"{self.prefix}-be"
+
+    @property
+    def lb_cgroup(self) -> Cgroup:
+        return self.cgroups["lb"]
+
+    @property
+    def plain_cgroup(self) -> Cgroup:
+        return self.cgroups["plain"]
+
+    def _build(self) -> None:
+        node = self.add_namespace("node", forwarding=True)
+        ext = self.add_namespace("ext")
+        backends = self.add_namespace("be")
+        self.link(node, "eth0", ext, "eth0")
+        self.link(node, "eth1", backends, "eth0")
+        sh("ip", "-n", node, "addr", "add", f"{NODE_IP}/24", "dev", "eth0")
+        sh("ip", "-n", ext, "addr", "add", f"{EXTERNAL_IP}/24", "dev", "eth0")
+        sh("ip", "-n", node, "addr", "add", f"{NODE_BACKEND_IP}/24", "dev", "eth1")
+        sh("ip", "-n", backends, "addr", "add", f"{BACKENDS_IP}/24", "dev", "eth0")
+        for cidr in (scenario.ENDPOINT_CIDR, scenario.SERVICE_CIDR):
+            sh("ip", "-n", node, "route", "add", str(cidr), "via", BACKENDS_IP)
+        sh("ip", "-n", backends, "route", "add", "local", str(scenario.ENDPOINT_CIDR), "dev", "lo")
+        sh("ip", "-n", backends, "route", "add", "default", "via", NODE_BACKEND_IP)
+        # The no-proxy NodePort floor: the external client reaches a backend directly.
+        sh("ip", "-n", ext, "route", "add", str(scenario.ENDPOINT_CIDR), "via", NODE_IP)
+        for netns in (ext, backends):
+            self.offload(netns, "eth0", False)
+            attach_xdp_pass(self, netns, ["eth0"])
+        for name in ("lb", "plain"):
+            self.cgroups[name] = Cgroup.create(f"{self.prefix}-{name}")
+
+    def flush_conntrack(self) -> None:
+        """Forget the node's connection tracking state (kube-proxy modes NAT through it)."""
+        # conntrack exits 1 when there was nothing to flush on some versions: not an error.
+        subprocess.run(
+            ["nsenter", f"--net=/run/netns/{self.node}", "conntrack", "-F"],
+            capture_output=True,
+            timeout=60,
+        )
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            for cgroup in self.cgroups.values():
+                cgroup.close()
+            self.cgroups.clear()
+
+
+@dataclass
+class KernelMemoryCgroup:
+    """A memory cgroup that accounts the kernel memory its processes allocate.
+
+    x_tables blobs, nf_tables objects and BPF maps are all allocated with __GFP_ACCOUNT,
+    i.e. charged to the allocating task's memory cgroup, so running iptables-restore, nft
+    or the agent in a fresh cgroup measures what the rules (or maps) cost the kernel,
+    without the noise of machine-wide counters. Uses cgroup v1's memory.kmem counter
+    where the memory controller is on v1 (hybrid hierarchy), else v2's memory.stat
+    "kernel" field.
+    """
+
+    path: Path
+
+    @classmethod
+    def create(cls, name: str) -> KernelMemoryCgroup | None:
+        """None when this kernel offers neither counter (the figure is then not reported)."""
+        v1 = Path("/sys/fs/cgroup/memory")
+        if (v1 / "memory.kmem.usage_in_bytes").exists():
+            path = v1 / name
+        else:
+            root = cgroup2_root()
+            if "memory" not in (root / "cgroup.controllers").read_text().split():
+                return None
+            path = root / name
+        path.mkdir()
+        cgroup = cls(path)
+        if cgroup.kernel_bytes() is None:
+            cgroup.close()
+            return None
+        return cgroup
+
+    def enter(self) -> None:
+        """Move the calling process in (a preexec_fn: children inherit the cgroup)."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def kernel_bytes(self) -> int | None:
+        kmem = self.path / "memory.kmem.usage_in_bytes"
+        if kmem.exists():
+            return int(kmem.read_text())
+        stat = self.path / "memory.stat"
+        for line in stat.read_text().splitlines() if stat.exists() else ():
+            key, _, value = line.partition(" ")
+            if key == "kernel":
+                return int(value)
+        return None
+
+    def close(self) -> None:
+        # Charges left by exited processes move to the parent when the cgroup goes.
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)

@@ -1,0 +1,215 @@
+"""kube-proxy's rulesets from ebpflb.bench.kubeproxy, loaded into real netfilter: they work.
+
+Per mode (iptables-legacy, iptables-nft, nftables) a topology of our own namespaces:
+
+    external 192.168.50.2 --- 192.168.50.1 node 192.168.51.1 --- 192.168.51.2 backends
+
+The backends namespace accepts all of 10.128.0.0/12 (an AnyIP local route) on 0.0.0.0:8080
+and answers "<address it was reached at> <peer address>", so a client learns which
+endpoint the rules picked and which source the endpoint saw. The node routes the service
+and endpoint ranges to it. Nothing here has a route out of these namespaces, and every
+connection is made from inside them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from ebpflb.bench import kubeproxy as kp
+from ebpflb.bench.kubeproxy import ServicePort
+from ebpflb.bench.scenario import (
+    ENDPOINT_CIDR,
+    NODE_PORT,
+    SERVICE_CIDR,
+    BenchService,
+    bench_services,
+)
+from ebpflb.testing.netns import Namespaces, sh
+
+pytestmark = pytest.mark.kernel
+
+NODE_EXT, EXTERNAL = "192.168.50.1", "192.168.50.2"
+NODE_INT, BACKENDS = "192.168.51.1", "192.168.51.2"
+SERVICES = bench_services(3, 3)  # the last one is the NodePort service
+MODES = ("iptables-legacy", "iptables-nft", "nftables")
+
+SERVER = r"""
+import socket, sys, time
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("0.0.0.0", 8080))
+listener.listen(128)
+listener.settimeout(1)
+print("ready", flush=True)
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline:
+    try:
+        conn, peer = listener.accept()
+    except TimeoutError:
+        continue
+    with conn:
+        conn.sendall(f"{conn.getsockname()[0]} {peer[0]}\n".encode())
+"""
+
+CLIENT = r"""
+import json, socket, sys
+host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+answers = []
+for _ in range(count):
+    try:
+        with socket.create_connection((host, port), timeout=2) as s:
+            s.settimeout(2)
+            answers.append(s.recv(128).decode().split())
+    except OSError as exc:
+        answers.append(["error", type(exc).__name__])
+print(json.dumps(answers))
+"""
+
+
+@dataclass
+class Lab:
+    ns: Namespaces
+    node: str
+    external: str
+    mode: str
+
+    def run(self, netns: str, argv: list[str], stdin: str | None = None) -> str:
+        done = subprocess.run(
+            ["nsenter", f"--net=/run/netns/{netns}", *argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"{argv[:3]} failed: {done.stderr[-2000:]}"
+        return done.stdout
+
+    def connect(self, netns: str, host: str, port: int, count: int) -> list[tuple[str, str]]:
+        out = self.run(netns, [sys.executable, "-c", CLIENT, host, str(port), str(count)])
+        answers = [tuple(a) for a in json.loads(out)]
+        assert all(a[0] != "error" for a in answers), answers
+        return [(a[0], a[1]) for a in answers]
+
+    def load(self, text: str) -> None:
+        if self.mode == "nftables":
+            self.run(self.node, ["nft", "-f", "-"], text)
+        else:
+            self.run(self.node, [f"{self.mode}-restore", *kp.RESTORE_FLAGS], text)
+
+    def setup(self) -> set[str]:
+        """What kube-proxy does before its first sync, then the full sync; the chains the
+        ruleset defines."""
+        if self.mode == "nftables":
+            text = kp.nftables_full(SERVICES, node_ip=NODE_EXT)
+            self.load(text)
+            return set(re.findall(r"^add chain ip kube-proxy (\S+)", text, re.M))
+        for argv in kp.nfacct_argv():
+            self.run(self.node, argv)
+        for argv in kp.iptables_setup_argv(self.mode):
+            self.run(self.node, argv)
+        text = kp.iptables_full(SERVICES)
+        self.load(text)
+        nat = text.split("*nat\n", 1)[1]
+        return {ln[1:].split()[0] for ln in nat.splitlines() if ln.startswith(":")} | {
+            "KUBE-PROXY-CANARY"
+        }
+
+    def nat_chains(self) -> set[str]:
+        """Our chains as the kernel lists them."""
+        if self.mode == "nftables":
+            out = self.run(self.node, ["nft", "list", "table", "ip", "kube-proxy"])
+            return set(re.findall(r"^\s*chain (\S+) \{", out, re.M))
+        out = self.run(self.node, [f"{self.mode}-save", "-t", "nat"])
+        return {line[1:].split()[0] for line in out.splitlines() if line.startswith(":KUBE-")}
+
+    def nat_rules(self) -> int:
+        out = self.run(self.node, [f"{self.mode}-save", "-t", "nat"])
+        return sum(1 for line in out.splitlines() if line.startswith("-A KUBE-"))
+
+
+@pytest.fixture(params=MODES)
+def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
+    mode: str = request.param
+    tool = "nft" if mode == "nftables" else f"{mode}-restore"
+    if subprocess.run(["which", tool], capture_output=True).returncode != 0:
+        pytest.fail(f"{tool} is not installed")
+    tag = uuid.uuid4().hex[:6]
+    ns = Namespaces(f"elb{tag}")
+    try:
+        node = ns.add_namespace("node", forwarding=True)
+        external = ns.add_namespace("ext")
+        backends = ns.add_namespace("be")
+        ns.link(external, "eth0", node, f"x{tag}")
+        ns.link(node, f"b{tag}", backends, "eth0")
+        sh("ip", "-n", external, "addr", "add", f"{EXTERNAL}/24", "dev", "eth0")
+        sh("ip", "-n", node, "addr", "add", f"{NODE_EXT}/24", "dev", f"x{tag}")
+        sh("ip", "-n", node, "addr", "add", f"{NODE_INT}/24", "dev", f"b{tag}")
+        sh("ip", "-n", backends, "addr", "add", f"{BACKENDS}/24", "dev", "eth0")
+        sh("ip", "-n", backends, "route", "add", "local", str(ENDPOINT_CIDR), "dev", "lo")
+        for cidr in (ENDPOINT_CIDR, SERVICE_CIDR):
+            sh("ip", "-n", node, "route", "add", str(cidr), "via", BACKENDS)
+        server = ns.spawn(backends, [sys.executable, "-c", SERVER, "300"])
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        yield Lab(ns, node, external, mode)
+    finally:
+        ns.close()
+
+
+def _endpoints(index: int, ready: int | None = None) -> set[str]:
+    endpoints = SERVICES[index].endpoints
+    return set(endpoints if ready is None else endpoints[:ready])
+
+
+def test_full_sync_serves_clusterips_and_the_nodeport(lab: Lab) -> None:
+    defined = lab.setup()
+    assert lab.nat_chains() == defined
+    for svc in SERVICES:
+        answers = lab.connect(lab.node, svc.vip, 80, 30)
+        # Every endpoint is used (a miss has probability 3 * (2/3)**30 < 2e-5) ...
+        assert {local for local, _ in answers} == _endpoints(svc.index)
+        # ... and the node's own traffic keeps its address (masquerade picks the same).
+        assert {peer for _, peer in answers} == {NODE_INT}
+    answers = lab.connect(lab.external, NODE_EXT, NODE_PORT, 20)
+    assert {local for local, _ in answers} <= _endpoints(2)
+    # NodePort DNAT + masquerade: the endpoint sees the node, not the external client.
+    assert {peer for _, peer in answers} == {NODE_INT}
+    # Only the NodePort service answers on the node's address.
+    failed = lab.run(lab.external, [sys.executable, "-c", CLIENT, NODE_EXT, "30081", "1"])
+    assert json.loads(failed)[0][0] == "error"
+
+
+def test_partial_syncs_apply_on_the_full_one(lab: Lab) -> None:
+    chains = lab.setup()
+    services: list[BenchService | ServicePort] = list(SERVICES)
+    for index, ready in ((1, 2), (2, 1)):  # a ClusterIP service, then the NodePort one
+        before = services
+        services = [
+            ServicePort.of(s).with_ready(ready) if s is before[index] else s for s in before
+        ]
+        changed = ServicePort.of(before[index])
+        if lab.mode == "nftables":
+            stale = {kp.nft_endpoint_chain(changed, ip) for ip in changed.endpoints[ready:]}
+            lab.load(kp.nftables_partial(before, index, ready))
+            assert lab.nat_chains() == chains  # stale chains are flushed, not yet deleted
+            lab.load(kp.nftables_stale_cleanup(before, index, ready))
+        else:
+            stale = {kp.sep_chain(changed, ip) for ip in changed.endpoints[ready:]}
+            lab.load(kp.iptables_partial(before, index, ready))
+            nat = kp.iptables_full(services).split("*nat\n", 1)[1]
+            assert lab.nat_rules() == sum(1 for ln in nat.splitlines() if ln.startswith("-A"))
+        chains -= stale
+        assert lab.nat_chains() == chains
+        answers = lab.connect(lab.node, SERVICES[index].vip, 80, 30)
+        assert {local for local, _ in answers} == _endpoints(index, ready)
+    # The untouched service still has all its endpoints; the NodePort one only its first.
+    assert {a for a, _ in lab.connect(lab.node, SERVICES[0].vip, 80, 30)} == _endpoints(0)
+    answers = lab.connect(lab.external, NODE_EXT, NODE_PORT, 10)
+    assert answers == [(SERVICES[2].endpoints[0], NODE_INT)] * 10
