@@ -205,6 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=BENCH_DEFAULTS.kube_proxy_max_services,
         help="largest N for the kube-proxy modes (default %(default)s)",
     )
+    bench.add_argument(
+        "--iptables-nft-max-services",
+        type=int,
+        default=BENCH_DEFAULTS.iptables_nft_max_services,
+        help="largest N for iptables-nft, whose load grows quadratically (default %(default)s)",
+    )
     bench.add_argument("--rounds", type=int, default=BENCH_DEFAULTS.rounds)
     bench.add_argument("--batch", type=int, default=BENCH_DEFAULTS.batch)
     bench.add_argument(
@@ -349,6 +355,7 @@ def _bench_settings(args: argparse.Namespace) -> compare_settings.Settings:
         modes=tuple(m for m in args.modes.split(",") if m),
         endpoints=args.endpoints,
         kube_proxy_max_services=args.kube_proxy_max_services,
+        iptables_nft_max_services=args.iptables_nft_max_services,
         xdp=not args.no_xdp,
     )
     # Explicit options win over --quick's choices.

@@ -321,9 +321,37 @@ def program_nftables(
 # ---- phases --------------------------------------------------------------------------------
 
 
+def _cpu_busy_fraction(window: float) -> float:
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields), idle
+
+    total_before, idle_before = sample()
+    time.sleep(window)
+    total_after, idle_after = sample()
+    elapsed = max(1, total_after - total_before)
+    return 1 - (idle_after - idle_before) / elapsed
+
+
+def wait_until_quiet(
+    *, busy_below: float = 0.1, window: float = 0.5, timeout: float = 120
+) -> float:
+    """Wait for the machine to go idle; the seconds waited. A deleted namespace's rules are
+    freed by the kernel in the background (seconds for 20,000 services' worth), which would
+    otherwise land inside the next mode's measurements."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        if _cpu_busy_fraction(window) < busy_below:
+            break
+    return time.perf_counter() - started
+
+
 @contextlib.contextmanager
 def _network() -> Iterator[BenchTopology]:
-    """A fresh topology with the backend server running: every mode starts from nothing."""
+    """A fresh topology with the backend server running: every mode starts from nothing,
+    on a quiet machine."""
+    wait_until_quiet()
     topo = BenchTopology.create()
     try:
         with loadgen.start_server(
@@ -338,6 +366,7 @@ def _data_plane(
     topo: BenchTopology, modes: Sequence[str], n: int, settings: Settings
 ) -> dict[str, dict[str, Any]]:
     clients = {mode: cluster_client(topo, mode) for mode in modes}
+    wait_until_quiet()  # after programming: e.g. rules replaced by a partial sync being freed
     latency = measure_latency(topo, clients, n, settings)
     rates = measure_rates(
         topo, {mode: (c, n - 1) for mode, c in clients.items()}, settings, request=False
@@ -470,11 +499,15 @@ def run_compare(settings: Settings, progress: Callable[[str], None] = print) -> 
             if mode in ("none", "ebpflb") or not settings.runs(mode, n):
                 continue
             progress(f"bench: {n:,} services, {mode}")
+            phase_started = time.perf_counter()
             per_mode[mode] = kube_proxy_phase(mode, services, settings)
+            per_mode[mode]["phase_s"] = time.perf_counter() - phase_started
         if "none" in settings.modes or "ebpflb" in settings.modes:
             with_ebpflb = "ebpflb" in settings.modes
             progress(f"bench: {n:,} services, {'none + ebpflb' if with_ebpflb else 'none'}")
+            phase_started = time.perf_counter()
             per_mode.update(ebpflb_phase(services, settings, with_ebpflb=with_ebpflb))
+            per_mode["none"]["phase_s"] = time.perf_counter() - phase_started
             if "none" not in settings.modes:
                 per_mode["none"]["listed"] = False  # measured as ebpflb's reference only
         report["results"][str(n)] = per_mode

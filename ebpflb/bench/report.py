@@ -13,6 +13,15 @@ from typing import Any
 
 MODE_ORDER = ("none", "iptables-legacy", "iptables-nft", "nftables", "ebpflb", "ebpflb-xdp")
 KUBE_PROXY_MODES = ("iptables-legacy", "iptables-nft", "nftables")
+# One colour and style per mode in every panel (matplotlib's cycle would shift them).
+MODE_STYLE = {
+    "none": {"color": "black", "linestyle": "--"},
+    "iptables-legacy": {"color": "tab:orange"},
+    "iptables-nft": {"color": "tab:red"},
+    "nftables": {"color": "tab:blue"},
+    "ebpflb": {"color": "tab:green"},
+    "ebpflb-xdp": {"color": "tab:olive", "linestyle": ":"},
+}
 
 # The targets, as ratios or limits within one run.
 CONNECT_P50_MAX_RATIO = 1.05  # ebpflb / none
@@ -279,7 +288,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
                     xs.append(n)
                     ys.append(value)
             if xs:
-                axis.plot(xs, ys, marker="o", label=mode)
+                axis.plot(xs, ys, marker="o", label=mode, **MODE_STYLE[mode])
         axis.set_title(title, fontsize=10)
         axis.set_xscale("log")
         if log_y:

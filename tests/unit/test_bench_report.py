@@ -135,6 +135,9 @@ def test_settings_validate() -> None:
     with pytest.raises(ConfigError, match="--services"):
         Settings(services=(scenario.MAX_SERVICES + 1,)).validate()
     assert not Settings().runs("iptables-nft", 100_000)
+    assert not Settings().runs("iptables-nft", 20_000)
+    assert Settings().runs("iptables-legacy", 20_000)
+    assert Settings(iptables_nft_max_services=20_000).runs("iptables-nft", 20_000)
     assert Settings().runs("ebpflb", 100_000)
 
 
