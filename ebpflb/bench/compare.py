@@ -51,7 +51,7 @@ from ebpflb.bench.sync import RunningAgent, running_agent
 from ebpflb.bench.topology import NODE_INTERFACES, NODE_IP, BenchTopology, KernelMemoryCgroup
 from ebpflb.errors import EbpflbError
 
-IPTABLES_BINARIES = {"iptables-legacy": "iptables-legacy", "iptables-nft": "iptables-nft"}
+IPTABLES_MODES = ("iptables-legacy", "iptables-nft")  # also the iptables binaries' names
 # Everything on one core: a wake-up across CPUs costs more than a whole connection on
 # this kind of VM (measured: ~150 µs), which would measure the hypervisor, not the proxy.
 CLIENT_CPU = SERVER_CPU = 0
@@ -265,7 +265,9 @@ def _memory_cgroup(topo: BenchTopology, mode: str) -> Iterator[KernelMemoryCgrou
 def program_iptables(
     topo: BenchTopology, mode: str, services: list[scenario.BenchService], settings: Settings
 ) -> Programmed:
-    binary = IPTABLES_BINARIES[mode]
+    if mode not in IPTABLES_MODES:
+        raise EbpflbError(f"not an iptables mode: {mode}")
+    binary = mode
     if shutil.which(f"{binary}-restore") is None:
         raise EbpflbError(f"{binary}-restore not found (Debian package iptables)")
     restore = [f"{binary}-restore", *kubeproxy.RESTORE_FLAGS]
