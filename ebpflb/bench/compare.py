@@ -47,6 +47,7 @@ from typing import Any
 from ebpflb.bench import kubeproxy, loadgen, scenario
 from ebpflb.bench.report import check_targets
 from ebpflb.bench.settings import Settings
+from ebpflb.bench.stats import percentile
 from ebpflb.bench.sync import RunningAgent, running_agent
 from ebpflb.bench.topology import NODE_INTERFACES, NODE_IP, BenchTopology, KernelMemoryCgroup
 from ebpflb.errors import EbpflbError
@@ -94,18 +95,13 @@ def nodeport_client(topo: BenchTopology, mode: str, n: int) -> tuple[Client, int
     return Client(topo.external, str(IPv4Address(NODE_IP) - 1), scenario.NODE_PORT), 0
 
 
-def _percentile(sorted_values: Sequence[float], q: float) -> float:
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
-
-
 def latency_summary(samples_ns: Sequence[int], errors: int) -> dict[str, Any]:
     if not samples_ns:
         return {"samples": 0, "errors": errors}
     values = sorted(s / 1000 for s in samples_ns)
     return {
-        "p50_us": _percentile(values, 0.50),
-        "p99_us": _percentile(values, 0.99),
+        "p50_us": percentile(values, 0.50),
+        "p99_us": percentile(values, 0.99),
         "mean_us": statistics.fmean(values),
         "samples": len(values),
         "errors": errors,

@@ -39,6 +39,7 @@ from ebpflb.bench.scenario import (
     objects,
     slice_object,
 )
+from ebpflb.bench.stats import percentile
 from ebpflb.bench.topology import thread_in_netns
 from ebpflb.errors import ConfigError, EbpflbError
 
@@ -164,10 +165,9 @@ def latency_summary(values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {}
     ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {
         "median_s": statistics.median(ordered),
-        "p99_s": p99,
+        "p99_s": percentile(ordered, 0.99),
         "min_s": ordered[0],
         "max_s": ordered[-1],
     }
@@ -340,26 +340,6 @@ def _table_size(endpoints: int) -> int:
     from ebpflb.maglev import table_size_for
 
     return table_size_for(endpoints)
-
-
-def measure_agent(
-    services: Sequence[BenchService],
-    *,
-    extra_args: Sequence[str] = (),
-    netns: str | None = None,
-    changes: Sequence[int] = (),
-    pause: float = 0.3,
-    **options: Any,
-) -> dict[str, Any]:
-    """`running_agent`'s start-up figures plus the agent's memory after its first sync and,
-    for each service index in `changes`, one endpoint change's latency (API write -> map)
-    and CPU. `options` go to running_agent."""
-    with running_agent(services, extra_args=extra_args, netns=netns, **options) as run:
-        return _settled_figures(run, changes, pause=pause)
-
-
-def _settled_figures(run: RunningAgent, changes: Sequence[int], *, pause: float) -> dict[str, Any]:
-    return {**_after_sync(run, pause=pause), **_change_figures(run, changes, pause=pause)}
 
 
 def _after_sync(run: RunningAgent, *, pause: float) -> dict[str, Any]:

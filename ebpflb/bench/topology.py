@@ -26,7 +26,6 @@ import contextlib
 import ctypes
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from ebpflb.bench import scenario
 from ebpflb.datapath.mounts import cgroup2_root
-from ebpflb.testing.netns import Cgroup, Namespaces, attach_xdp_pass, sh
+from ebpflb.testing.netns import Cgroup, Namespaces, attach_xdp_pass, remove_cgroup_dir, sh
 
 NODE_IP = "10.240.0.1"
 EXTERNAL_IP = "10.240.0.2"
@@ -184,11 +183,5 @@ class KernelMemoryCgroup:
 
     def close(self) -> None:
         # Charges left by exited processes move to the parent when the cgroup goes.
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)
+        with contextlib.suppress(OSError):
+            remove_cgroup_dir(self.path)

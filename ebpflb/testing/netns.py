@@ -34,6 +34,20 @@ def sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, text=True)
 
 
+def remove_cgroup_dir(path: Path, tries: int = 50) -> None:
+    """rmdir a cgroup, retrying while the kernel still counts exiting processes in it;
+    the last attempt's OSError propagates."""
+    for _ in range(tries - 1):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    path.rmdir()
+
+
 @dataclass
 class Cgroup:
     """A cgroup v2 directory of our own (never the root) that clients are placed in."""
@@ -56,13 +70,7 @@ class Cgroup:
         for pid in (self.path / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)  # only our test processes live here
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.path.rmdir()
+        remove_cgroup_dir(self.path)
 
 
 @dataclass
