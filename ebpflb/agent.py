@@ -19,13 +19,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from ipaddress import IPv4Address
 from typing import Any
 
 from ebpflb.clock import Clock, RealClock
 from ebpflb.config import Config
 from ebpflb.datapath.maps import MapSet
-from ebpflb.desired import DesiredFrontend, NodeView, frontends_for_service
-from ebpflb.errors import InvalidObjectError
+from ebpflb.desired import DesiredFrontend, ExternalIPPolicy, NodeView, frontends_for_service
+from ebpflb.errors import Fault, InvalidObjectError
 from ebpflb.healthcheck import HealthCheckServers, HealthTarget
 from ebpflb.metrics import Metrics
 from ebpflb.model import Frontend, NamespacedName, TrafficPolicy
@@ -33,7 +34,13 @@ from ebpflb.reconcile import ApplyResult, Reconciler
 from ebpflb.runner import BoundedFrequencyRunner, SyncKind
 from ebpflb.sources.base import Kind
 from ebpflb.tracker import EndpointSliceTracker, ServiceState, ServiceTracker, service_state
-from ebpflb.translate import translate_service, translate_slice
+from ebpflb.translate import (
+    ServiceTranslation,
+    SliceTranslation,
+    object_ref,
+    translate_service,
+    translate_slice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +83,9 @@ class Agent:
         self.housekeeping = housekeeping
         self._on_synced = on_synced
         self._health_targets: dict[NamespacedName, tuple[int, HealthTarget]] = {}
-        self.node = node or NodeView(config.node_name)
+        self.node = node or NodeView(
+            config.node_name, external_ips=ExternalIPPolicy(config.external_ip_cidrs)
+        )
         self.metrics = metrics
         self.services = ServiceTracker()
         self.slices = EndpointSliceTracker()
@@ -120,29 +129,71 @@ class Agent:
     # ---- ObjectSink ----------------------------------------------------------------------
 
     def object_updated(self, kind: Kind, obj: Mapping[str, Any]) -> None:
+        """Translate and track one object. Whatever is wrong with it (or with translation)
+        rejects this object only: its last good version stays programmed."""
+        translation: ServiceTranslation | SliceTranslation
         try:
-            if kind is Kind.SERVICE:
-                translation = translate_service(obj)
-                if translation.ipv6_skipped:
-                    self.metrics.ipv6_skipped.inc(translation.ipv6_skipped)
-                previous = self.services.get(translation.ref)
-                if translation.skipped and (
-                    previous is None or previous.skipped != translation.skipped
-                ):
-                    log.info("skipping service %s: %s", translation.ref, translation.skipped)
-                pending = self.services.update(translation)
-            else:
-                slice_ = translate_slice(obj)
-                if slice_.skipped == "addressType IPv6":
-                    self.metrics.ipv6_skipped.inc()
-                pending = self.slices.update(slice_)
+            translation = translate_service(obj) if kind is Kind.SERVICE else translate_slice(obj)
         except InvalidObjectError as exc:
-            # The object's last good version (if any) stays programmed.
-            log.error("invalid %s, skipped: %s", exc.kind, exc)
-            self.metrics.invalid_objects.labels(exc.kind).inc()
+            self.object_invalid(exc)
             return
+        except Exception as exc:  # a bug in translation: still only this object's problem
+            error = InvalidObjectError(
+                kind.value, _name_of(obj), f"{type(exc).__name__}: {exc}", fault=Fault.INTERNAL
+            )
+            error.__cause__ = exc
+            self.object_invalid(error)
+            return
+        if isinstance(translation, ServiceTranslation):
+            pending = self._service_updated(translation)
+        else:
+            if translation.skipped == "addressType IPv6":
+                self.metrics.ipv6_skipped.inc()
+            pending = self.slices.update(translation)
         if pending:
             self._changed()
+
+    def _service_updated(self, translation: ServiceTranslation) -> bool:
+        if translation.ipv6_skipped:
+            self.metrics.ipv6_skipped.inc(translation.ipv6_skipped)
+        previous = self.services.get(translation.ref)
+        if translation.skipped and (previous is None or previous.skipped != translation.skipped):
+            log.info("skipping service %s: %s", translation.ref, translation.skipped)
+        # What is left out of a Service is reported when it first is, not at every update.
+        left_out = {(p.name, p.port, p.protocol): p for p in translation.skipped_ports}
+        before = {(p.name, p.port, p.protocol) for p in previous.skipped_ports} if previous else ()
+        new_ports = [str(port) for key, port in left_out.items() if key not in before]
+        if new_ports:
+            log.warning(
+                "service %s: port %s not programmed (protocol not supported: ebpflb programs"
+                " TCP and UDP); its other ports are",
+                translation.ref,
+                ", ".join(new_ports),
+            )
+            self.metrics.ports_skipped.labels("protocol").inc(len(new_ports))
+        policy = self.node.external_ips
+        refused = policy.refused(_external_ips(translation))
+        if previous is not None:
+            refused -= policy.refused(_external_ips(previous))
+        for address in sorted(refused):
+            log.warning(
+                "service %s: externalIP %s not programmed: outside --external-ip-cidrs"
+                " (CVE-2020-8554: an externalIP would capture that address's traffic)",
+                translation.ref,
+                address,
+            )
+        self.metrics.external_ips_refused.inc(len(refused))
+        return self.services.update(translation)
+
+    def object_invalid(self, error: InvalidObjectError) -> None:
+        """Log and count a rejected object (or manifest document); nothing else changes."""
+        log.error(
+            "invalid %s, skipped: %s",
+            error.kind,
+            error,
+            exc_info=error if error.fault is Fault.INTERNAL else None,
+        )
+        self.metrics.invalid_objects.labels(error.kind, error.fault.value).inc()
 
     def object_deleted(self, kind: Kind, ref: NamespacedName) -> None:
         tracker = self.services if kind is Kind.SERVICE else self.slices
@@ -285,3 +336,15 @@ class Agent:
 
     def run(self, stop: threading.Event) -> None:
         self.runner.loop(stop)
+
+
+def _external_ips(translation: ServiceTranslation) -> set[IPv4Address]:
+    return {ip for port in translation.ports.values() for ip in port.external_ips}
+
+
+def _name_of(obj: Any) -> str:
+    """namespace/name for a message about an object translation choked on, if it has one."""
+    try:
+        return str(object_ref(obj))
+    except Exception:
+        return "?"

@@ -29,7 +29,7 @@ from ebpflb.config import Config
 from ebpflb.datapath import loader, netdev
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
-from ebpflb.desired import NodeView
+from ebpflb.desired import ExternalIPPolicy, NodeView
 from ebpflb.errors import ConfigError
 from ebpflb.healthcheck import HealthCheckServers
 from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector
@@ -125,7 +125,11 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     health = HealthCheckServers()
-    node = NodeView(config.node_name, tuple(a for i in interfaces for a in i.addresses))
+    node = NodeView(
+        config.node_name,
+        tuple(a for i in interfaces for a in i.addresses),
+        ExternalIPPolicy(config.external_ip_cidrs),
+    )
     agent = Agent(config, None, metrics, node=node, health=health, on_synced=_pause_gc())
     source = source_factory(agent)
     registry.register(SourceCollector(source.counters))

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ebpflb import __version__
@@ -53,8 +54,15 @@ def _add_datapath_args(parser: argparse.ArgumentParser, *, cgroup: bool = True) 
         )
 
 
+def _cidrs(text: str) -> object:
+    try:
+        return Config.parse_cidrs(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 # Options that each set one Config field: (flag, field, type, help).
-_CONFIG_FLAGS: tuple[tuple[str, str, type, str], ...] = (
+_CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
     ("--hash-seed", "hash_seed", str, "Maglev hash seed; must be identical on every node"),
     ("--maglev-max-table-size", "maglev_max_table_size", int, "largest Maglev table (a prime)"),
     ("--max-services", "max_services", int, "frontend map size"),
@@ -86,6 +94,14 @@ _CONFIG_FLAGS: tuple[tuple[str, str, type, str], ...] = (
         "metrics_bind_address",
         str,
         "HOST:PORT for /metrics; empty disables",
+    ),
+    (
+        "--external-ip-cidrs",
+        "external_ip_cidrs",
+        _cidrs,
+        "Service externalIPs that may be programmed, CIDR[,CIDR] (CVE-2020-8554: an"
+        " externalIP captures that address's traffic); none by default, like the"
+        " DenyServiceExternalIPs admission plugin; 0.0.0.0/0 allows all, like kube-proxy",
     ),
 )
 
@@ -127,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
             type=kind,
             default=getattr(DEFAULTS, field),
             metavar=flag.lstrip("-").replace("-", "_").upper(),
-            help=f"{text} (default %(default)s)",
+            help=f"{text} (default %(default)s)" if getattr(DEFAULTS, field) != () else text,
         )
     run.add_argument(
         "--interfaces",

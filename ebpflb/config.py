@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import hashlib
 from dataclasses import dataclass
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 
 from ebpflb.errors import ConfigError
@@ -60,6 +61,9 @@ class Config:
     max_sync_period: float = 30.0
     retry_period: float = 2.0
     metrics_bind_address: str = DEFAULT_METRICS_BIND_ADDRESS
+    # Service externalIPs that may be programmed (CVE-2020-8554); none by default, as with
+    # Kubernetes' DenyServiceExternalIPs admission plugin. 0.0.0.0/0: kube-proxy's behaviour.
+    external_ip_cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -97,6 +101,23 @@ class Config:
             raise ConfigError("hash-seed must not be empty (it must match on every node)")
         if not 0 < self.min_sync_period <= self.max_sync_period:
             raise ConfigError("need 0 < min-sync-period <= max-sync-period")
+        for network in self.external_ip_cidrs:
+            if not isinstance(network, (IPv4Network, IPv6Network)):
+                raise ConfigError(f"external-ip-cidrs: {network!r} is not a network (CIDR)")
+
+    @staticmethod
+    def parse_cidrs(text: str) -> tuple[IPv4Network | IPv6Network, ...]:
+        """"CIDR,CIDR,..." (empty: none) as --external-ip-cidrs takes it; strict: host bits
+        set are a mistake worth hearing about (10.0.0.1/8 would allow all of 10/8)."""
+        networks = []
+        for part in text.split(","):
+            if not part.strip():
+                continue
+            try:
+                networks.append(ip_network(part.strip(), strict=True))
+            except ValueError as exc:
+                raise ConfigError(f"external-ip-cidrs: {part.strip()!r}: {exc}") from None
+        return tuple(networks)
 
     def replace(self, **changes: object) -> Config:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -3,13 +3,16 @@
 Endpoint choice follows kube-proxy: ready endpoints serve; when none is ready, endpoints
 that are still serving while terminating do (so a rolling update of a one-replica
 Deployment does not refuse connections); with neither, the frontend refuses.
+
+A Service's externalIPs are programmed only inside the node's allow-list
+(`ExternalIPPolicy`, --external-ip-cidrs; empty by default): CVE-2020-8554.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Network
 
 from ebpflb.model import (
     Backend,
@@ -49,11 +52,34 @@ class DesiredFrontend:
 
 
 @dataclass(frozen=True, slots=True)
+class ExternalIPPolicy:
+    """Which `spec.externalIPs` may be programmed: those inside `cidrs`; none by default.
+
+    CVE-2020-8554: anybody allowed to create a Service can name any address as an external
+    IP, and kube-proxy then captures every packet to it, from pods and from the node, so
+    a tenant intercepts traffic meant for, say, a public DNS server. Kubernetes' answer is
+    an admission plugin (DenyServiceExternalIPs) that clusters may not run; the filter
+    sits here so that no path to the maps bypasses it (the desired state is the only
+    thing written), whatever the source. The agent reports each refusal once.
+    """
+
+    cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
+
+    def allows(self, address: IPv4Address) -> bool:
+        return any(address in network for network in self.cidrs)
+
+    def refused(self, addresses: Iterable[IPv4Address]) -> set[IPv4Address]:
+        return {address for address in addresses if not self.allows(address)}
+
+
+@dataclass(frozen=True, slots=True)
 class NodeView:
-    """What "local" and "this node's addresses" mean for the frontends of one node."""
+    """What "local" and "this node's addresses" mean for the frontends of one node, and
+    which externalIPs it programs."""
 
     name: str = ""
     addresses: tuple[IPv4Address, ...] = ()
+    external_ips: ExternalIPPolicy = ExternalIPPolicy()
 
 
 LOOPBACK = IPv4Address("127.0.0.1")
@@ -113,9 +139,10 @@ def frontends_for_port(
 
     The ClusterIP spreads over all endpoints. Node addresses on the nodePort (and
     127.0.0.1:nodePort, for host processes through socket-LB), LoadBalancer ingress IPs and
-    external IPs do too under externalTrafficPolicy=Cluster; under Local they use only
-    this node's endpoints (none: the node refuses rather than forwards, so a cloud load
-    balancer's health check takes it out) and keep the client's source address.
+    the external IPs the node's policy allows do too under externalTrafficPolicy=Cluster;
+    under Local they use only this node's endpoints (none: the node refuses rather than
+    forwards, so a cloud load balancer's health check takes it out) and keep the client's
+    source address.
     """
     node = node or NodeView()
     endpoints = tuple(endpoints)
@@ -139,7 +166,8 @@ def frontends_for_port(
         flags = SvcFlags.LOADBALANCER | (SvcFlags.SOURCE_RANGES if ranges else SvcFlags.NONE)
         external.append((Frontend(ip, port.port, port.protocol), flags, ranges))
     for ip in port.external_ips:
-        external.append((Frontend(ip, port.port, port.protocol), SvcFlags.EXTERNAL_IP, ()))
+        if node.external_ips.allows(ip):
+            external.append((Frontend(ip, port.port, port.protocol), SvcFlags.EXTERNAL_IP, ()))
     if not external:
         return result
     if port.external_traffic_policy is TrafficPolicy.LOCAL:

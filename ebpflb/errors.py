@@ -7,6 +7,8 @@ family and the CLI can print a one-line message for any ``EbpflbError``.
 
 from __future__ import annotations
 
+import enum
+
 
 class EbpflbError(Exception):
     """Base of every error ebpflb raises on purpose."""
@@ -16,14 +18,31 @@ class ConfigError(EbpflbError):
     """A command-line option or configuration value is invalid."""
 
 
-class InvalidObjectError(EbpflbError):
-    """A Service or EndpointSlice cannot be translated; the object is skipped, others go on."""
+class Fault(enum.Enum):
+    """Why an object was rejected: the `reason` label of ebpflb_invalid_objects_total."""
 
-    def __init__(self, kind: str, ref: str, reason: str) -> None:
+    DECODE = "decode"  # a file that cannot be read as UTF-8 text
+    PARSE = "parse"  # a document that is not YAML (or JSON), or repeats a key
+    TYPE = "type"  # a field of the wrong JSON type (a string where a boolean belongs)
+    VALUE = "value"  # the right type, but a value the API server would refuse
+    MISSING = "missing"  # a required field is absent
+    INTERNAL = "internal"  # an unexpected exception: a bug in ebpflb, contained all the same
+
+
+class InvalidObjectError(EbpflbError):
+    """A Service or EndpointSlice (or a manifest document) cannot be translated; the object
+    is skipped, its last good version stays, others go on. `field` is the JSON path of the
+    offending field, when there is one."""
+
+    def __init__(
+        self, kind: str, ref: str, reason: str, *, fault: Fault = Fault.VALUE, field: str = ""
+    ) -> None:
         super().__init__(f"{kind} {ref}: {reason}")
         self.kind = kind
         self.ref = ref
         self.reason = reason
+        self.fault = fault
+        self.field = field
 
 
 class ManifestError(EbpflbError):

@@ -56,8 +56,21 @@ class Metrics:
         )
         self.invalid_objects = Counter(
             "ebpflb_invalid_objects_total",
-            "Objects skipped because they cannot be translated, by kind.",
-            ["kind"],
+            "Objects (and manifest documents, kind Manifest) rejected, by kind and reason"
+            " (decode, parse, type, value, missing, internal); their last good version stays.",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        self.external_ips_refused = Counter(
+            "ebpflb_external_ips_refused_total",
+            "Service externalIPs not programmed: outside --external-ip-cidrs (CVE-2020-8554).",
+            registry=registry,
+        )
+        self.ports_skipped = Counter(
+            "ebpflb_ports_skipped_total",
+            "Service ports left out while the Service's other ports are programmed, by reason"
+            " (protocol: SCTP).",
+            ["reason"],
             registry=registry,
         )
         self.ipv6_skipped = Counter(

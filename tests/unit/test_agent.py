@@ -109,7 +109,9 @@ def test_invalid_object_is_logged_counted_and_others_work(
         start(agent)
     assert list(frontends(maps)) == ["10.96.0.10:80/TCP"]
     assert (
-        agent.metrics.registry.get_sample_value("ebpflb_invalid_objects_total", {"kind": "Service"})
+        agent.metrics.registry.get_sample_value(
+            "ebpflb_invalid_objects_total", {"kind": "Service", "reason": "value"}
+        )
         == 1
     )
     messages = caplog.text

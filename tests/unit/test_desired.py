@@ -1,8 +1,14 @@
 from __future__ import annotations
 
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Network
 
-from ebpflb.desired import DesiredFrontend, NodeView, frontends_for_port, usable_endpoints
+from ebpflb.desired import (
+    DesiredFrontend,
+    ExternalIPPolicy,
+    NodeView,
+    frontends_for_port,
+    usable_endpoints,
+)
 from ebpflb.model import (
     BackendFlags,
     Endpoint,
@@ -66,7 +72,11 @@ def lb_port(**kw: object) -> ServicePort:
     return ServicePort(**base)  # type: ignore[arg-type]
 
 
-NODE = NodeView("n1", (IPv4Address("192.168.1.10"), IPv4Address("192.168.2.10")))
+NODE = NodeView(
+    "n1",
+    (IPv4Address("192.168.1.10"), IPv4Address("192.168.2.10")),
+    ExternalIPPolicy((IPv4Network("192.0.2.0/24"),)),
+)
 
 
 def by_frontend(port: ServicePort, eps: list[Endpoint]) -> dict[str, DesiredFrontend]:
@@ -106,3 +116,26 @@ def test_source_ranges_apply_to_loadbalancer_ips() -> None:
     lb = fes["203.0.113.9:80/TCP"]
     assert lb.source_ranges == ranges and SvcFlags.SOURCE_RANGES in lb.flags
     assert fes["192.168.1.10:30080/TCP"].source_ranges == ()
+
+
+def test_external_ips_are_refused_unless_allowed() -> None:
+    """CVE-2020-8554: by default no externalIP is programmed (DenyServiceExternalIPs)."""
+    port = lb_port(external_ips=(IPv4Address("192.0.2.7"), IPv4Address("8.8.8.8")))
+    default = NodeView("n1")
+    names = {str(fe.frontend) for fe in frontends_for_port(port, [ep(1)], default)}
+    assert names == {"10.96.0.10:80/TCP", "127.0.0.1:30080/TCP", "203.0.113.9:80/TCP"}
+    allowed = {str(fe.frontend) for fe in frontends_for_port(port, [ep(1)], NODE)}
+    assert "192.0.2.7:80/TCP" in allowed and "8.8.8.8:80/TCP" not in allowed
+    everything = NodeView("n1", external_ips=ExternalIPPolicy((IPv4Network("0.0.0.0/0"),)))
+    restored = {str(fe.frontend) for fe in frontends_for_port(port, [ep(1)], everything)}
+    assert {"192.0.2.7:80/TCP", "8.8.8.8:80/TCP"} <= restored  # kube-proxy's behaviour
+
+
+def test_external_ip_policy() -> None:
+    policy = ExternalIPPolicy((IPv4Network("192.0.2.0/24"), IPv6Network("2001:db8::/32")))
+    assert policy.allows(IPv4Address("192.0.2.255"))
+    assert not policy.allows(IPv4Address("192.0.3.0"))
+    assert policy.refused([IPv4Address("192.0.2.1"), IPv4Address("10.0.0.1")]) == {
+        IPv4Address("10.0.0.1")
+    }
+    assert not ExternalIPPolicy().allows(IPv4Address("192.0.2.1"))

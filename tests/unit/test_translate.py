@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import copy
 from ipaddress import IPv4Address, IPv4Network
+from typing import Any
 
 import pytest
 
-from ebpflb.errors import InvalidObjectError
+from ebpflb.errors import Fault, InvalidObjectError
+from ebpflb.fields import parse_ipv4
 from ebpflb.model import NamespacedName, Proto, ServicePortName, ServiceType, TrafficPolicy
-from ebpflb.translate import endpoints_for_port, parse_ipv4, translate_service, translate_slice
+from ebpflb.translate import endpoints_for_port, translate_service, translate_slice
 from tests.factories import endpoint, endpoint_slice, service
 
 WEB = NamespacedName("default", "web")
@@ -67,27 +70,45 @@ def test_ipv6_cluster_ips_are_counted_and_ignored() -> None:
 
 
 @pytest.mark.parametrize(
-    ("obj", "message"),
+    ("obj", "message", "fault"),
     [
-        (service(cluster_ip="10.96.0.300"), "clusterIP '10.96.0.300' is not an IP address"),
-        (service(ports=[{"name": "http", "port": 0}]), "spec.ports[0].port 0 is not a port"),
-        (service(ports=[{"name": "http", "port": "eighty"}]), "is not a port"),
-        (service(ports=[{"name": "h", "port": 80, "targetPort": 70000}]), "targetPort 70000"),
-        (service(ports=[]), "spec.ports is empty"),
+        (
+            service(cluster_ip="10.96.0.300"),
+            "spec.clusterIP '10.96.0.300' is not an IP address",
+            Fault.VALUE,
+        ),
+        (
+            service(ports=[{"name": "http", "port": 0}]),
+            "spec.ports[0].port 0 is not a port",
+            Fault.VALUE,
+        ),
+        (
+            service(ports=[{"name": "http", "port": "eighty"}]),
+            "spec.ports[0].port must be an integer, not string 'eighty'",
+            Fault.TYPE,
+        ),
+        (
+            service(ports=[{"name": "h", "port": 80, "targetPort": 70000}]),
+            "targetPort 70000",
+            Fault.VALUE,
+        ),
+        (service(ports=[]), "spec.ports is empty", Fault.MISSING),
         (
             service(ports=[{"name": "a", "port": 1}, {"name": "a", "port": 2}]),
             "duplicate port name",
+            Fault.VALUE,
         ),
-        (service(ports=[{"name": "s", "port": 1, "protocol": "SCTP"}]), "unsupported protocol"),
-        (service(type="Weird"), "unknown type"),
-        (service(externalTrafficPolicy="Sometimes"), "not Cluster or Local"),
+        (service(type="Weird"), "spec.type 'Weird' is not ClusterIP", Fault.VALUE),
+        (service(externalTrafficPolicy="Sometimes"), "not Cluster or Local", Fault.VALUE),
     ],
 )
-def test_invalid_services_name_the_object(obj: dict[str, object], message: str) -> None:
+def test_invalid_services_name_the_object(
+    obj: dict[str, object], message: str, fault: Fault
+) -> None:
     with pytest.raises(InvalidObjectError) as info:
         translate_service(obj)
     assert "default/web" in str(info.value) and message in str(info.value)
-    assert info.value.kind == "Service"
+    assert info.value.kind == "Service" and info.value.fault is fault
 
 
 def test_loadbalancer_fields() -> None:
@@ -122,15 +143,20 @@ def test_slice_conditions_default_like_the_api() -> None:
     a, b, c = s.endpoints
     assert (a.ready, a.serving, a.terminating) == (True, True, False)
     assert (b.ready, b.serving, b.terminating) == (False, True, True)
-    assert (c.ready, c.serving, c.terminating) == (False, False, False)
+    # kube-proxy: an unset serving is true, whatever ready says (not "same as ready").
+    assert (c.ready, c.serving, c.terminating) == (False, True, False)
     assert s.service == WEB
 
 
 def test_slice_without_service_label_is_invalid() -> None:
     obj = endpoint_slice()
     obj["metadata"]["labels"] = {}
-    with pytest.raises(InvalidObjectError, match=r"default/web-1: no kubernetes\.io/service-name"):
+    with pytest.raises(
+        InvalidObjectError,
+        match=r"default/web-1: metadata.labels has no kubernetes\.io/service-name",
+    ) as info:
         translate_slice(obj)
+    assert info.value.fault is Fault.MISSING
 
 
 def test_slice_with_bad_address_is_invalid() -> None:
@@ -217,3 +243,218 @@ def test_merged_endpoints_come_in_address_order() -> None:
     merged = endpoints_for_port(ServicePortName(WEB, "http", Proto.TCP), [slice_])
     assert [str(e.address) for e in merged] == sorted(ips, key=IPv4Address)
     assert list(merged) == sorted(merged)
+
+
+def _with(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A deep copy of `obj` with the value at a dotted path (numbers index lists) set."""
+    obj = copy.deepcopy(obj)
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    target: Any = obj
+    for key in parents:
+        target = target[key]
+    target[last] = value
+    return obj
+
+
+# Each was an AttributeError, TypeError or ValueError escaping translation (which stopped
+# the agent at start, or a reload part-way), or a wrong meaning taken silently.
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("spec.ports.0.protocol", 6, "spec.ports[0].protocol"),  # was AttributeError
+        ("spec", [1, 2], "spec"),  # was AttributeError
+        ("metadata.labels", 5, "metadata.labels"),  # was TypeError
+        ("metadata.labels", "service.kubernetes.io/service-proxy-name", "metadata.labels"),
+        ("metadata.name", 5, "metadata.name"),  # was taken as the name "5"
+        ("spec.ports.0.name", ["http"], "spec.ports[0].name"),  # was taken as "['http']"
+        ("spec.clusterIPs", "10.96.0.10", "spec.clusterIPs"),  # was read letter by letter
+        ("spec.ports", {"port": 80}, "spec.ports"),  # was "spec.ports is empty"
+        ("spec.externalIPs", [None], "spec.externalIPs[0]"),  # was the address 'None'
+        ("spec.ports.0.port", 80.0, "spec.ports[0].port"),
+        ("spec.ports.0.port", True, "spec.ports[0].port"),
+        ("spec.healthCheckNodePort", "32000", "spec.healthCheckNodePort"),
+        ("status", "ready", "status"),  # was AttributeError
+    ],
+)
+def test_a_service_field_of_the_wrong_type_is_invalid(path: str, value: Any, field: str) -> None:
+    with pytest.raises(InvalidObjectError) as info:
+        translate_service(_with(service(), path, value))
+    assert info.value.fault is Fault.TYPE and info.value.field == field
+    assert field in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("ports.0.protocol", 6, "ports[0].protocol"),  # was AttributeError
+        ("endpoints.0.conditions", [True], "endpoints[0].conditions"),  # was AttributeError
+        ("endpoints.0.conditions.ready", "false", "endpoints[0].conditions.ready"),  # truthy!
+        ("endpoints.0.conditions.ready", 0, "endpoints[0].conditions.ready"),
+        ("endpoints.0.conditions.serving", "yes", "endpoints[0].conditions.serving"),
+        ("endpoints.0.conditions.terminating", 1, "endpoints[0].conditions.terminating"),
+        ("endpoints.0.addresses", "10.244.1.11", "endpoints[0].addresses"),  # was '1'
+        ("endpoints.0.addresses.0", 167772171, "endpoints[0].addresses[0]"),
+        ("endpoints.0.nodeName", 7, "endpoints[0].nodeName"),
+        ("endpoints", {"addresses": ["10.244.1.11"]}, "endpoints"),
+        ("addressType", 4, "addressType"),
+        ("ports.0.port", "8080", "ports[0].port"),
+    ],
+)
+def test_a_slice_field_of_the_wrong_type_is_invalid(path: str, value: Any, field: str) -> None:
+    with pytest.raises(InvalidObjectError) as info:
+        translate_slice(_with(endpoint_slice(), path, value))
+    assert info.value.fault is Fault.TYPE and info.value.field == field
+
+
+def test_a_string_false_is_not_ready() -> None:
+    """`ready: "false"` made an address with no pod a Service's only backend."""
+    obj = endpoint_slice(
+        endpoints=[{"addresses": ["10.244.1.11"], "conditions": {"ready": "false"}}]
+    )
+    with pytest.raises(InvalidObjectError, match=r"conditions\.ready must be a boolean"):
+        translate_slice(obj)
+
+
+def test_a_unicode_digit_target_port_is_a_name_not_a_crash() -> None:
+    """ "²".isdigit() is true and int("²") a ValueError: it escaped translation."""
+    (port,) = translate_service(service(ports=[{"port": 80, "targetPort": "²"}])).ports.values()
+    assert port.target_port == "²"
+    with pytest.raises(InvalidObjectError, match="is not a port"):
+        translate_service(service(ports=[{"port": 80, "targetPort": "9" * 5000}]))
+
+
+@pytest.mark.parametrize(
+    ("change", "message", "fault"),
+    [
+        ({"metadata": {"namespace": "default"}}, "metadata.name is missing", Fault.MISSING),
+        ({"metadata": {"name": ""}}, "metadata.name is missing", Fault.MISSING),
+        ({"spec": {"clusterIP": "10.96.0.10"}}, "spec.ports is empty", Fault.MISSING),
+        (
+            {"spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "x"}]}},
+            "spec.ports[0].port is missing",
+            Fault.MISSING,
+        ),
+        (
+            {"spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 1, "protocol": "tcp"}]}},
+            "spec.ports[0].protocol 'tcp' is not TCP, UDP or SCTP",  # the API is case-exact
+            Fault.VALUE,
+        ),
+        (
+            {
+                "spec": {
+                    "clusterIP": "10.96.0.10",
+                    "clusterIPs": ["10.96.0.11"],
+                    "ports": [{"port": 1}],
+                }
+            },
+            "spec.clusterIPs[0] '10.96.0.11' differs from spec.clusterIP",
+            Fault.VALUE,
+        ),
+        (
+            {"spec": {"clusterIPs": ["None", "10.96.0.11"], "ports": [{"port": 1}]}},
+            "lists None (headless) with addresses",
+            Fault.VALUE,
+        ),
+        (
+            {"spec": {"clusterIP": "fe80::1%eth0", "ports": [{"port": 1}]}},
+            "is not an IP address",
+            Fault.VALUE,
+        ),
+    ],
+)
+def test_missing_and_bad_values(change: dict[str, Any], message: str, fault: Fault) -> None:
+    obj = {"metadata": {"name": "web"}, **change}
+    with pytest.raises(InvalidObjectError) as info:
+        translate_service(obj)
+    assert message in str(info.value) and info.value.fault is fault
+
+
+def test_api_defaults_for_empty_and_zero_values() -> None:
+    """As the API server defaults them: type "" is ClusterIP, protocol "" TCP, targetPort
+    0 or "" the port itself, nodePort and healthCheckNodePort 0 unallocated."""
+    t = translate_service(
+        service(
+            type="",
+            ports=[{"port": 80, "protocol": "", "targetPort": 0, "nodePort": 0}],
+            healthCheckNodePort=0,
+        )
+    )
+    (port,) = t.ports.values()
+    assert port.type is ServiceType.CLUSTER_IP and port.protocol is Proto.TCP
+    assert (port.target_port, port.node_port, port.health_check_node_port) == (80, None, None)
+    (named,) = translate_service(service(ports=[{"port": 80, "targetPort": ""}])).ports.values()
+    assert named.target_port == 80
+
+
+def test_an_sctp_port_is_left_out_and_the_others_stay() -> None:
+    """One SCTP port made the whole Service invalid: its TCP and UDP ports were lost."""
+    t = translate_service(
+        service(
+            ports=[
+                {"name": "http", "port": 80},
+                {"name": "sig", "port": 3868, "protocol": "SCTP"},
+                {"name": "dns", "port": 53, "protocol": "UDP"},
+            ]
+        )
+    )
+    assert sorted(str(p) for p in t.ports) == ["default/web:dns", "default/web:http"]
+    (skipped,) = t.skipped_ports
+    assert str(skipped) == "spec.ports[1] (sig, 3868/SCTP)"
+    only = translate_service(service(ports=[{"name": "sig", "port": 1, "protocol": "SCTP"}]))
+    assert only.skipped is None and not only.ports and len(only.skipped_ports) == 1
+
+
+def test_sctp_slice_ports_are_left_out() -> None:
+    s = translate_slice(
+        endpoint_slice(ports=[{"name": "sig", "protocol": "SCTP", "port": 3868}, {"port": 80}])
+    )
+    assert [(p.name, p.protocol, p.port) for p in s.ports] == [("", Proto.TCP, 80)]
+
+
+@pytest.mark.parametrize(
+    ("ranges", "expected"),
+    [
+        ([" 198.51.100.0/24 "], [IPv4Network("198.51.100.0/24")]),  # kube-proxy trims
+        (["198.51.100.7/24"], [IPv4Network("198.51.100.0/24")]),  # host bits: tolerated
+        (["2001:db8::/32", "10.0.0.0/8"], [IPv4Network("10.0.0.0/8")]),  # IPv6: skipped
+        (["198.51.100.0"], None),  # a bare address is no CIDR to the API server
+        (["198.51.100.0/255.255.255.0"], None),
+        (["198.51.100.0/33"], None),
+        (["2001:db8::/129"], None),
+        (["/8"], None),
+    ],
+)
+def test_source_ranges_are_cidrs(ranges: list[str], expected: list[IPv4Network] | None) -> None:
+    obj = service(type="LoadBalancer", loadBalancerSourceRanges=ranges)
+    if expected is None:
+        with pytest.raises(InvalidObjectError, match=r"spec\.loadBalancerSourceRanges"):
+            translate_service(obj)
+        return
+    (port,) = translate_service(obj).ports.values()
+    assert list(port.load_balancer_source_ranges) == expected
+
+
+def test_slice_limits_and_required_fields() -> None:
+    too_many = endpoint_slice(endpoints=[endpoint("10.244.1.1")] * 1001)
+    with pytest.raises(
+        InvalidObjectError, match="endpoints has 1001 items, more than the API's 1000"
+    ):
+        translate_slice(too_many)
+    no_type = endpoint_slice()
+    del no_type["addressType"]
+    with pytest.raises(InvalidObjectError, match="addressType is missing"):
+        translate_slice(no_type)
+    empty = endpoint_slice(endpoints=[{"addresses": []}])
+    with pytest.raises(InvalidObjectError, match=r"endpoints\[0\].addresses is empty"):
+        translate_slice(empty)
+    second = endpoint_slice(endpoints=[{"addresses": ["10.244.1.1", "10.244.1.300"]}])
+    with pytest.raises(InvalidObjectError, match=r"endpoints\[0\].addresses\[1\]"):
+        translate_slice(second)
+
+
+def test_unread_fields_are_not_checked() -> None:
+    """Extra and unknown fields are the API server's business (it prunes them), not ours."""
+    obj = service(selector=[1, 2], sessionAffinity=7)
+    obj["spec"]["ports"][0]["appProtocol"] = {"x": 1}
+    obj["extra"] = {"deep": [[[[{}]]]]}
+    assert translate_service(obj).ports
