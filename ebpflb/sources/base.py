@@ -10,6 +10,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from ebpflb.errors import InvalidObjectError
 from ebpflb.model import NamespacedName
 
 
@@ -23,6 +24,11 @@ class ObjectSink(Protocol):
         """An object was added or changed (the whole new object)."""
 
     def object_deleted(self, kind: Kind, ref: NamespacedName) -> None: ...
+
+    def object_invalid(self, error: InvalidObjectError) -> None:
+        """Something the source read is not a valid object (a document that does not
+        parse, a file that does not decode): reported and counted, and nothing else
+        changes; the source keeps delivering what it last read there."""
 
     def initial_list_done(self, kind: Kind) -> None:
         """Every object of `kind` that existed at start has been delivered."""
