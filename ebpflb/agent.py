@@ -139,7 +139,10 @@ class Agent:
             return
         except Exception as exc:  # a bug in translation: still only this object's problem
             error = InvalidObjectError(
-                kind.value, _name_of(obj), f"{type(exc).__name__}: {exc}", fault=Fault.INTERNAL
+                kind.value,
+                _name_of(obj),
+                f"{type(exc).__name__}: {str(exc)[:200]}",
+                fault=Fault.INTERNAL,
             )
             error.__cause__ = exc
             self.object_invalid(error)

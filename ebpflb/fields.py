@@ -11,6 +11,7 @@ Fields ebpflb does not read are not looked at (the API server prunes unknown one
 
 from __future__ import annotations
 
+import reprlib
 import socket
 from collections.abc import Mapping, Sequence
 from ipaddress import IPv4Address, IPv4Network
@@ -22,6 +23,8 @@ from ebpflb.model import NamespacedName
 
 EMPTY: Mapping[Any, Any] = MappingProxyType({})
 _SHOWN = 40  # characters of a rejected value quoted in the message
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, _SHOWN, _SHOWN
 
 
 def json_type(value: Any) -> str:
@@ -44,8 +47,9 @@ def json_type(value: Any) -> str:
 
 
 def show(value: Any) -> str:
-    """A bounded quote of a value for a log line (a rejected value may be megabytes)."""
-    text = repr(value)
+    """A bounded quote of a value for a log line: a rejected value may be megabytes, or
+    nested deeper than repr() can go."""
+    text = _REPR.repr(value)
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 

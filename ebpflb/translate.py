@@ -239,7 +239,7 @@ def _target_port(r: Reader, value: Any, field: str) -> int | str | None:
             return None
         if not value.isascii() or not value.isdigit():
             return value  # a name, resolved by the EndpointSlice controller
-        if len(value) > 5:  # not a port, and int() refuses 4,300 digits and more
+        if len(value.lstrip("0")) > 5:  # not a port (and int() refuses 4,300 digits)
             r.fail(field, f"{show(value)} is not a port in 1-65535")
         value = int(value)
     if r.integer(value, field) == 0:

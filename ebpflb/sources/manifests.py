@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from ebpflb.errors import Fault, InvalidObjectError, ManifestError
-from ebpflb.fields import identify
+from ebpflb.fields import identify, show
 from ebpflb.model import NamespacedName
 from ebpflb.sources.base import Kind, ObjectSink
 
@@ -110,7 +110,7 @@ class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ign
                 continue  # unhashable: the base class refuses it with its own message
             if duplicate:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                    None, None, f"duplicate key {show(key)}", key_node.start_mark
                 )
         return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
 
