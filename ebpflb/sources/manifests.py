@@ -8,9 +8,9 @@ stayed unchanged for one poll interval, so a file caught half-written (truncated
 filled) never reads as "every object deleted"; only the files that changed are read again.
 
 Nothing in a file stops the others. A file that cannot be read or is not UTF-8 text, a
-document that is not YAML (or repeats a key, or expands aliases without bound), an object
-without a usable name: each is reported to the sink (`object_invalid`, naming the file
-and document) and skipped, and the file is read again when it changes. Until it reads
+document that is not plain YAML data (`ebpflb.sources.documents`), an object without a
+usable name: each is reported to the sink (`object_invalid`, naming the file and
+document) and skipped, and the file is read again when it changes. Until it reads
 cleanly, the objects it held before stay as they were: a broken edit never deletes.
 Whether an object that parses is a valid Service is translation's business (the agent's).
 """
@@ -18,7 +18,6 @@ Whether an object that parses is a valid Service is translation's business (the 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -26,26 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ebpflb.errors import Fault, InvalidObjectError, ManifestError
-from ebpflb.fields import identify, show
+from ebpflb.fields import identify
 from ebpflb.model import NamespacedName
 from ebpflb.sources.base import Kind, ObjectSink
+from ebpflb.sources.documents import MANIFEST, parse_document, split_documents
 
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".yaml", ".yml", ".json")
-MANIFEST = "Manifest"  # the kind a document that is not an object yet is reported as
 _API_VERSIONS = {Kind.SERVICE: ("v1",), Kind.ENDPOINT_SLICE: ("discovery.k8s.io/v1",)}
-_DOC_SEPARATOR = re.compile(r"^---[ \t]*(?:#.*)?$", re.MULTILINE)
-# Aliases let a few lines of YAML stand for an exponential tree (a "billion laughs"):
-# harmless as shared Python objects, until anything walks it (comparing an object with its
-# previous version does). As goyaml does, refuse a document whose aliases multiply it.
-_ALIAS_SLACK, _ALIAS_RATIO = 10_000, 10
-# Kubernetes objects nest a dozen levels; far deeper ones would only reach Python's
-# recursion limit when compared with their previous version.
-MAX_DEPTH = 100
 
 ObjKey = tuple[Kind, NamespacedName]
 Stamp = tuple[int, int, int, int]  # mtime_ns, size, inode, ctime_ns (chmod changes ctime)
@@ -85,94 +74,6 @@ def manifest_files(path: Path) -> list[Path]:
             and p.is_file()
         )
     raise ManifestError(f"{path}: no such file or directory")
-
-
-def split_documents(text: str) -> list[str]:
-    """YAML documents of a stream, split on '---' lines so one broken document does not
-    hide the ones after it."""
-    return [doc for doc in _DOC_SEPARATOR.split(text) if doc.strip()]
-
-
-class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """yaml's safe loader (libyaml's parser where installed), refusing a mapping that repeats
-    a key, as kubectl does: which of the two values the author meant is a guess."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *base`: the keys it brings may be overridden
-            key = self.construct_object(key_node, deep=True)
-            try:
-                duplicate = key in seen
-                seen.add(key)
-            except TypeError:
-                continue  # unhashable: the base class refuses it with its own message
-            if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {show(key)}", key_node.start_mark
-                )
-        return super().construct_mapping(node, deep)  # type: ignore[no-any-return]
-
-
-def parse_document(text: str, where: str) -> Any:
-    """One YAML document as Python values; InvalidObjectError (kind Manifest) if it is not
-    one, or repeats a key, or contains itself, or is an alias bomb."""
-    try:
-        doc = yaml.load(text, Loader=_StrictLoader)  # a safe loader: plain data only
-    except Exception as exc:  # YAMLError, and the ValueError of a date like 2024-13-45
-        reason = " ".join(str(exc).split())
-        raise InvalidObjectError(
-            MANIFEST, where, f"invalid YAML: {reason}", fault=Fault.PARSE
-        ) from None
-    shape = _shape(doc)
-    if shape is None:
-        raise InvalidObjectError(MANIFEST, where, "a YAML alias contains itself", fault=Fault.PARSE)
-    total, unique, depth = shape
-    if depth > MAX_DEPTH:
-        raise InvalidObjectError(
-            MANIFEST, where, f"nests {depth} levels deep (at most {MAX_DEPTH})", fault=Fault.PARSE
-        )
-    if total > _ALIAS_SLACK + _ALIAS_RATIO * unique:
-        raise InvalidObjectError(
-            MANIFEST,
-            where,
-            f"YAML aliases expand {unique} arrays and objects to {total}",
-            fault=Fault.PARSE,
-        )
-    return doc
-
-
-def _shape(doc: Any) -> tuple[int, int, int] | None:
-    """(arrays and objects in `doc` counting every reach through an alias, distinct ones,
-    nesting depth), or None if one contains itself. Iterative: no recursion limit."""
-    shapes: dict[int, tuple[int, int]] = {}  # id -> (expanded count, height)
-    on_path: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(doc, False)]
-    while stack:
-        node, finished = stack.pop()
-        if not isinstance(node, (dict, list)) or (not finished and id(node) in shapes):
-            continue
-        children = [
-            c
-            for c in (node.values() if isinstance(node, dict) else node)
-            if isinstance(c, (dict, list))
-        ]
-        if finished:
-            on_path.discard(id(node))
-            below = [shapes[id(c)] for c in children]
-            shapes[id(node)] = (
-                1 + sum(count for count, _ in below),
-                1 + max((height for _, height in below), default=0),
-            )
-            continue
-        if id(node) in on_path:
-            return None
-        on_path.add(id(node))
-        stack.append((node, True))
-        stack.extend((c, False) for c in children)
-    total, depth = shapes.get(id(doc), (0, 0))
-    return total, len(shapes), depth
 
 
 def read_file(file: Path) -> FileContents:

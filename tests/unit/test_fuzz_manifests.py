@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from ebpflb.errors import InvalidObjectError
 from ebpflb.model import NamespacedName
 from ebpflb.sources.base import Kind
-from ebpflb.sources.manifests import MAX_DEPTH, ManifestSource, load
+from ebpflb.sources.documents import MAX_DEPTH
+from ebpflb.sources.manifests import ManifestSource, load
 from tests.unit.fuzzing import fuzz, nested
 
 KINDS = {

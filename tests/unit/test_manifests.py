@@ -11,7 +11,8 @@ import pytest
 from ebpflb.errors import Fault, InvalidObjectError, ManifestError
 from ebpflb.model import NamespacedName
 from ebpflb.sources.base import Kind
-from ebpflb.sources.manifests import ManifestSource, load, split_documents
+from ebpflb.sources.documents import split_documents
+from ebpflb.sources.manifests import ManifestSource, load
 
 SERVICE = """\
 apiVersion: v1
