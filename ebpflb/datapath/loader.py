@@ -15,6 +15,7 @@ import enum
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -144,7 +145,29 @@ def ensure_bpffs(pin_dir: Path) -> None:
         if rc != 0:
             raise KernelSetupError("bpffs is not mounted at /sys/fs/bpf and mounting it failed")
         log.info("mounted bpffs at /sys/fs/bpf")
-    pin_dir.mkdir(parents=True, exist_ok=True)
+    pin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    restrict_pin_dir(pin_dir)
+
+
+def restrict_pin_dir(pin_dir: Path) -> None:
+    """Make the pin directory this agent's alone: 0700, and every pin in it 0600.
+
+    A pin is the map itself: whoever may open it may send any Service anywhere. The kernel
+    creates pins 0600 already, but the directory used to be 0755 and bpffs's root is
+    world-writable (1777), so another user could have made the directory first and could
+    then swap the pins: such a directory, or a symlink in its place, is refused."""
+    info = os.lstat(pin_dir)
+    if not stat.S_ISDIR(info.st_mode):
+        raise KernelSetupError(f"{pin_dir} is not a directory (a symlink?): remove it")
+    if info.st_uid != os.geteuid():
+        raise KernelSetupError(
+            f"{pin_dir} belongs to uid {info.st_uid}, not to this agent (uid {os.geteuid()}),"
+            " so its owner could replace the pins: remove it and start again"
+        )
+    os.chmod(pin_dir, 0o700)
+    for entry in os.scandir(pin_dir):  # pins a previous agent (or an older ebpflb) left
+        if entry.is_file(follow_symlinks=False):
+            os.chmod(entry.path, 0o600)
 
 
 def expected_map_layout(config: Config) -> dict[str, tuple[str, int, int, int]]:

@@ -183,6 +183,7 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             environment.nodes[node_name] = agent
             write_manifests(agent.manifests)
             extra = ["--snat-port-range", SNAT_RANGE] if node_name == "node1" else []
+            extra += ["--external-ip-cidrs", f"{EXTERNAL_IP}/32"]  # none by default
             agent.agent = AgentProcess(
                 [
                     "--manifests",

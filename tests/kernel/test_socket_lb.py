@@ -137,7 +137,9 @@ def test_bad_input_is_named_and_skipped(
     )
     agent = start_agent("--manifests", str(manifests))
     log = agent.output()
-    assert "invalid Service, skipped: Service default/broken-ip: clusterIP '10.96.0.300'" in log
+    assert (
+        "invalid Service, skipped: Service default/broken-ip: spec.clusterIP '10.96.0.300'" in log
+    )
     assert "invalid Service, skipped: Service default/bad-port: spec.ports[0].port 70000" in log
     assert "bad.yaml document 2: invalid YAML" in log
     assert "EndpointSlice default/orphan-1 names unknown service default/nobody" in log
