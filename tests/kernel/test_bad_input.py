@@ -157,7 +157,8 @@ def test_external_ips_need_the_allow_list_and_the_pins_are_root_only(
         + "---\n"
         + endpoints("ext")
     )
-    bpffs.mkdir(mode=0o755)  # as an older ebpflb left it
+    bpffs.mkdir()
+    os.chmod(bpffs, 0o755)  # as an older ebpflb left it
     first = start_agent("--manifests", str(manifests))
     maps = dump(bpffs)
     assert "10.96.0.70:80/TCP" in maps
@@ -181,7 +182,8 @@ def test_a_pin_directory_of_another_user_is_refused(
 ) -> None:
     """bpffs's root is world-writable: a directory someone else made first could have its
     pins swapped under the agent. It refuses to start and touches nothing there."""
-    bpffs.mkdir(mode=0o777)
+    bpffs.mkdir()
+    os.chmod(bpffs, 0o777)  # mkdir's mode is subject to the umask
     os.chown(bpffs, 65534, 65534)
     agent = start_agent("--manifests", str(manifests), wait=False)
     assert agent.proc.wait(timeout=60) == 1
