@@ -10,8 +10,8 @@ row are harmless because the second sees an already-translated backend address.
 from __future__ import annotations
 
 import contextlib
-import ctypes as ct
 import enum
+import errno
 import logging
 import os
 import re
@@ -24,8 +24,8 @@ from pathlib import Path
 from bcc import BPF, BPFAttachType
 
 from ebpflb.config import Config, XdpMode
-from ebpflb.datapath import bpfsys, layout, netdev
-from ebpflb.datapath.maps import SLOTS_PER_ELEMENT, MapName
+from ebpflb.datapath import bpfsys, contract, netdev
+from ebpflb.datapath.contract import MapLayout, MapName
 from ebpflb.datapath.mounts import is_bpffs
 from ebpflb.errors import AttachError, BpfLoadError, KernelSetupError
 
@@ -66,7 +66,7 @@ class Features:
     set_retval: bool  # bpf_set_retval in cgroup programs (5.18): ECONNREFUSED, not EPERM
 
     def cflags(self) -> list[str]:
-        return [f"-DEBPFLB_HAVE_SET_RETVAL={int(self.set_retval)}"]
+        return [f"-D{contract.HAVE_SET_RETVAL}={int(self.set_retval)}"]
 
 
 def assemble_source(main: Path) -> str:
@@ -144,58 +144,30 @@ def ensure_bpffs(pin_dir: Path) -> None:
         if rc != 0:
             raise KernelSetupError("bpffs is not mounted at /sys/fs/bpf and mounting it failed")
         log.info("mounted bpffs at /sys/fs/bpf")
-    pin_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        pin_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KernelSetupError(f"cannot create pin directory {pin_dir}: {exc.strerror}") from exc
 
 
-def expected_map_layout(config: Config) -> dict[str, tuple[str, int, int, int]]:
-    """(type, key size, value size, max entries) of every pinned map, from the config."""
-    return {
-        MapName.SERVICES.value: (
-            "hash",
-            ct.sizeof(layout.Lb4SvcKey),
-            ct.sizeof(layout.Lb4SvcVal),
-            config.max_services,
-        ),
-        MapName.BACKENDS.value: ("hash", 4, ct.sizeof(layout.Lb4Backend), config.max_backends),
-        MapName.SLOTS.value: (
-            "array",
-            4,
-            ct.sizeof(layout.Lb4SlotPair),
-            config.slot_pool_size // SLOTS_PER_ELEMENT,
-        ),
-        MapName.SERVICE_META.value: (
-            "hash",
-            4,
-            ct.sizeof(layout.Lb4SvcMeta),
-            config.max_services,
-        ),
-        MapName.REVERSE_SOCK.value: (
-            "lru_hash",
-            ct.sizeof(layout.Lb4RevskKey),
-            ct.sizeof(layout.Lb4RevskVal),
-            config.rev_sk_max,
-        ),
-        MapName.STATS.value: ("percpu_array", 4, 8, layout.STATS_SIZE),
-        MapName.CONNTRACK.value: (
-            "lru_hash",
-            ct.sizeof(layout.Flow4),
-            ct.sizeof(layout.Ct4Entry),
-            config.ct_max,
-        ),
-        MapName.REPLY_NAT.value: (
-            "hash",
-            ct.sizeof(layout.Flow4),
-            ct.sizeof(layout.Rnat4Val),
-            config.rnat_max,
-        ),
-        MapName.SOURCE_RANGES.value: (
-            "lpm_trie",
-            ct.sizeof(layout.SrcRange4Key),
-            1,
-            config.src_range_max,
-        ),
-        MapName.IFACE_ADDRS.value: ("hash", 4, 4, layout.MAX_IFACES),
-    }
+def expected_map_layout(config: Config) -> dict[str, MapLayout]:
+    """Type, key and value sizes, max entries and flags of every pinned map."""
+    return {name.value: spec.layout(config) for name, spec in contract.MAPS.items()}
+
+
+def pinned_layout(path: Path) -> MapLayout | None:
+    """What the kernel says of the map pinned at `path`; None when nothing is there."""
+    try:
+        fd = bpfsys.obj_get(str(path))
+    except bpfsys.BpfError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+    try:
+        info = bpfsys.map_info(fd, path.name)
+    finally:
+        os.close(fd)
+    return MapLayout(info.type, info.key_size, info.value_size, info.max_entries, info.flags)
 
 
 def drop_incompatible_pins(config: Config) -> list[str]:
@@ -208,23 +180,17 @@ def drop_incompatible_pins(config: Config) -> list[str]:
     dropped = []
     for name, expected in expected_map_layout(config).items():
         path = config.bpffs_dir / name
-        if not path.exists():
+        actual = pinned_layout(path)
+        if actual is None or actual == expected:
             continue
-        fd = bpfsys.obj_get(str(path))
+        log.warning(
+            "pinned map %s has layout %s, config wants %s: recreating it", path, actual, expected
+        )
         try:
-            info = bpfsys.map_info(fd)
-        finally:
-            os.close(fd)
-        actual = (info.type_name, info.key_size, info.value_size, info.max_entries)
-        if actual != expected:
-            log.warning(
-                "pinned map %s has layout %s, config wants %s: recreating it",
-                path,
-                actual,
-                expected,
-            )
             path.unlink()
-            dropped.append(name)
+        except OSError as exc:
+            raise KernelSetupError(f"cannot remove the stale pin {path}: {exc.strerror}") from exc
+        dropped.append(name)
     return dropped
 
 
@@ -264,8 +230,8 @@ class SocketLB:
                     raise AttachError(
                         f"attaching {hook.function} to cgroup {cgroup} failed: {exc}"
                     ) from exc
-                mine.add(bpfsys.prog_info(function.fd).id)
-            replaced = _detach_ebpflb_programs(fd, keep=mine)
+                mine.add(bpfsys.prog_info(function.fd, hook.function).id)
+            replaced = _detach_ebpflb_programs(fd, cgroup, keep=mine)
         finally:
             os.close(fd)
         if replaced:
@@ -346,9 +312,16 @@ def detach_xdp(ifname: str) -> int:
     prog_id = netdev.xdp_program_id(ifname)
     if prog_id is None:
         return 0
-    prog_fd = bpfsys.prog_fd_by_id(prog_id)
     try:
-        if not bpfsys.prog_info(prog_fd).name.startswith(PROGRAM_PREFIX):
+        prog_fd = bpfsys.prog_fd_by_id(prog_id)
+    except bpfsys.BpfError as exc:
+        if exc.errno == errno.ENOENT:
+            return 0  # detached meanwhile
+        raise
+    try:
+        if not bpfsys.prog_info(prog_fd, f"the XDP program on {ifname}").name.startswith(
+            PROGRAM_PREFIX
+        ):
             return 0
     finally:
         os.close(prog_fd)
@@ -365,42 +338,48 @@ def _open_cgroup(cgroup: Path) -> int:
         raise AttachError(f"cannot open cgroup {cgroup}: {exc.strerror}") from exc
 
 
-def _detach_ebpflb_programs(cgroup_fd: int, keep: Collection[int] = ()) -> int:
-    detached = 0
+def _cgroup_programs(
+    cgroup_fd: int, cgroup: Path
+) -> Iterator[tuple[SockHook, int, int, str]]:
+    """(hook, id, open fd, name) of every program attached to the cgroup's socket hooks; the
+    fd is closed when the iteration moves on. One detached meanwhile is skipped."""
     for hook in SockHook:
-        for prog_id in bpfsys.prog_query(cgroup_fd, hook.attach_type):
-            if prog_id in keep:
-                continue
+        for prog_id in bpfsys.prog_query(cgroup_fd, hook.attach_type, f"cgroup {cgroup}"):
             try:
                 prog_fd = bpfsys.prog_fd_by_id(prog_id)
-            except FileNotFoundError:
-                continue  # detached meanwhile
+            except bpfsys.BpfError as exc:
+                if exc.errno == errno.ENOENT:
+                    continue
+                raise
             try:
-                if bpfsys.prog_info(prog_fd).name.startswith(PROGRAM_PREFIX):
-                    bpfsys.prog_detach(cgroup_fd, prog_fd, hook.attach_type)
-                    detached += 1
+                name = bpfsys.prog_info(prog_fd, f"program id {prog_id}").name
+                yield hook, prog_id, prog_fd, name
             finally:
                 os.close(prog_fd)
+
+
+def _detach_ebpflb_programs(cgroup_fd: int, cgroup: Path, keep: Collection[int] = ()) -> int:
+    detached = 0
+    for hook, prog_id, prog_fd, name in _cgroup_programs(cgroup_fd, cgroup):
+        if name.startswith(PROGRAM_PREFIX) and prog_id not in keep:
+            bpfsys.prog_detach(
+                cgroup_fd, prog_fd, hook.attach_type, f"{name} from cgroup {cgroup}"
+            )
+            detached += 1
     return detached
 
 
 def attached_programs(cgroup: Path) -> list[tuple[str, str]]:
     """(hook, program name) of every ebpflb program attached to `cgroup`."""
     fd = _open_cgroup(cgroup)
-    found = []
     try:
-        for hook in SockHook:
-            for prog_id in bpfsys.prog_query(fd, hook.attach_type):
-                prog_fd = bpfsys.prog_fd_by_id(prog_id)
-                try:
-                    name = bpfsys.prog_info(prog_fd).name
-                finally:
-                    os.close(prog_fd)
-                if name.startswith(PROGRAM_PREFIX):
-                    found.append((hook.name.lower(), name))
+        return [
+            (hook.name.lower(), name)
+            for hook, _, _, name in _cgroup_programs(fd, cgroup)
+            if name.startswith(PROGRAM_PREFIX)
+        ]
     finally:
         os.close(fd)
-    return found
 
 
 def cleanup(
@@ -416,7 +395,7 @@ def cleanup(
     if cgroup.exists():
         fd = _open_cgroup(cgroup)
         try:
-            detached += _detach_ebpflb_programs(fd)
+            detached += _detach_ebpflb_programs(fd, cgroup)
         finally:
             os.close(fd)
     removed = 0
@@ -424,7 +403,10 @@ def cleanup(
         for name in MapName:
             pin = bpffs_dir / name.value
             if pin.exists():
-                pin.unlink()
+                try:
+                    pin.unlink()
+                except OSError as exc:
+                    raise KernelSetupError(f"cannot remove pin {pin}: {exc.strerror}") from exc
                 removed += 1
         with contextlib.suppress(OSError):  # not empty: somebody else's pins, keep them
             bpffs_dir.rmdir()

@@ -8,11 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ebpflb.datapath import layout
+from ebpflb.datapath import contract, layout
+from ebpflb.datapath.fake import FakeMap, FakeSlotPool
 from ebpflb.datapath.maps import (
     BackendEntry,
-    FakeMap,
-    FakeSlotPool,
     ServiceEntry,
     SlotWrite,
     slot_pairs,
@@ -89,10 +88,10 @@ BACKENDS = [
 @pytest.mark.parametrize(
     ("ctype", "dtype"),
     [
-        (layout.Lb4SvcKey, layout.SVC_KEY_DTYPE),
-        (layout.Lb4SvcVal, layout.SVC_VAL_DTYPE),
-        (layout.Lb4Backend, layout.BACKEND_DTYPE),
-        (layout.Lb4SvcMeta, layout.META_DTYPE),
+        (contract.Lb4SvcKey, layout.SVC_KEY_DTYPE),
+        (contract.Lb4SvcVal, layout.SVC_VAL_DTYPE),
+        (contract.Lb4Backend, layout.BACKEND_DTYPE),
+        (contract.Lb4SvcMeta, layout.META_DTYPE),
     ],
     ids=lambda t: getattr(t, "__name__", ""),
 )
