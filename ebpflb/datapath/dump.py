@@ -17,9 +17,10 @@ import numpy as np
 
 from ebpflb.datapath.contract import CtFlags, NatFlags
 from ebpflb.datapath.maps import BackendEntry, ConntrackEntry, Flow, MapSet, NatEntry
-from ebpflb.model import BackendFlags
+from ebpflb.model import BackendFlags, SvcFlags
 
 FLOWS = 100  # conntrack and NAT entries shown by default
+_TYPE_FLAGS = SvcFlags.CLUSTER_IP | SvcFlags.EXTERNAL  # shown as the type
 
 
 def collect(
@@ -98,6 +99,10 @@ def _services(
             "backends": listed,
             "maglev": maglev,
         }
+        if entry.flags & ~_TYPE_FLAGS:
+            service["flags"] = [
+                f.name.lower() for f in SvcFlags if f in entry.flags & ~_TYPE_FLAGS and f.name
+            ]
         if entry.svc_id in ranges:
             service["source_ranges"] = [str(n) for n in sorted(ranges[entry.svc_id])]
         services.append(service)
@@ -154,6 +159,8 @@ def render_text(report: dict[str, Any]) -> str:
     for svc in report["services"]:
         size = str(svc["maglev"]["table_size"])
         kind = svc["type"]
+        if svc.get("flags"):
+            kind += f" [{','.join(svc['flags'])}]"
         if svc.get("source_ranges"):
             kind += f" (from {','.join(svc['source_ranges'])})"
         first = (svc["frontend"], svc["service"] or "?", kind, size)
