@@ -6,6 +6,7 @@ element, the others being written."""
 from __future__ import annotations
 
 import errno
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import pytest
 from bcc import BPF
 
 from ebpflb.config import Config
-from ebpflb.datapath import loader
+from ebpflb.datapath import bpfsys, loader
 from ebpflb.datapath.contract import CtFlags, NatFlags
 from ebpflb.datapath.elementio import LOOKUP_CHUNK
 from ebpflb.datapath.kernel import KernelMapSet, PinnedMap
@@ -32,7 +33,7 @@ from ebpflb.datapath.maps import (
     SourceRange,
 )
 from ebpflb.datapath.slotpool import KernelSlotPool
-from ebpflb.errors import MapError, MapFullError
+from ebpflb.errors import DatapathError, MapError, MapFullError
 from ebpflb.model import Backend, Frontend, Proto, SvcFlags
 
 MAX_SERVICES = 16
@@ -215,3 +216,19 @@ def test_conntrack_and_nat_rows_read_back_typed_and_idle_ones_expire(maps: Kerne
         maps.conntrack.delete(flow)
         maps.reply_nat.delete(live[0])
         assert not maps.reply_nat.delete(idle[0])  # gone already: not an error
+
+
+def test_syscall_failures_are_project_errors_naming_the_object(pins: Path, tmp_path: Path) -> None:
+    missing = pins / "no_such_map"
+    with pytest.raises(bpfsys.BpfError, match=f"opening pinned object {missing}") as info:
+        bpfsys.obj_get(str(missing))
+    assert info.value.errno == errno.ENOENT and isinstance(info.value, DatapathError)
+    with pytest.raises(MapError, match=f"cannot open pinned map {missing}: No such file"):
+        PinnedMap(missing)
+    assert loader.pinned_layout(missing) is None
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # a directory, not a cgroup
+    try:
+        with pytest.raises(bpfsys.BpfError, match=f"listing programs attached to {tmp_path}"):
+            bpfsys.prog_query(fd, loader.SockHook.CONNECT4.attach_type, str(tmp_path))
+    finally:
+        os.close(fd)
