@@ -32,6 +32,7 @@ from ebpflb.datapath.maps import (
     SlotWrite,
     SourceRange,
 )
+from ebpflb.datapath.pins import ensure_bpffs, pinned_layout
 from ebpflb.datapath.slotpool import KernelSlotPool
 from ebpflb.errors import DatapathError, MapError, MapFullError
 from ebpflb.model import Backend, Frontend, Proto, SvcFlags
@@ -53,7 +54,7 @@ def pins() -> Iterator[Path]:
         rev_sk_max=16,
         src_range_max=LOOKUP_CHUNK + 100,
     )
-    loader.ensure_bpffs(path)
+    ensure_bpffs(path)
     bpf = loader.compile_program(
         loader.BPF_DIR / "sock_lb.c", config.cflags() + loader.Features(False).cflags()
     )
@@ -225,7 +226,7 @@ def test_syscall_failures_are_project_errors_naming_the_object(pins: Path, tmp_p
     assert info.value.errno == errno.ENOENT and isinstance(info.value, DatapathError)
     with pytest.raises(MapError, match=f"cannot open pinned map {missing}: No such file"):
         PinnedMap(missing)
-    assert loader.pinned_layout(missing) is None
+    assert pinned_layout(missing) is None
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # a directory, not a cgroup
     try:
         with pytest.raises(bpfsys.BpfError, match=f"listing programs attached to {tmp_path}"):

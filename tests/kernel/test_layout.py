@@ -17,6 +17,7 @@ import pytest
 from ebpflb.config import Config
 from ebpflb.datapath import bpfsys, contract, loader
 from ebpflb.datapath.contract import MapName
+from ebpflb.datapath.pins import ensure_bpffs, expected_map_layout, pinned_layout
 
 # Every size different, so a map following the wrong size is caught.
 CONFIG = Config(
@@ -47,7 +48,7 @@ def compiled() -> Iterator[tuple[Path, dict[str, object]]]:
     map (from the file that declares it first)."""
     pins = Path("/sys/fs/bpf") / f"ebpflb-layout-{uuid.uuid4().hex[:8]}"
     config = dataclasses.replace(CONFIG, bpffs_dir=pins)
-    loader.ensure_bpffs(pins)
+    ensure_bpffs(pins)
     flags = config.cflags() + loader.Features(False).cflags()
     programs = [
         loader.compile_program(loader.BPF_DIR / source, flags)
@@ -98,4 +99,4 @@ def test_pinned_maps_have_the_contract_layout(
         info.type, info.key_size, info.value_size, info.max_entries, info.flags
     )
     assert actual == contract.MAPS[name].layout(config)
-    assert loader.pinned_layout(pins / name.value) == loader.expected_map_layout(config)[name.value]
+    assert pinned_layout(pins / name.value) == expected_map_layout(config)[name.value]
