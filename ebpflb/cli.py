@@ -312,9 +312,7 @@ def cmd_maps_dump(args: argparse.Namespace) -> int:
     from ebpflb.datapath.kernel import KernelMapSet
 
     with KernelMapSet(args.bpffs) as maps:
-        report = dump.collect(maps, tables=args.tables)
-        report["conntrack"] = maps.conntrack(limit=args.flows) if args.flows else []
-        report["nat"] = maps.reply_nat(limit=args.flows) if args.flows else []
+        report = dump.collect(maps, tables=args.tables, flows=args.flows)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -1,18 +1,19 @@
 """The agent's configuration: one frozen value, validated once, owning every size.
 
-The datapath's sizes live here and reach the C code as -D flags (``cflags()``); the C
-headers only keep ``#ifndef`` defaults. Changing a size changes the pinned maps' layout,
-which the loader detects and handles (see ``ebpflb.datapath.loader``).
+The datapath's sizes live here and reach the C code as -D flags (``cflags()``, following
+``ebpflb.datapath.contract.DEFINES``); the C headers only keep ``#ifndef`` defaults.
+Changing a size changes the pinned maps' layout, which the loader detects and handles (see
+``ebpflb.datapath.loader``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ebpflb.datapath import contract
 from ebpflb.errors import ConfigError
 from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE, TABLE_SIZES
 
@@ -98,9 +99,6 @@ class Config:
         if not 0 < self.min_sync_period <= self.max_sync_period:
             raise ConfigError("need 0 < min-sync-period <= max-sync-period")
 
-    def replace(self, **changes: object) -> Config:
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
     @property
     def flow_hash_seed(self) -> int:
         """32-bit seed of the datapath's 5-tuple hash, derived from the cluster-wide seed."""
@@ -108,21 +106,6 @@ class Config:
         return int.from_bytes(digest.digest(), "little")
 
     def cflags(self) -> list[str]:
-        """The -D flags that size the maps and place the pins (bpf/lib/consts.h)."""
-        return [
-            f'-DEBPFLB_PIN_DIR="{self.bpffs_dir}"',
-            f"-DEBPFLB_MAX_SERVICES={self.max_services}",
-            f"-DEBPFLB_MAX_BACKENDS={self.max_backends}",
-            f"-DEBPFLB_SLOT_POOL_SIZE={self.slot_pool_size}",
-            f"-DEBPFLB_REV_SK_MAX={self.rev_sk_max}",
-            f"-DEBPFLB_CT_MAX={self.ct_max}",
-            f"-DEBPFLB_RNAT_MAX={self.rnat_max}",
-            f"-DEBPFLB_SRC_RANGE_MAX={self.src_range_max}",
-            f"-DEBPFLB_SNAT_PORT_MIN={self.snat_port_min}",
-            f"-DEBPFLB_SNAT_PORT_MAX={self.snat_port_max}",
-            f"-DEBPFLB_FLOW_HASH_SEED={self.flow_hash_seed}U",
-            f"-DEBPFLB_CT_TCP_TIMEOUT={self.ct_tcp_timeout}",
-            f"-DEBPFLB_CT_TCP_SYN_TIMEOUT={self.ct_tcp_syn_timeout}",
-            f"-DEBPFLB_CT_TCP_CLOSE_TIMEOUT={self.ct_tcp_close_timeout}",
-            f"-DEBPFLB_CT_UDP_TIMEOUT={self.ct_udp_timeout}",
-        ]
+        """The -D flags that size the maps and place the pins (bpf/lib/consts.h); which
+        macro each field sets is ebpflb.datapath.contract's table."""
+        return contract.cflags(self)

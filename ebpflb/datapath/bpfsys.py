@@ -5,6 +5,9 @@ and restarts without compiling), reading an object's kernel-side info (to check 
 layout and find our programs by name), and listing/detaching what a cgroup has attached
 (for cleanup and restarts of another process's programs). Map element operations use
 libbcc's exported wrappers (bcc.libbcc.lib).
+
+A failed command raises BpfError (a DatapathError, so the CLI prints it in one line)
+naming what it was done to and keeping the errno for callers that expect some.
 """
 
 from __future__ import annotations
@@ -14,25 +17,26 @@ import errno
 import os
 from dataclasses import dataclass
 
+from ebpflb.errors import DatapathError
+
 _libc = ct.CDLL(None, use_errno=True)
 _libc.syscall.restype = ct.c_long
 
 _NR_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
 
+BPF_OBJ_GET = 7
 BPF_PROG_DETACH = 9
 BPF_PROG_GET_FD_BY_ID = 13
-BPF_MAP_GET_FD_BY_ID = 14
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_QUERY = 16
-BPF_OBJ_GET = 7
 
-BPF_MAP_TYPE_NAMES = {
-    1: "hash",
-    2: "array",
-    6: "percpu_array",
-    9: "lru_hash",
-    11: "lpm_trie",
-}
+
+class BpfError(DatapathError):
+    """A bpf(2) command failed: what it was for, and why (errno kept)."""
+
+    def __init__(self, what: str, err: int) -> None:
+        super().__init__(f"{what}: {os.strerror(err)}")
+        self.errno = err
 
 
 class _ObjGetAttr(ct.Structure):
@@ -111,10 +115,6 @@ class MapInfo:
     flags: int
     name: str
 
-    @property
-    def type_name(self) -> str:
-        return BPF_MAP_TYPE_NAMES.get(self.type, str(self.type))
-
 
 @dataclass(frozen=True, slots=True)
 class ProgInfo:
@@ -123,11 +123,10 @@ class ProgInfo:
     name: str
 
 
-def _bpf(cmd: int, attr: ct.Structure) -> int:
+def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
     ret = _libc.syscall(_NR_BPF, cmd, ct.byref(attr), ct.sizeof(attr))
     if ret < 0:
-        err = ct.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise BpfError(what, ct.get_errno())
     return int(ret)
 
 
@@ -135,14 +134,16 @@ def obj_get(path: str) -> int:
     """Open a pinned map or program; the caller owns (and closes) the fd."""
     raw = ct.create_string_buffer(os.fsencode(path))
     attr = _ObjGetAttr(ct.cast(raw, ct.c_void_p).value or 0, 0, 0)
-    return _bpf(BPF_OBJ_GET, attr)
+    return _bpf(BPF_OBJ_GET, attr, f"opening pinned object {path}")
 
 
-def map_info(fd: int) -> MapInfo:
+def map_info(fd: int, name: str) -> MapInfo:
+    """The kernel's description of map `name` (open as `fd`)."""
     info = _MapInfo()
     _bpf(
         BPF_OBJ_GET_INFO_BY_FD,
         _InfoAttr(fd, ct.sizeof(info), ct.cast(ct.pointer(info), ct.c_void_p).value or 0),
+        f"reading the info of map {name}",
     )
     return MapInfo(
         info.type,
@@ -155,21 +156,26 @@ def map_info(fd: int) -> MapInfo:
     )
 
 
-def prog_info(fd: int) -> ProgInfo:
+def prog_info(fd: int, what: str = "a program") -> ProgInfo:
     info = _ProgInfo()
     _bpf(
         BPF_OBJ_GET_INFO_BY_FD,
         _InfoAttr(fd, ct.sizeof(info), ct.cast(ct.pointer(info), ct.c_void_p).value or 0),
+        f"reading the info of {what}",
     )
     return ProgInfo(info.id, info.type, info.name.decode(errors="replace"))
 
 
 def prog_fd_by_id(prog_id: int) -> int:
-    return _bpf(BPF_PROG_GET_FD_BY_ID, _GetFdByIdAttr(prog_id, 0, 0))
+    """Open program `prog_id`; BpfError with errno ENOENT when it is gone."""
+    return _bpf(
+        BPF_PROG_GET_FD_BY_ID, _GetFdByIdAttr(prog_id, 0, 0), f"opening program id {prog_id}"
+    )
 
 
-def prog_query(target_fd: int, attach_type: int) -> list[int]:
-    """Ids of the programs attached to a cgroup (or other target) for one attach type."""
+def prog_query(target_fd: int, attach_type: int, target: str) -> list[int]:
+    """Ids of the programs attached to `target` (a cgroup, open as target_fd) for one
+    attach type."""
     capacity = 64
     while True:
         ids = (ct.c_uint32 * capacity)()
@@ -177,8 +183,8 @@ def prog_query(target_fd: int, attach_type: int) -> list[int]:
             target_fd, attach_type, 0, 0, ct.cast(ids, ct.c_void_p).value or 0, capacity
         )
         try:
-            _bpf(BPF_PROG_QUERY, attr)
-        except OSError as exc:
+            _bpf(BPF_PROG_QUERY, attr, f"listing programs attached to {target}")
+        except BpfError as exc:
             if exc.errno == errno.ENOSPC:
                 capacity *= 4
                 continue
@@ -186,6 +192,7 @@ def prog_query(target_fd: int, attach_type: int) -> list[int]:
         return [ids[i] for i in range(attr.prog_cnt)]
 
 
-def prog_detach(target_fd: int, prog_fd: int, attach_type: int) -> None:
+def prog_detach(target_fd: int, prog_fd: int, attach_type: int, what: str) -> None:
     """Detach one specific program (needed for BPF_F_ALLOW_MULTI attachments)."""
-    _bpf(BPF_PROG_DETACH, _DetachAttr(target_fd, prog_fd, attach_type, 0, 0))
+    attr = _DetachAttr(target_fd, prog_fd, attach_type, 0, 0)
+    _bpf(BPF_PROG_DETACH, attr, f"detaching {what}")
