@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -188,3 +188,38 @@ def test_a_table_that_cannot_be_built_fails_only_its_frontend() -> None:
         "10.244.2.1",
         "10.244.2.2",
     }
+
+
+@pytest.mark.parametrize(
+    ("limits", "hit"),
+    [
+        ({"slot_pool_size": 300}, "ebpflb_slots is full (limit 300)"),
+        ({"src_range_max": 2}, "ebpflb_srcrng4 is full (limit 2)"),
+        ({}, "ebpflb_be4 is full (limit 3)"),
+    ],
+)
+def test_whatever_limit_a_frontend_hits_it_gives_back_all_it_took_first(
+    limits: dict[str, int], hit: str
+) -> None:
+    """The first frontend planned takes the only service id and every backend id, then
+    hits a limit; the next one needs a service id and a backend id."""
+    maps = FakeMapSet(**{"max_services": 1, "max_backends": 3, **limits})
+    rec = Reconciler(maps)
+    state = {
+        **service(BIG, "10.96.0.10", 6, "10.244.1.1"),
+        **service(SMALL, "10.96.0.20", 1, "10.244.2.1"),
+    }
+    (want,) = state[BIG].values()
+    if "src_range_max" in limits:  # three source ranges, and few enough backends to fit
+        ranges = tuple(IPv4Network(f"198.51.100.{i}/32") for i in range(3))
+        state[BIG] = {
+            want.frontend: dataclasses.replace(
+                want, backends=want.backends[:3], source_ranges=ranges
+            )
+        }
+    elif "slot_pool_size" in limits:  # 3 backends need a 509-slot table
+        state[BIG] = {want.frontend: dataclasses.replace(want, backends=want.backends[:3])}
+    result = rec.apply(state)
+    assert result.failed == {BIG} and hit in result.errors[0]
+    assert programmed(maps) == {"default/small:http"}
+    assert [e.svc_id for e in maps.services.data.values()] == [1]
