@@ -308,5 +308,6 @@ def _merged(changes: ApplyResult, repair: ApplyResult) -> ApplyResult:
     """One sync's result from its incremental apply and the full resync after it: what
     either failed is retried."""
     changes.failed |= repair.failed
-    changes.errors += [e for e in repair.errors if e not in changes.errors]
+    seen = set(changes.errors)
+    changes.errors += [e for e in repair.errors if e not in seen]
     return changes
