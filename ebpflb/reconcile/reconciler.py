@@ -134,6 +134,7 @@ class Reconciler:
             else:
                 failed += 1
                 self._give_up(outcome, planner, writer, report)
+        report.unlogged_failures()
         if not report.verbose or not report.verbose_removals:
             report.summary(len(outcomes) + len(gone), failed)
 

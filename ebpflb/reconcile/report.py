@@ -5,7 +5,7 @@ and the option that raises it; it is counted in ebpflb_map_errors_total{map,reas
 frontend that keeps failing the same way is logged at error level once, then at debug
 level at each retry (it is still counted each time). An apply changing more frontends
 than LOG_EACH_MAX logs one summary line, and each frontend at debug level: 100,000 lines
-help nobody.
+help nobody. Likewise, failures beyond the first LOG_EACH_MAX of an apply are summed up.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ class Reporter:
         self.failures: dict[Frontend, tuple[NamespacedName, str]] = {}
         self.verbose = True  # log each added or updated frontend at info level
         self.verbose_removals = True  # ... and each removed one
+        self._new_failures = 0  # logged at error level
+        self._unlogged = 0  # new failures beyond LOG_EACH_MAX, logged at debug level
 
     def conflict(self, frontend: Frontend, owner: NamespacedName, holder: object) -> None:
         message = f"frontend {frontend} of {owner} is already used by {holder}: skipped"
@@ -73,8 +75,14 @@ class Reporter:
         option = _OPTION_OF_MAP.get(failure.map_name)
         if isinstance(failure.error, MapFullError) and option:
             message += f"; raise {option}"
-        repeated = self.previous_errors.get(frontend) == (owner, message)
-        log.log(logging.DEBUG if repeated else logging.ERROR, message)
+        if self.previous_errors.get(frontend) == (owner, message):
+            log.debug(message)  # as at its last attempt
+        elif self._new_failures < LOG_EACH_MAX:
+            log.error(message)
+            self._new_failures += 1
+        else:
+            log.debug(message)
+            self._unlogged += 1
         self.failures[frontend] = (owner, message)
         self.result.errors.append(message)
         self.result.failed.add(owner)
@@ -120,6 +128,14 @@ class Reporter:
             name or "(unnamed)",
             frontend,
         )
+
+    def unlogged_failures(self) -> None:
+        if self._unlogged:
+            log.error(
+                "%d more frontends not programmed (each logged at debug level; counted in"
+                " ebpflb_map_errors_total)",
+                self._unlogged,
+            )
 
     def summary(self, frontends: int, failed: int) -> None:
         result = self.result

@@ -16,7 +16,7 @@ from ebpflb.datapath.maps import FakeMapSet
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.metrics import Metrics
 from ebpflb.model import Backend, Frontend, NamespacedName, Proto, ServicePortName, SvcFlags
-from ebpflb.reconcile import Reconciler
+from ebpflb.reconcile import LOG_EACH_MAX, Reconciler
 
 BIG = NamespacedName("default", "big")
 SMALL = NamespacedName("default", "small")
@@ -223,3 +223,23 @@ def test_whatever_limit_a_frontend_hits_it_gives_back_all_it_took_first(
     assert result.failed == {BIG} and hit in result.errors[0]
     assert programmed(maps) == {"default/small:http"}
     assert [e.svc_id for e in maps.services.data.values()] == [1]
+
+
+def test_many_failures_log_a_bounded_number_of_lines(caplog: pytest.LogCaptureFixture) -> None:
+    maps = FakeMapSet(max_services=1)
+    rec = Reconciler(maps)
+    state: State = {}
+    for i in range(LOG_EACH_MAX + 11):
+        owner = NamespacedName("default", f"s{i}")
+        state.update(service(owner, f"10.96.1.{i}", 1, "10.244.1.1"))
+    with caplog.at_level(logging.ERROR, logger="ebpflb.reconcile"):
+        result = rec.apply(state)
+    assert len(result.errors) == LOG_EACH_MAX + 10  # one frontend fits
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == LOG_EACH_MAX + 1
+    assert lines[-1].startswith("10 more frontends not programmed")
+    # At the retry, the same failures are not logged again at error level.
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="ebpflb.reconcile"):
+        assert len(rec.apply(state).errors) == LOG_EACH_MAX + 10
+    assert caplog.records == []
