@@ -5,9 +5,9 @@ entry is written before any slot names it and deleted after the last slot stoppe
 it: references count the realized tables naming an id, and an id whose count dropped to 0
 is a candidate that `collect` deletes at the end of an apply, once every table is written.
 
-A frontend being planned takes ids in a transaction (`begin`, then `commit` or
-`rollback`): when it cannot be planned (the map is full), the ids it took are given back
-at once, before the next frontend is planned, so one oversized service never starves a
+The ids allocated while planning are remembered in order: when a frontend cannot be
+planned (the map is full), the ids it took (those since its `mark`) are given back at
+once, before the next frontend is planned, so one oversized service never starves a
 small one of ids.
 """
 
@@ -30,26 +30,28 @@ class Backends:
         self.entries: dict[int, BackendEntry] = {}  # as in the map
         self._refs: dict[int, int] = {}
         self._maybe_unused: set[int] = set()  # ids whose references dropped to 0
-        self._taken: list[int] | None = None  # ids allocated by the open transaction
+        self._taken: list[int] = []  # ids allocated while planning, in order
 
     # ---- planning ------------------------------------------------------------------------
 
-    def begin(self) -> None:
-        self._taken = []
+    def mark(self) -> int:
+        """Where the ids allocated from now on start, for `give_back_since`."""
+        return len(self._taken)
 
-    def commit(self) -> None:
-        self._taken = None
-
-    def rollback(self) -> None:
-        """Give back every id allocated since `begin`: no table names them, no entry was
-        written for them, and no other frontend has been planned with them."""
-        taken, self._taken = self._taken or [], None
-        for backend_id in taken:
+    def give_back_since(self, mark: int) -> None:
+        """Give back every id allocated since `mark` (a plan that failed): no table names
+        them, no entry was written for them, and no other frontend was planned with them."""
+        for backend_id in self._taken[mark:]:
             backend = self._backend_of.pop(backend_id)
             del self._id_of[backend]
             del self._refs[backend_id]
             self._maybe_unused.discard(backend_id)
             self._ids.release(backend_id)
+        del self._taken[mark:]
+
+    def planned(self) -> None:
+        """Planning is over: the ids allocated stay (collected if no table names them)."""
+        self._taken.clear()
 
     def id_for(self, backend: Backend, service: str) -> int:
         """The backend's id, allocated if it has none (MapFullError when the map is full).
@@ -61,8 +63,7 @@ class Backends:
             self._backend_of[backend_id] = backend
             self._refs[backend_id] = 0
             self._maybe_unused.add(backend_id)
-            if self._taken is not None:
-                self._taken.append(backend_id)
+            self._taken.append(backend_id)
         return backend_id
 
     # ---- restore -------------------------------------------------------------------------

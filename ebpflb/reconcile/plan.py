@@ -131,6 +131,7 @@ class Planner:
                 current is None or not is_undersized(current.entry)
             ):
                 undersized.append(plan)  # warned about when it becomes so
+        self.backends.planned()
         if undersized:
             verbose = len(plans) <= LOG_EACH_MAX
             self.report.undersized(undersized, self.max_table_size, verbose=verbose)
@@ -152,18 +153,28 @@ class Planner:
         def label() -> str:
             return f"{name} {frontend}"
 
-        size = self._table_size(len(usable), current)
+        count = len(usable)
+        if not count:
+            size = 0
+        elif count <= self.max_table_size and count <= MAX_BACKEND_COUNT:
+            current_size = current.entry.table_size if current is not None else 0
+            size = maglev.table_size_for(
+                count, max_size=self.max_table_size, current=current_size or None
+            )
+        else:
+            raise self._too_many(count)
         space, backends = self.space, self.backends
         svc_id = current.entry.svc_id if current is not None else 0
         added = 0
-        backends.begin()
+        mark = backends.mark()
         try:
             if current is None:
                 svc_id = space.svc_ids.allocate(label)
             ids = tuple(backends.id_for(b.backend, name) for b in usable)
-            count = len(ranges - (current.ranges if current is not None else NO_RANGES))
-            space.reserve_ranges(count, label)
-            added = count
+            if ranges:
+                new = len(ranges - (current.ranges if current is not None else NO_RANGES))
+                space.reserve_ranges(new, label)
+                added = new
             reuse = bool(
                 current is not None
                 and current.owns_range
@@ -177,12 +188,11 @@ class Planner:
             else:
                 offset = 0
         except EbpflbError:
-            backends.rollback()
+            backends.give_back_since(mark)
             if current is None and svc_id:
                 space.svc_ids.release(svc_id)
             space.range_count -= added
             raise
-        backends.commit()
         return Plan(
             frontend,
             owner,
@@ -208,11 +218,8 @@ class Planner:
             self.space.svc_ids.release(plan.svc_id)
         self.space.range_count -= plan.added_ranges
 
-    def _table_size(self, backends: int, current: Realized | None) -> int:
-        """The table size for `backends` usable backends (0: none, the frontend refuses).
-        TableSizeError when no table allowed can give each of them a slot."""
-        if not backends:
-            return 0
+    def _too_many(self, backends: int) -> TableSizeError:
+        """More backends than any table allowed can give a slot each (Maglev needs M >= N)."""
         limit = self.max_table_size
         if backends > limit:
             bigger = next((m for m in maglev.TABLE_SIZES if m >= backends), None)
@@ -221,13 +228,10 @@ class Planner:
                 if bigger is not None
                 else "no Maglev table size holds them: split the service"
             )
-            raise TableSizeError(backends, limit, "--maglev-max-table-size", fix)
-        if backends > MAX_BACKEND_COUNT:
-            raise TableSizeError(
-                backends,
-                MAX_BACKEND_COUNT,
-                "a frontend's backend count is 16 bits in the datapath",
-                "split the service",
-            )
-        current_size = current.entry.table_size if current and current.entry.table_size else None
-        return maglev.table_size_for(backends, max_size=limit, current=current_size)
+            return TableSizeError(backends, limit, "--maglev-max-table-size", fix)
+        return TableSizeError(
+            backends,
+            MAX_BACKEND_COUNT,
+            "a frontend's backend count is 16 bits in the datapath",
+            "split the service",
+        )

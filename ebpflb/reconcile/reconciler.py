@@ -126,7 +126,7 @@ class Reconciler:
         outcomes = [Outcome(plan) for plan in planner.plan_all(wanted, desired, result)]
         writer = Writer(self.maps, self.backends, self.space, self.hash_seed)
         writer.write_all(outcomes, result)
-        report.verbose = len(outcomes) <= LOG_EACH_MAX
+        report.set_verbose(len(outcomes) <= LOG_EACH_MAX)
         failed = 0
         for outcome in outcomes:
             if outcome.failure is None:
@@ -175,7 +175,8 @@ class Reconciler:
         else:
             result.unchanged += 1
             return
-        report.changed(outcome, old_ids, self.backends)
+        if report.log_changes:
+            report.changed(outcome, old_ids, self.backends)
 
     def _give_up(
         self, outcome: Outcome, planner: Planner, writer: Writer, report: Reporter

@@ -57,6 +57,7 @@ class Reporter:
         self.previous_errors = previous_errors
         self.failures: dict[Frontend, tuple[NamespacedName, str]] = {}
         self.verbose = True  # log each added or updated frontend at info level
+        self.log_changes = True  # whether `changed` logs anything at its level
         self.verbose_removals = True  # ... and each removed one
         self._new_failures = 0  # logged at error level
         self._unlogged = 0  # new failures beyond LOG_EACH_MAX, logged at debug level
@@ -115,11 +116,18 @@ class Reporter:
                 fix,
             )
 
+    def set_verbose(self, verbose: bool) -> None:
+        """Log each added or updated frontend at info level (else at debug level)."""
+        self.verbose = verbose
+        self.log_changes = log.isEnabledFor(logging.INFO if verbose else logging.DEBUG)
+
     def changed(self, outcome: Outcome, old_ids: tuple[int, ...], backends: Backends) -> None:
         """A frontend added or updated."""
-        level = logging.INFO if self.verbose else logging.DEBUG
-        if log.isEnabledFor(level):
-            log.log(level, "%s", describe(outcome, old_ids, backends))
+        log.log(
+            logging.INFO if self.verbose else logging.DEBUG,
+            "%s",
+            describe(outcome, old_ids, backends),
+        )
 
     def removed(self, name: str, frontend: Frontend) -> None:
         log.log(

@@ -19,20 +19,20 @@ def backend(n: int) -> Backend:
     return Backend(IPv4Address("10.244.0.0") + n, 8080, Proto.TCP)
 
 
-def test_a_rolled_back_plan_gives_its_new_backend_ids_back_at_once() -> None:
+def test_a_failed_plan_gives_its_new_backend_ids_back_at_once() -> None:
     ids = Backends("ebpflb_be4", 3)
-    ids.begin()
     shared = ids.id_for(backend(1), "a")
-    ids.commit()
-    ids.begin()
+    mark = ids.mark()
     assert ids.id_for(backend(1), "b") == shared  # known: not the plan's to give back
     fresh = [ids.id_for(backend(n), "b") for n in (2, 3)]
     with pytest.raises(MapFullError, match="limit 3"):
         ids.id_for(backend(4), "b")
-    ids.rollback()
-    ids.begin()
+    ids.give_back_since(mark)
     assert [ids.id_for(backend(n), "c") for n in (5, 6)] == fresh
     assert ids.id_for(backend(1), "c") == shared
+    ids.planned()
+    with pytest.raises(MapFullError):
+        ids.id_for(backend(7), "d")
 
 
 def test_unreferenced_backends_are_deleted_by_collect_and_referenced_ones_stay() -> None:
