@@ -61,10 +61,6 @@ class Outcome:
         return self.table.ids if self.table is not None else ()
 
     @property
-    def digest(self) -> bytes:
-        return self.table.digest if self.table is not None else b""
-
-    @property
     def written(self) -> int:
         return self.table.written if self.table is not None else 0
 

@@ -243,3 +243,16 @@ def test_many_failures_log_a_bounded_number_of_lines(caplog: pytest.LogCaptureFi
     with caplog.at_level(logging.ERROR, logger="ebpflb.reconcile"):
         assert len(rec.apply(state).errors) == LOG_EACH_MAX + 10
     assert caplog.records == []
+
+
+def test_more_backends_than_a_frontend_can_count_fails_that_frontend() -> None:
+    """struct lb4_svc_val.backend_count is 16 bits: 65,536 backends cannot be named, even
+    though the largest table (131,071 slots) would hold them."""
+    maps = FakeMapSet(max_backends=70000)
+    rec = Reconciler(maps, metrics=Metrics(CollectorRegistry()))
+    result = rec.apply(service(BIG, "10.96.0.10", 65536, "10.200.0.0"))
+    assert result.failed == {BIG} and not maps.backends.data
+    assert "65536 backends exceed the limit of 65535" in result.errors[0]
+    assert (
+        sample(rec, "ebpflb_map_errors_total", {"map": "ebpflb_slots", "reason": "table_size"}) == 1
+    )
