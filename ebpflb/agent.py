@@ -95,6 +95,7 @@ class Agent:
         self._retry: set[NamespacedName] = set()
         self._warned_orphans: set[NamespacedName] = set()
         self._restored = False
+        self._resync_due = False  # a full resync raised: the next sync does it again
         self.synced = threading.Event()  # set after the first successful sync
         self.last_result: ApplyResult | None = None
         if maps is not None:
@@ -177,27 +178,21 @@ class Agent:
         changed = self.services.take_changes() | self.slices.take_changes() | self._retry
         self._retry = set()
         self.metrics.pending_changes.set(0)
-        self._warn_orphan_slices(changed)
-        result: ApplyResult | None = None
-        if not self._restored:
-            # First sync: learn what a previous agent left in the maps, then make every
-            # service right; unchanged entries are not rewritten.
-            self.reconciler.restore()
-            self._restored = True
-            self._refresh(self.services.refs() | changed)
-            result = self.reconciler.apply(self._desired, full=True)
-        else:
-            if changed:
-                result = self.reconciler.apply(self._refresh(changed))
+        try:
+            result = self._apply(kind, changed)
+        except BaseException:
+            # Nothing given to a sync that raised is lost: its services are retried (the
+            # runner schedules the retry), and a full resync or first sync is done again.
+            self._retry |= changed
             if kind is SyncKind.FULL:
-                repair = self._full_resync()
-                result = repair if result is None else result
-                if self.housekeeping is not None:
-                    self.housekeeping()
+                self._resync_due = True
+            raise
         if self.health is not None:
             self.health.sync(dict(self._health_targets.values()))
         elapsed = time.monotonic() - started
         if result is not None:
+            # A frontend that could not be programmed failed alone: its service is retried
+            # at the next sync, and is "pending" until then.
             self._retry |= result.failed
             self.last_result = result
         ok = not self._retry
@@ -214,6 +209,28 @@ class Agent:
             if self._on_synced is not None:
                 self._on_synced()
         return ok
+
+    def _apply(self, kind: SyncKind, changed: set[NamespacedName]) -> ApplyResult | None:
+        self._warn_orphan_slices(changed)
+        result: ApplyResult | None = None
+        if not self._restored:
+            # First sync: learn what a previous agent left in the maps, then make every
+            # service right; unchanged entries are not rewritten. Until one completes,
+            # every sync is a first one.
+            self.reconciler.restore()
+            self._refresh(self.services.refs() | changed)
+            result = self.reconciler.apply(self._desired, full=True)
+            self._restored = True
+            return result
+        if changed:
+            result = self.reconciler.apply(self._refresh(changed))
+        if kind is SyncKind.FULL or self._resync_due:
+            repair = self._full_resync()
+            self._resync_due = False
+            result = repair if result is None else _merged(result, repair)
+            if self.housekeeping is not None:
+                self.housekeeping()
+        return result
 
     def _refresh(
         self, refs: set[NamespacedName]
@@ -285,3 +302,12 @@ class Agent:
 
     def run(self, stop: threading.Event) -> None:
         self.runner.loop(stop)
+
+
+def _merged(changes: ApplyResult, repair: ApplyResult) -> ApplyResult:
+    """One sync's result from its incremental apply and the full resync after it: what
+    either failed is retried."""
+    changes.failed |= repair.failed
+    seen = set(changes.errors)
+    changes.errors += [e for e in repair.errors if e not in seen]
+    return changes

@@ -20,6 +20,8 @@ from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE, TABLE_SIZES
 DEFAULT_BPFFS_DIR = Path("/sys/fs/bpf/ebpflb")
 # kube-proxy's metricsBindAddress default.
 DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1:10249"
+# The Maglev hash is keyed blake2b (ebpflb.maglev), whose key is at most 64 bytes.
+MAX_HASH_SEED_BYTES = 64
 
 
 class XdpMode(enum.Enum):
@@ -85,19 +87,57 @@ class Config:
             raise ConfigError(
                 f"maglev-max-table-size {self.maglev_max_table_size} is not one of {TABLE_SIZES}"
             )
-        if self.maglev_max_table_size > self.slot_pool_size:
-            raise ConfigError(
-                f"maglev-max-table-size {self.maglev_max_table_size} exceeds "
-                f"slot-pool-size {self.slot_pool_size}"
-            )
+        self._check_limits()
         if not 1 <= self.snat_port_min <= self.snat_port_max <= 65535:
             raise ConfigError(
                 f"snat-port-range {self.snat_port_min}-{self.snat_port_max} is not a port range"
             )
         if not self.hash_seed:
             raise ConfigError("hash-seed must not be empty (it must match on every node)")
+        if len(self.hash_seed.encode()) > MAX_HASH_SEED_BYTES:
+            raise ConfigError(
+                f"hash-seed is {len(self.hash_seed.encode())} bytes: Maglev keys its hash with"
+                f" it (blake2b), which takes at most {MAX_HASH_SEED_BYTES}; use a shorter seed"
+            )
         if not 0 < self.min_sync_period <= self.max_sync_period:
             raise ConfigError("need 0 < min-sync-period <= max-sync-period")
+        if not self.retry_period > 0:
+            raise ConfigError(f"retry-period must be > 0 seconds, got {self.retry_period}")
+
+    def _check_limits(self) -> None:
+        """Limits that contradict each other: no state of the cluster could make them work.
+
+        Refused: a largest Maglev table that the slot pool cannot hold (a table of M slots
+        takes M + 1 with the padding of its last slot pair). A service large enough to get
+        that table could never be placed, although a smaller limit would serve it; and a
+        pool below the smallest table serves no service with an endpoint at all.
+
+        Not refused, because they are runtime conditions of one frontend, which then
+        fails alone (named, counted, retried) or works with a warning:
+        - max-backends above the table-size limit, or a table-size limit below the backend
+          count some service may have: only a service with more backends than the
+          largest table has slots fails (Maglev needs M >= N);
+        - a table-size limit below 100 slots per backend: such services get the largest
+          table, with a looser balance, a warning and ebpflb_maglev_undersized_tables;
+        - a slot pool too small for max-services tables: most services need far fewer
+          slots than the largest table, and frontends without endpoints take none.
+        """
+        pool, largest = self.slot_pool_size, self.maglev_max_table_size
+        if largest + 1 <= pool:
+            return
+        smallest = TABLE_SIZES[0]
+        if smallest + 1 > pool:
+            raise ConfigError(
+                f"slot-pool-size {pool} cannot hold even the smallest Maglev table"
+                f" ({smallest} slots, {smallest + 1} with padding): raise --slot-pool-size"
+                f" to {smallest + 1} or more"
+            )
+        fitting = max(m for m in TABLE_SIZES if m + 1 <= pool)
+        raise ConfigError(
+            f"maglev-max-table-size {largest} does not fit in slot-pool-size {pool} (a table"
+            f" of {largest} slots takes {largest + 1}): raise --slot-pool-size to"
+            f" {largest + 1} or more, or lower --maglev-max-table-size to {fitting}"
+        )
 
     @property
     def flow_hash_seed(self) -> int:

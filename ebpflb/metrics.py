@@ -50,7 +50,9 @@ class Metrics:
         )
         self.map_errors = Counter(
             "ebpflb_map_errors_total",
-            "Map writes that failed, by map and reason (full, error).",
+            "Frontends not programmed, by the map or limit they hit and the reason: full (no"
+            " room), table_size (more backends than the largest Maglev table allowed has"
+            " slots), error (the kernel refused a write). Counted at every attempt.",
             ["map", "reason"],
             registry=registry,
         )
@@ -73,6 +75,17 @@ class Metrics:
         self.table_resizes = Counter(
             "ebpflb_maglev_table_resizes_total",
             "Maglev tables moved to a new size (the service crossed a size rung).",
+            registry=registry,
+        )
+        self.frontends_failed = Gauge(
+            "ebpflb_frontends_failed",
+            "Frontends that could not be programmed at their last attempt (retried).",
+            registry=registry,
+        )
+        self.undersized_tables = Gauge(
+            "ebpflb_maglev_undersized_tables",
+            "Frontends whose Maglev table gives its backends fewer than 100 slots each (the"
+            " largest table allowed is too small for an even spread).",
             registry=registry,
         )
         self.drift_repaired = Counter(
