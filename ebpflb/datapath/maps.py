@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -245,13 +245,3 @@ class MapSet(Protocol):
     def counters(self) -> dict[str, int]:
         """Datapath event counters summed over CPUs, by Counter.label (STAT_* in C)."""
         ...
-
-
-def __getattr__(name: str) -> Any:
-    # Transitional: the fakes moved to ebpflb.datapath.fake; imports of them from here keep
-    # working (lazily, since fake.py imports this module) until every caller is updated.
-    if name in ("FakeMap", "FakeMapSet", "FakeSlotPool"):
-        from ebpflb.datapath import fake
-
-        return getattr(fake, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
