@@ -82,7 +82,11 @@ class ElementIO:
         key, value = self._key(keys, start), self._value(values, start)
         if lib.bpf_update_batch(self.fd, key, value, ct.byref(done)) == 0:
             return done.value, 0
-        return done.value, ct.get_errno()
+        err = ct.get_errno()
+        # A failing batch reports how many elements it wrote before the failure; a kernel
+        # that refuses the command outright (5.10 for an LPM trie) leaves the count as it
+        # was asked, which would read as "all written" and skip past the end.
+        return (0 if done.value >= count else done.value), err
 
     def _update_one(self, keys: int, values: int, index: int) -> int:
         """errno of writing one element, or 0."""
