@@ -202,7 +202,7 @@ def test_the_host_root_is_shared_read_only_and_results_writable(tmp_path: Path) 
     assert "path=/,readonly=on" in joined
     assert f"path={tmp_path},security_model=passthrough" in joined
     assert "readonly" not in joined.split(f"path={tmp_path}")[1].split(" ")[0]
-    assert "-no-reboot" in argv and "tcg,tb-size=128" in argv
+    assert "-no-reboot" in argv and "tcg,thread=single,tb-size=128" in argv
 
 
 def test_the_guests_status_file_wins_over_the_console(tmp_path: Path) -> None:
@@ -288,26 +288,33 @@ def test_merged_junit_keeps_each_kernels_cases_apart(tmp_path: Path) -> None:
 
 def result(kernel: str, outcomes: list[Outcome], problem: str = "") -> KernelResult:
     cases = tuple(Case(f"tests/kernel/test_x.py::t{i}", o) for i, o in enumerate(outcomes))
-    return KernelResult(kernel, f"{kernel}.0-1-amd64", cases, 754.0, excluded=1, problem=problem)
+    return KernelResult(
+        kernel, f"{kernel}.0-1-amd64", cases, 754.0, 600.0, excluded=1, problem=problem
+    )
 
 
 def test_summary_table_counts_and_minutes() -> None:
     ok = result("5.10", [Outcome.PASSED] * 3 + [Outcome.SKIPPED])
     failed = result("6.1", [Outcome.PASSED, Outcome.FAILED])
     lines = junit.summary([ok, failed]).splitlines()
-    assert lines[0].split() == [
-        "kernel",
-        "release",
-        "passed",
-        "failed",
-        "skipped",
-        "excluded",
-        "minutes",
-        "result",
+    assert lines[0].split() == (
+        "kernel release passed failed skipped excluded minutes cpu-min result".split()
+    )
+    assert lines[1].split() == ["5.10", "5.10.0-1-amd64", "3", "0", "1", "1", "12.6", "10.0", "ok"]
+    assert lines[2].split() == [
+        "6.1",
+        "6.1.0-1-amd64",
+        "1",
+        "1",
+        "0",
+        "1",
+        "12.6",
+        "10.0",
+        "FAILED",
     ]
-    assert lines[1].split() == ["5.10", "5.10.0-1-amd64", "3", "0", "1", "1", "12.6", "ok"]
-    assert lines[2].split() == ["6.1", "6.1.0-1-amd64", "1", "1", "0", "1", "12.6", "FAILED"]
-    assert len({line.index("passed") if "passed" in line else 0 for line in lines[:1]}) == 1
+    # numbers are right-aligned under their headers
+    right = lines[0].index("passed") + len("passed")
+    assert lines[1][right - 1] == "3" and lines[1][right] == " "
     assert junit.summary_rows([ok])[0]["minutes"] == 12.6
 
 

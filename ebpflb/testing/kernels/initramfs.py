@@ -37,6 +37,9 @@ mkdir -p /proc /sys /dev /newroot
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+# The kernel runs its module loader in this (initramfs) root: /sbin/modprobe here runs the
+# host's modprobe in /newroot, on the kernel's own modules bound there.
+echo /sbin/modprobe > /proc/sys/kernel/modprobe
 say() { echo "ebpflb-init: $*" > /dev/console; }
 fail() { say "$*"; echo "{marker} 250" > /dev/console; poweroff -f; }
 for m in $(cat /modules.order); do insmod "/modules/$m" || fail "insmod $m failed"; done
@@ -77,6 +80,9 @@ umount /newroot{results}
 echo "{marker} $status" > /dev/console
 poweroff -f
 """
+
+
+MODPROBE = '#!/bin/busybox sh\nexec /bin/busybox chroot /newroot /sbin/modprobe "$@"\n'
 
 
 def init_script(kernel_root: Path) -> str:
@@ -170,6 +176,8 @@ def build(kernel_root: Path, modules_dir: Path, busybox: Path = BUSYBOX) -> byte
         Entry("modules", stat.S_IFDIR | 0o755),
         Entry("bin/busybox", stat.S_IFREG | 0o755, busybox.read_bytes()),
         Entry("bin/sh", stat.S_IFLNK | 0o777, b"busybox"),
+        Entry("sbin", stat.S_IFDIR | 0o755),
+        Entry("sbin/modprobe", stat.S_IFREG | 0o755, MODPROBE.encode()),
         Entry("init", stat.S_IFREG | 0o755, init_script(kernel_root).encode()),
     ]
     names = []

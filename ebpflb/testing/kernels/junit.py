@@ -66,6 +66,7 @@ class KernelResult:
     release: str  # uname -r, "5.10.0-46-amd64"
     cases: tuple[Case, ...]
     seconds: float
+    cpu_seconds: float = 0.0  # the VM's CPU time (its wall time on a core of its own)
     excluded: int = 0
     problem: str = ""  # why the run as a whole failed (no guest result, timeout, ...)
 
@@ -118,6 +119,7 @@ def summary_rows(results: Sequence[KernelResult]) -> list[dict[str, object]]:
             "skipped": r.count(Outcome.SKIPPED),
             "excluded": r.excluded,
             "minutes": round(r.seconds / 60, 1),
+            "cpu_minutes": round(r.cpu_seconds / 60, 1),
             "ok": r.ok,
             "problem": r.problem,
         }
@@ -127,7 +129,17 @@ def summary_rows(results: Sequence[KernelResult]) -> list[dict[str, object]]:
 
 def summary(results: Sequence[KernelResult]) -> str:
     """The table printed at the end of a matrix run."""
-    header = ("kernel", "release", "passed", "failed", "skipped", "excluded", "minutes", "result")
+    header = (
+        "kernel",
+        "release",
+        "passed",
+        "failed",
+        "skipped",
+        "excluded",
+        "minutes",
+        "cpu-min",
+        "result",
+    )
     rows = [header]
     for r in results:
         rows.append(
@@ -139,11 +151,12 @@ def summary(results: Sequence[KernelResult]) -> str:
                 str(r.count(Outcome.SKIPPED)),
                 str(r.excluded),
                 f"{r.seconds / 60:.1f}",
+                f"{r.cpu_seconds / 60:.1f}",
                 "ok" if r.ok else (r.problem or "FAILED"),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-    numeric = {2, 3, 4, 5, 6}
+    numeric = {2, 3, 4, 5, 6, 7}
 
     def line(row: Sequence[str]) -> str:
         cells = [

@@ -15,7 +15,8 @@ from ebpflb.testing.kernels.initramfs import RESULTS_MOUNT
 
 KERNEL_TESTS = "tests/kernel"
 # Multiplies AgentProcess's waits (ebpflb/testing/agentproc.py): under emulation an agent
-# start (imports, numba, two BCC compiles) takes ~30-60 s where the host takes ~1.5 s.
+# start (imports ~10 s, numba ~15 s, the feature probe ~8 s, socket-LB ~26 s and NodePort
+# ~35-70 s of BCC compiling) takes 1-2.5 minutes where the host takes ~1.5 s.
 TIMEOUT_SCALE = 10
 
 
