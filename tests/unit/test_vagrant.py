@@ -57,9 +57,10 @@ def test_one_test_vm_per_kernel_line_and_a_three_node_cluster(
     vagrantfile = (VAGRANT_DIR / "Vagrantfile").read_text()
     for name, line in KERNEL_LINES.items():
         assert f'"{name}" => {{ box: ' in vagrantfile and f'kernel: "{line}"' in vagrantfile
-    assert "--skip-phases=addon/kube-proxy" in (
-        VAGRANT_DIR / "provision" / "k8s-control-plane.sh"
-    ).read_text()
+    assert (
+        "--skip-phases=addon/kube-proxy"
+        in (VAGRANT_DIR / "provision" / "k8s-control-plane.sh").read_text()
+    )
 
 
 def test_provisioning_scripts_parse() -> None:
