@@ -384,13 +384,14 @@ def test_the_table_is_replaced_between_its_markers_only() -> None:
             "skipped": 0,
             "excluded": 1,
             "minutes": 21.5,
+            "cpu_minutes": 20.0,
         }
     ]
     table = features.render(columns, summary, hooks=HOOKS)
     updated = features.replace_between_markers(readme, table)
     assert updated.startswith(f"intro\n{features.BEGIN}\n| Feature")
     assert updated.endswith(f"{features.END}\noutro\n") and "old table" not in updated
-    assert "| 5.10 (`5.10.0-46-amd64`) | 60 | 0 | 0 | 1 | 21.5 |" in updated
+    assert "| 5.10 (`5.10.0-46-amd64`) | 60 | 0 | 0 | 1 | 21.5 | 20.0 |" in updated
     assert features.replace_between_markers(updated, table) == updated
     with pytest.raises(ValueError, match="markers"):
         features.replace_between_markers("no markers", table)
