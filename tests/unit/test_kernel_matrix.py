@@ -190,6 +190,7 @@ def test_init_mounts_the_kernels_own_tree_and_reports_the_status() -> None:
     assert "KROOT=/var/cache/ebpflb/kernels/k/root" in script
     assert "hostroot /newroot" in script and ",ro," in script
     assert f"{initramfs.STATUS_MARKER} $status" in script
+    assert "cgroup.subtree_control" in script  # controllers on, as systemd has them
     assert not re.search(r"\{[a-z_]+\}", script)  # every placeholder filled
 
 

@@ -55,6 +55,11 @@ mkdir -p /newroot/dev/pts /newroot/dev/shm 2>/dev/null
 mount -t devpts devpts /newroot/dev/pts
 mount -t tmpfs tmpfs /newroot/dev/shm
 mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup || fail "mounting cgroup2 failed"
+# What systemd does on a host: every controller on for child cgroups (the bench reads the
+# kernel memory a fresh memory cgroup was charged).
+for c in $(cat /newroot/sys/fs/cgroup/cgroup.controllers); do
+    echo "+$c" > /newroot/sys/fs/cgroup/cgroup.subtree_control
+done
 mount -t bpf bpf /newroot/sys/fs/bpf || fail "mounting bpffs failed"
 mount -t debugfs debugfs /newroot/sys/kernel/debug 2>/dev/null
 mount -t tracefs tracefs /newroot/sys/kernel/tracing 2>/dev/null
