@@ -29,6 +29,7 @@ from ebpflb.errors import InvalidObjectError
 from ebpflb.healthcheck import HealthCheckServers, HealthTarget
 from ebpflb.metrics import Metrics
 from ebpflb.model import Frontend, NamespacedName, TrafficPolicy
+from ebpflb.observe.status import AgentStatus, SyncRecord, SyncRecordKind
 from ebpflb.reconcile import ApplyResult, Reconciler
 from ebpflb.runner import BoundedFrequencyRunner, SyncKind
 from ebpflb.sources.base import Kind
@@ -67,11 +68,14 @@ class Agent:
         health: HealthCheckServers | None = None,
         housekeeping: Callable[[], object] | None = None,
         on_synced: Callable[[], object] | None = None,
+        status: AgentStatus | None = None,
     ) -> None:
         """`maps` None: given later with `use_maps`. `health` serves healthCheckNodePorts;
         `housekeeping` runs at every full resync (expiring idle flows); `on_synced` once,
-        after the first sync."""
+        after the first sync. `status` is told of lists, queued changes, syncs and
+        rejected objects (/status, /healthz)."""
         self.config = config
+        self.status = status
         self.health = health
         self.housekeeping = housekeeping
         self._on_synced = on_synced
@@ -141,16 +145,25 @@ class Agent:
             # The object's last good version (if any) stays programmed.
             log.error("invalid %s, skipped: %s", exc.kind, exc)
             self.metrics.invalid_objects.labels(exc.kind).inc()
+            if self.status is not None:
+                self.status.object_rejected(exc.kind, exc.ref, str(exc))
             return
+        if self.status is not None:
+            ref = translation.ref if kind is Kind.SERVICE else slice_.ref
+            self.status.object_accepted(kind.value, str(ref))
         if pending:
             self._changed()
 
     def object_deleted(self, kind: Kind, ref: NamespacedName) -> None:
+        if self.status is not None:
+            self.status.object_accepted(kind.value, str(ref))
         tracker = self.services if kind is Kind.SERVICE else self.slices
         if tracker.delete(ref):
             self._changed()
 
     def initial_list_done(self, kind: Kind) -> None:
+        if self.status is not None:
+            self.status.list_done(kind)
         with self._enable_lock:
             self._listed.add(kind)
         self._enable_when_ready()
@@ -165,6 +178,8 @@ class Agent:
         if not self._ready:
             return  # the first sync takes every service anyway: spare the initial lists this
         self.metrics.pending_changes.set(self.services.pending() + self.slices.pending())
+        if self.status is not None:
+            self.status.change_queued()  # kube-proxy's QueuedUpdate
         self.runner.request()
 
     # ---- sync ----------------------------------------------------------------------------
@@ -175,6 +190,9 @@ class Agent:
 
     def _sync_unpaused(self, kind: SyncKind) -> bool:
         started = time.monotonic()
+        first = not self.synced.is_set()  # the first sync to complete
+        if self.status is not None:
+            self.status.sync_started()
         changed = self.services.take_changes() | self.slices.take_changes() | self._retry
         self._retry = set()
         self.metrics.pending_changes.set(0)
@@ -198,6 +216,8 @@ class Agent:
         ok = not self._retry
         self.metrics.sync_duration.labels(kind.value).observe(elapsed)
         self.metrics.syncs.labels(kind.value, "ok" if ok else "error").inc()
+        if self.status is not None:
+            self._record_sync(first, kind, elapsed, result, ok)
         if not self.synced.is_set():
             log.info(
                 "initial sync complete in %.3fs: %d frontends, %d errors",
@@ -231,6 +251,33 @@ class Agent:
             if self.housekeeping is not None:
                 self.housekeeping()
         return result
+
+    def _record_sync(
+        self, first: bool, kind: SyncKind, elapsed: float, result: ApplyResult | None, ok: bool
+    ) -> None:
+        assert self.status is not None
+        result = result or ApplyResult()
+        self.status.orphan_slices(
+            {
+                service: tuple(s.ref for s in self.slices.slices_for(service))
+                for service in self._warned_orphans
+            }
+        )
+        self.status.sync_finished(
+            SyncRecord(
+                kind=SyncRecordKind.FIRST if first else SyncRecordKind(kind.value),
+                finished=time.time(),
+                duration_s=elapsed,
+                frontends=len(self.reconciler.realized),
+                ok=ok,
+                added=result.added,
+                updated=result.updated,
+                removed=result.removed,
+                unchanged=result.unchanged,
+                failed=len(result.failed),
+                errors=tuple(result.errors),
+            )
+        )
 
     def _refresh(
         self, refs: set[NamespacedName]

@@ -85,7 +85,13 @@ _CONFIG_FLAGS: tuple[tuple[str, str, type, str], ...] = (
         "--metrics-bind-address",
         "metrics_bind_address",
         str,
-        "HOST:PORT for /metrics; empty disables",
+        "HOST:PORT for /metrics and /status; empty disables",
+    ),
+    (
+        "--healthz-bind-address",
+        "healthz_bind_address",
+        str,
+        "HOST:PORT for /healthz, /livez (kube-proxy's) and /readyz; empty disables",
     ),
 )
 

@@ -18,8 +18,11 @@ from ebpflb.errors import ConfigError
 from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE, TABLE_SIZES
 
 DEFAULT_BPFFS_DIR = Path("/sys/fs/bpf/ebpflb")
-# kube-proxy's metricsBindAddress default.
+# kube-proxy's metricsBindAddress and healthzBindAddress defaults. Cloud load balancers
+# probe 10256/healthz on every node (GCE hard-codes the port for externalTrafficPolicy:
+# Cluster services), so the health server keeps kube-proxy's address.
 DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1:10249"
+DEFAULT_HEALTHZ_BIND_ADDRESS = "0.0.0.0:10256"
 # The Maglev hash is keyed blake2b (ebpflb.maglev), whose key is at most 64 bytes.
 MAX_HASH_SEED_BYTES = 64
 
@@ -62,7 +65,9 @@ class Config:
     min_sync_period: float = 0.5
     max_sync_period: float = 30.0
     retry_period: float = 2.0
+    # HOST:PORT of /metrics and /status, and of /healthz, /livez and /readyz; "" disables.
     metrics_bind_address: str = DEFAULT_METRICS_BIND_ADDRESS
+    healthz_bind_address: str = DEFAULT_HEALTHZ_BIND_ADDRESS
 
     def __post_init__(self) -> None:
         for name in (
@@ -103,6 +108,18 @@ class Config:
             raise ConfigError("need 0 < min-sync-period <= max-sync-period")
         if not self.retry_period > 0:
             raise ConfigError(f"retry-period must be > 0 seconds, got {self.retry_period}")
+        for flag, address in (
+            ("metrics-bind-address", self.metrics_bind_address),
+            ("healthz-bind-address", self.healthz_bind_address),
+        ):
+            if address:
+                parse_bind_address(address, flag)
+
+    @property
+    def health_timeout(self) -> float:
+        """How long a queued change may wait before /healthz answers 503: twice the full
+        resync period, as kube-proxy derives its healthTimeout from syncPeriod."""
+        return 2 * self.max_sync_period
 
     def _check_limits(self) -> None:
         """Limits that contradict each other: no state of the cluster could make them work.
@@ -149,3 +166,16 @@ class Config:
         """The -D flags that size the maps and place the pins (bpf/lib/consts.h); which
         macro each field sets is ebpflb.datapath.contract's table."""
         return contract.cflags(self)
+
+
+
+def parse_bind_address(address: str, flag: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [ADDR]:PORT; an empty HOST means every address) -> (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{flag} {address!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ConfigError(f"{flag} {address!r}: write an IPv6 address as [ADDRESS]:PORT")
+    return host or "0.0.0.0", int(port)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -140,3 +140,34 @@ class SourceCollector(Collector):
             for event, value in sorted(counters.items()):
                 family.add_metric([source, event], value)
         yield family
+
+
+class StatusCollector(Collector):
+    """Start-up phases and frontend changes from the agent's status record (the same
+    figures /status shows), read at scrape time."""
+
+    def __init__(
+        self,
+        phases: Callable[[], Mapping[str, float]],
+        changes: Callable[[], Mapping[str, int]],
+    ) -> None:
+        self._phases = phases
+        self._changes = changes
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        phases = GaugeMetricFamily(
+            "ebpflb_startup_phase_seconds",
+            "Seconds from the process start to the end of each start-up phase.",
+            labels=["phase"],
+        )
+        for phase, seconds in self._phases().items():
+            phases.add_metric([phase], seconds)
+        yield phases
+        changes = CounterMetricFamily(
+            "ebpflb_frontend_changes",
+            "Frontends (VIP:port/proto) added, updated and removed in the maps by syncs.",
+            labels=["change"],
+        )
+        for change, count in sorted(self._changes().items()):
+            changes.add_metric([change], count)
+        yield changes

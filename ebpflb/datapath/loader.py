@@ -156,8 +156,9 @@ class SocketLB:
         self.load_seconds = time.monotonic() - started
         log.info("compiled and loaded socket-LB programs in %.2fs", self.load_seconds)
 
-    def attach(self, cgroup: Path) -> None:
-        """Attach to `cgroup`, then detach any older ebpflb programs there (restart)."""
+    def attach(self, cgroup: Path) -> int:
+        """Attach to `cgroup`, then detach any older ebpflb programs there (restart); how
+        many older programs were replaced."""
         fd = _open_cgroup(cgroup)
         try:
             mine = set()
@@ -174,6 +175,7 @@ class SocketLB:
             os.close(fd)
         if replaced:
             log.info("replaced %d programs of a previous ebpflb on %s", replaced, cgroup)
+        return replaced
 
     def close(self) -> None:
         """Drop this process's handles; attached programs and pins stay in the kernel."""

@@ -23,7 +23,7 @@ import yaml
 
 from ebpflb.errors import ManifestError
 from ebpflb.model import NamespacedName
-from ebpflb.sources.base import Kind, ObjectSink
+from ebpflb.sources.base import Kind, ListFigures, ObjectSink, SourceProgress
 from ebpflb.translate import object_ref
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,7 @@ class ManifestSource:
         self._thread: threading.Thread | None = None
         self._reloads = 0
         self._errors = 0
+        self._progress = SourceProgress()
 
     def sync_once(self) -> bool:
         """Reload if the files changed and have since stayed unchanged for a poll, and
@@ -144,6 +145,7 @@ class ManifestSource:
             return False  # unchanged, or still changing
         first = self._loaded is None
         self._loaded = fingerprint
+        started = time.monotonic()
         snapshot = load(self.path)
         self._reloads += 1
         self._errors += len(snapshot.errors)
@@ -155,6 +157,14 @@ class ManifestSource:
         for key, obj in sorted(snapshot.objects.items(), key=lambda item: _sort_key(item[0])):
             if previous.get(key) != obj:
                 self.sink.object_updated(key[0], obj)
+        lists = self._progress.lists
+        if first:  # both kinds come from one read of the files
+            seconds = time.monotonic() - started
+            lists = {
+                kind: ListFigures(sum(1 for k, _ in snapshot.objects if k is kind), seconds)
+                for kind in Kind
+            }
+        self._progress = SourceProgress(lists=lists, errors=snapshot.errors)
         if first:
             for kind in Kind:
                 self.sink.initial_list_done(kind)
@@ -178,6 +188,10 @@ class ManifestSource:
     def counters(self) -> dict[str, dict[str, int]]:
         """Reloads of the files and documents that failed to parse (for metrics)."""
         return {"manifests": {"reloads": self._reloads, "errors": self._errors}}
+
+    def progress(self) -> SourceProgress:
+        """The first read's sizes and time; the errors of the latest read."""
+        return self._progress
 
     def stop(self) -> None:
         self._stop.set()

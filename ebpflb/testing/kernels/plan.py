@@ -25,7 +25,7 @@ class Exclusion:
     """A test (node id or prefix) left out on some kernel lines, and why."""
 
     nodeid: str
-    lines: frozenset[str]  # kernel lines it is left out on
+    kernel_lines: frozenset[str]  # kernel lines it is left out on
     reason: str
 
 
@@ -33,7 +33,7 @@ EXCLUDED: Sequence[Exclusion] = ()
 
 
 def excluded_on(line: str, exclusions: Sequence[Exclusion] = EXCLUDED) -> list[Exclusion]:
-    return [e for e in exclusions if line in e.lines]
+    return [e for e in exclusions if line in e.kernel_lines]
 
 
 def guest_plan(
