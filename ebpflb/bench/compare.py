@@ -44,7 +44,8 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
-from ebpflb.bench import kubeproxy, loadgen, scenario
+from ebpflb.bench import loadgen, scenario
+from ebpflb.bench.kubeproxy import iptables, nftables
 from ebpflb.bench.report import check_targets
 from ebpflb.bench.settings import Settings
 from ebpflb.bench.stats import percentile
@@ -266,13 +267,13 @@ def program_iptables(
     binary = mode
     if shutil.which(f"{binary}-restore") is None:
         raise EbpflbError(f"{binary}-restore not found (Debian package iptables)")
-    restore = [f"{binary}-restore", *kubeproxy.RESTORE_FLAGS]
+    restore = [f"{binary}-restore", *iptables.RESTORE_FLAGS]
     with _memory_cgroup(topo, mode) as memory:
         enter = memory.enter if memory else None
         # What kube-proxy does before its first sync (counters, chains, jumps), untimed.
-        for argv in [*kubeproxy.nfacct_argv(), *kubeproxy.iptables_setup_argv(binary)]:
+        for argv in [*iptables.nfacct_argv(), *iptables.setup_argv(binary)]:
             run_timed(argv, topo.node, preexec_fn=enter)
-        full_text = kubeproxy.iptables_full(services)
+        full_text = iptables.full_sync(services)
         full = run_timed(restore, topo.node, stdin=full_text, preexec_fn=enter)
         kernel = memory.kernel_bytes() if memory else None
     result = Programmed(full.seconds, full.cpu_seconds, kernel_memory_bytes=kernel)
@@ -283,7 +284,7 @@ def program_iptables(
     }
     ready = settings.endpoints - 1
     for index in change_picks(len(services), settings.changes):
-        text = kubeproxy.iptables_partial(services, index, ready)
+        text = iptables.partial_sync(services, index, ready)
         timed = run_timed(restore, topo.node, stdin=text)
         result.change_s.append(timed.seconds)
         result.change_cpu_s.append(timed.cpu_seconds)
@@ -296,7 +297,7 @@ def program_nftables(
     if shutil.which("nft") is None:
         raise EbpflbError("nft not found (Debian package nftables)")
     with _memory_cgroup(topo, "nftables") as memory:
-        full_text = kubeproxy.nftables_full(services, node_ip=NODE_IP)
+        full_text = nftables.full_sync(services, node_ip=NODE_IP)
         full = run_timed(
             ["nft", "-f", "-"],
             topo.node,
@@ -309,7 +310,7 @@ def program_nftables(
     ready = settings.endpoints - 1
     for index in change_picks(len(services), settings.changes):
         timed = run_timed(
-            ["nft", "-f", "-"], topo.node, stdin=kubeproxy.nftables_partial(services, index, ready)
+            ["nft", "-f", "-"], topo.node, stdin=nftables.partial_sync(services, index, ready)
         )
         result.change_s.append(timed.seconds)
         result.change_cpu_s.append(timed.cpu_seconds)
