@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -12,13 +11,12 @@ import sys
 from pathlib import Path
 
 from ebpflb import __version__
-from ebpflb.bench import settings as compare_settings
+from ebpflb.bench import command as bench_command
 from ebpflb.config import DEFAULT_BPFFS_DIR, Config, XdpMode
 from ebpflb.errors import ConfigError, EbpflbError
 
 log = logging.getLogger("ebpflb")
 DEFAULTS = Config()
-BENCH_DEFAULTS = compare_settings.Settings()
 
 EXAMPLES = """\
 examples:
@@ -29,6 +27,7 @@ examples:
   ebpflb maps dump --json --tables                 # ... with every Maglev slot
   ebpflb bench --quick --plot bench.png             # ebpflb vs kube-proxy, ~2 minutes
   ebpflb bench                                     # the full run (under 15 minutes)
+  ebpflb bench compare --from-report report.json   # ... its tables again, from a saved run
   ebpflb bench maglev                              # balance, disruption, memory, speed
   ebpflb bench sync                                # the agent's start-up and updates in detail
   ebpflb cleanup                                   # detach programs, remove pins
@@ -185,71 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --json: every Maglev slot's backend, in slot order",
     )
 
-    bench = sub.add_parser(
-        "bench",
-        help="ebpflb vs kube-proxy's iptables and nftables modes, data and control plane"
-        " (root; builds and removes its own namespaces); or one of the sub-benchmarks",
-        description="Without a sub-command: for every N and mode, program N services in a"
-        " network of namespaces of its own, measure connect() latency, connection and"
-        " NodePort request rates, programming and update times and kernel memory, and"
-        " print a table (see README, 'Benchmark').",
-    )
-    bench.add_argument(
-        "--services",
-        default=",".join(str(n) for n in BENCH_DEFAULTS.services),
-        help="numbers of services to measure at, comma-separated (default %(default)s)",
-    )
-    bench.add_argument(
-        "--modes",
-        default=",".join(BENCH_DEFAULTS.modes),
-        help="modes to compare, comma-separated (default %(default)s)",
-    )
-    bench.add_argument("--endpoints", type=int, default=BENCH_DEFAULTS.endpoints)
-    bench.add_argument(
-        "--kube-proxy-max-services",
-        type=int,
-        default=BENCH_DEFAULTS.kube_proxy_max_services,
-        help="largest N for the kube-proxy modes (default %(default)s)",
-    )
-    bench.add_argument(
-        "--iptables-nft-max-services",
-        type=int,
-        default=BENCH_DEFAULTS.iptables_nft_max_services,
-        help="largest N for iptables-nft, whose load grows quadratically (default %(default)s)",
-    )
-    bench.add_argument("--rounds", type=int, default=BENCH_DEFAULTS.rounds)
-    bench.add_argument("--batch", type=int, default=BENCH_DEFAULTS.batch)
-    bench.add_argument(
-        "--rate-seconds", type=float, default=BENCH_DEFAULTS.rate_seconds, metavar="S"
-    )
-    bench.add_argument("--no-xdp", action="store_true", help="skip the XDP NodePort run")
-    bench.add_argument(
-        "--quick",
-        action="store_true",
-        help="N=100,1000, fewer and shorter runs (about two minutes)",
-    )
-    bench.add_argument("--json", action="store_true", help="print the report as JSON")
-    bench.add_argument("--save", type=Path, metavar="FILE", help="also write the JSON report")
-    bench.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the figures")
-    bench.add_argument(
-        "--from-report",
-        type=Path,
-        metavar="FILE",
-        help="render a saved JSON report (table, --plot) instead of measuring",
-    )
-    bench_sub = bench.add_subparsers(dest="bench_command")
-    mb = bench_sub.add_parser("maglev", help="Maglev balance, disruption, memory, build time")
-    mb.add_argument("--json", action="store_true")
-    mb.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
-    sb = bench_sub.add_parser(
-        "sync",
-        help="the agent's start-up, first sync, updates and resync through the API, in detail"
-        " (root; own cgroup and pins, all removed)",
-    )
-    sb.add_argument("--json", action="store_true")
-    sb.add_argument("--services", type=int, default=10_000)
-    sb.add_argument("--endpoints", type=int, default=3, help="endpoints per service")
-    sb.add_argument("--changes", type=int, default=5, help="single-slice changes timed")
+    bench_command.add_parser(sub)
     return parser
 
 
@@ -326,95 +261,15 @@ def cmd_maps_dump(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_maglev(args: argparse.Namespace) -> int:
-    from ebpflb.bench import maglev as bench
-
-    report = bench.run_maglev_bench(quick=args.quick)
-    print(json.dumps(report, indent=2) if args.json else bench.render_text(report))
-    return 0
-
-
-def cmd_bench_sync(args: argparse.Namespace) -> int:
-    from ebpflb.bench import sync as bench
-
-    report = bench.run_sync_bench(
-        services=args.services,
-        endpoints=args.endpoints,
-        changes=args.changes,
-    )
-    print(json.dumps(report, indent=2) if args.json else bench.render_text(report))
-    return 0
-
-
-def _bench_settings(args: argparse.Namespace) -> compare_settings.Settings:
-    def numbers(text: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(n.replace("_", "")) for n in text.split(",") if n)
-        except ValueError as exc:
-            raise ConfigError(f"--services: comma-separated numbers, not {text!r}") from exc
-
-    base = compare_settings.QUICK if args.quick else compare_settings.Settings()
-    settings = dataclasses.replace(
-        base,
-        modes=tuple(m for m in args.modes.split(",") if m),
-        endpoints=args.endpoints,
-        kube_proxy_max_services=args.kube_proxy_max_services,
-        iptables_nft_max_services=args.iptables_nft_max_services,
-        xdp=not args.no_xdp,
-    )
-    # Explicit options win over --quick's choices.
-    given = {
-        "services": args.services != ",".join(str(n) for n in BENCH_DEFAULTS.services),
-        "rounds": args.rounds != BENCH_DEFAULTS.rounds,
-        "batch": args.batch != BENCH_DEFAULTS.batch,
-        "rate_seconds": args.rate_seconds != BENCH_DEFAULTS.rate_seconds,
-    }
-    overrides: dict[str, object] = {}
-    if given["services"] or not args.quick:
-        overrides["services"] = numbers(args.services)
-    for name in ("rounds", "batch", "rate_seconds"):
-        if given[name]:
-            overrides[name] = getattr(args, name)
-    settings = dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
-    settings.validate()
-    return settings
-
-
-def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from ebpflb.bench import report as bench_report
-
-    if args.from_report:
-        report = json.loads(args.from_report.read_text())
-    else:
-        from ebpflb.bench import compare
-
-        report = compare.run_compare(
-            _bench_settings(args), progress=lambda line: print(line, file=sys.stderr)
-        )
-    if args.save:
-        args.save.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        bench_report.plot(report, args.plot)
-    print(json.dumps(report, indent=2) if args.json else bench_report.render(report))
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.bench_command == "sync":
-        return cmd_bench_sync(args)
-    if args.bench_command == "maglev":
-        return cmd_bench_maglev(args)
-    return cmd_bench_compare(args)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(bench_command.with_default_subcommand(argv))
     _setup_logging(args.debug)
     handler = {
         "run": cmd_run,
         "cleanup": cmd_cleanup,
         "maps": cmd_maps_dump,
-        "bench": cmd_bench,
+        "bench": bench_command.run,
     }[args.command]
     try:
         return handler(args)
