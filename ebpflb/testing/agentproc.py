@@ -134,23 +134,6 @@ class AgentProcess:
         """The agent's log so far, for people (failure messages): never to be matched."""
         return "\n".join(self.lines)
 
-    def wait_for(self, text: str, timeout: float = 30.0, start: int = 0) -> str:
-        """Deprecated, kept only for ebpflb/bench until it reads /status (the bench worker
-        converts it): block until a log line containing `text` appears. Nothing else may
-        call this (tests/unit/test_no_log_matching.py)."""
-        deadline = time.monotonic() + timeout * TIMEOUT_SCALE
-        seen = start
-        while True:
-            for line in self.lines[seen:]:
-                if text in line:
-                    return line
-            seen = len(self.lines)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"agent did not log {text!r} in {timeout}s:\n" + self.output())
-            with contextlib.suppress(queue.Empty):
-                if self._queue.get(timeout=0.2) is None and self.proc.poll() is not None:
-                    raise RuntimeError(f"agent exited ({self.proc.returncode}):\n" + self.output())
-
     # ---- the agent's HTTP interfaces -----------------------------------------------------
 
     def get(self, server: str, path: str, timeout: float = 5.0) -> tuple[int, bytes]:

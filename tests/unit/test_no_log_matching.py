@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # agentproc.py keeps the log for people; the bench still waits on a log line until the
 # bench worker moves it to /status: then drop this exemption and AgentProcess.wait_for.
-EXEMPT = ("ebpflb/testing/agentproc.py", "ebpflb/bench/")
+EXEMPT = ("ebpflb/testing/agentproc.py",)
 
 
 def log_readers(path: Path) -> list[str]:

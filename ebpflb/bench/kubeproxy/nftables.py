@@ -53,11 +53,11 @@ class _Tx:
     """A knftables transaction rendered as nft -f text."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.statements: list[str] = []
         self.created: set[str] = set()
 
     def op(self, text: str) -> None:
-        self.lines.append(text)
+        self.statements.append(text)
 
     def ensure_chain(self, chain: str) -> None:
         """ensureChain: add and flush once per transaction."""
@@ -83,7 +83,7 @@ class _Tx:
         self.op(f'add {kind} {NFT_TABLE} {name} {{ {spec}comment "{comment}" ; }}')
 
     def text(self) -> str:
-        return "\n".join([*self.lines, ""])
+        return "\n".join([*self.statements, ""])
 
 
 def _nft_setup(tx: _Tx, *, node_ip: str | None, service_cidr: str, mark: str) -> None:
