@@ -2,8 +2,9 @@
 
 BCC creates, loads and attaches; what it lacks is opening a pin by path (for `maps dump`
 and restarts without compiling), reading an object's kernel-side info (to check a pin's
-layout and find our programs by name), and listing/detaching what a cgroup has attached
-(for cleanup and restarts of another process's programs). Map element operations use
+layout and find our programs by name), listing/detaching what a cgroup has attached
+(for cleanup and restarts of another process's programs), and running a loaded program
+on a packet (BPF_PROG_TEST_RUN; typed in testrun.py). Map element operations use
 libbcc's exported wrappers (bcc.libbcc.lib).
 
 A failed command raises BpfError (a DatapathError, so the CLI prints it in one line)
@@ -26,6 +27,7 @@ _NR_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
 
 BPF_OBJ_GET = 7
 BPF_PROG_DETACH = 9
+BPF_PROG_TEST_RUN = 10
 BPF_PROG_GET_FD_BY_ID = 13
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_QUERY = 16
@@ -69,6 +71,28 @@ class _DetachAttr(ct.Structure):
         ("attach_type", ct.c_uint32),
         ("attach_flags", ct.c_uint32),
         ("replace_bpf_fd", ct.c_uint32),
+    ]
+
+
+class _TestRunAttr(ct.Structure):
+    """The `test` member of union bpf_attr (uapi/linux/bpf.h)."""
+
+    _fields_ = [
+        ("prog_fd", ct.c_uint32),
+        ("retval", ct.c_uint32),
+        ("data_size_in", ct.c_uint32),
+        ("data_size_out", ct.c_uint32),
+        ("data_in", ct.c_uint64),
+        ("data_out", ct.c_uint64),
+        ("repeat", ct.c_uint32),
+        ("duration", ct.c_uint32),
+        ("ctx_size_in", ct.c_uint32),
+        ("ctx_size_out", ct.c_uint32),
+        ("ctx_in", ct.c_uint64),
+        ("ctx_out", ct.c_uint64),
+        ("flags", ct.c_uint32),
+        ("cpu", ct.c_uint32),
+        ("batch_size", ct.c_uint32),
     ]
 
 
@@ -196,3 +220,33 @@ def prog_detach(target_fd: int, prog_fd: int, attach_type: int, what: str) -> No
     """Detach one specific program (needed for BPF_F_ALLOW_MULTI attachments)."""
     attr = _DetachAttr(target_fd, prog_fd, attach_type, 0, 0)
     _bpf(BPF_PROG_DETACH, attr, f"detaching {what}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgRunResult:
+    retval: int  # what the program returned (the last repetition's)
+    data: bytes  # the packet as the program left it
+    duration_ns: int  # kernel-measured time per repetition (mean)
+
+
+def prog_test_run(
+    prog_fd: int, data: bytes, ctx: ct.Structure | None, repeat: int, what: str
+) -> ProgRunResult:
+    """Run a loaded program `repeat` times on a copy of `data` (each repetition sees the
+    packet as the previous one left it), with an optional context (struct __sk_buff or
+    xdp_md prefix); BpfError naming `what` when the kernel refuses."""
+    data_in = ct.create_string_buffer(data, len(data))
+    data_out = ct.create_string_buffer(max(len(data) + 256, 4096))
+    attr = _TestRunAttr(
+        prog_fd=prog_fd,
+        data_size_in=len(data),
+        data_size_out=len(data_out),
+        data_in=ct.addressof(data_in),
+        data_out=ct.addressof(data_out),
+        repeat=repeat,
+    )
+    if ctx is not None:
+        attr.ctx_size_in = ct.sizeof(ctx)
+        attr.ctx_in = ct.addressof(ctx)
+    _bpf(BPF_PROG_TEST_RUN, attr, f"running {what} on a test packet")
+    return ProgRunResult(attr.retval, data_out.raw[: attr.data_size_out], attr.duration)

@@ -226,6 +226,16 @@ class NodePortLB:
             )
         return modes
 
+    def program_fd(self, name: str) -> int:
+        """The fd of one loaded program (INGRESS, EGRESS, or XDP when config.xdp is not
+        off), to run it on test packets (ebpflb.datapath.testrun)."""
+        programs = {self.INGRESS: self._ingress, self.EGRESS: self._egress}
+        if self._xdp_bpf is not None:
+            programs[self.XDP] = self._xdp
+        if name not in programs:
+            raise BpfLoadError(f"{name} is not loaded (loaded: {', '.join(programs)})")
+        return int(programs[name].fd)
+
     def _attach_xdp(self, ifname: str) -> XdpMode:
         mode = self.config.xdp
         if mode is XdpMode.OFF or self._xdp_bpf is None:
