@@ -39,8 +39,7 @@ def read(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(
-            f"config {path}: must be a mapping of option names to values, not a "
-            f"{_yaml_type(data)}"
+            f"config {path}: must be a mapping of option names to values, not a {_yaml_type(data)}"
         )
     for key in data:
         if not isinstance(key, str):
