@@ -176,6 +176,8 @@ def _mounts(
             if kind == "Directory" and not Path(source).is_dir():
                 raise Unsupported(f"hostPath {source} is not a directory on this machine")
         elif "configMap" in volume:
+            if volume["configMap"]["name"] not in config_maps:
+                raise Unsupported(f"ConfigMap {volume['configMap']['name']}: no data given")
             source = str(config_maps[volume["configMap"]["name"]])
             read_only = True  # the kubelet mounts ConfigMaps read-only
         else:

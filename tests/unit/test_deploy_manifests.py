@@ -23,6 +23,7 @@ from ebpflb.model import NamespacedName
 from ebpflb.sources.base import Kind
 from ebpflb.sources.kubernetes import ApiConfig, Backoff, KubernetesSource, WatchOptions
 from ebpflb.testing.fakeapi import FakeApiServer
+from tests.deploy import podtemplate
 from tests.factories import endpoint_slice, service
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -212,3 +213,49 @@ def test_rbac_binds_the_role_to_the_daemonsets_service_account() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
     ]
+
+
+# ---- the pod template as podman runs it (tests/deploy) ----------------------------------
+
+
+def test_pod_template_translates_to_podman_arguments(tmp_path: Path) -> None:
+    run = podtemplate.container(
+        daemonset(), "ebpflb", node_name="node7", config_maps={"ebpflb-config": tmp_path}
+    )
+    argv = run.argv(container_name="c", netns="ns1", extra_args=["--cgroup=/x"])
+    assert argv[-3:] == ["run", "--config=/etc/ebpflb/config.yaml", "--cgroup=/x"]
+    assert "--network" in argv and "ns:/run/netns/ns1" in argv
+    assert "NODE_NAME=node7" in argv
+    assert "--cap-drop=all" in argv
+    assert {a for a in argv if a.startswith("--cap-add=")} == {
+        "--cap-add=SYS_ADMIN",
+        "--cap-add=NET_ADMIN",
+        "--cap-add=SYS_RESOURCE",
+    }
+    assert "--security-opt=no-new-privileges" in argv
+    volumes = {argv[i + 1] for i, a in enumerate(argv) if a == "--volume"}
+    assert volumes == {
+        "/sys/fs/bpf:/sys/fs/bpf:rw,rslave",
+        "/sys/fs/cgroup:/host/sys/fs/cgroup:rw,rprivate",
+        "/lib/modules:/lib/modules:ro,rprivate",
+        "/usr/src:/usr/src:ro,rprivate",
+        f"{tmp_path}:/etc/ebpflb:ro,rprivate",
+    }
+    assert run.container_path(Path("/sys/fs/cgroup/unified/t")) == Path(
+        "/host/sys/fs/cgroup/unified/t"
+    )
+
+
+def test_pod_template_translation_refuses_what_it_does_not_run(tmp_path: Path) -> None:
+    ds = daemonset()
+    spec = ds["spec"]["template"]["spec"]
+    spec["containers"][0]["securityContext"]["privileged"] = True
+    data = {"ebpflb-config": tmp_path}
+    with pytest.raises(podtemplate.Unsupported, match="privileged"):
+        podtemplate.container(ds, "ebpflb", node_name="n", config_maps=data)
+    with pytest.raises(podtemplate.Unsupported, match="ConfigMap"):
+        podtemplate.container(daemonset(), "ebpflb", node_name="n", config_maps={})
+    ds = daemonset()
+    ds["spec"]["template"]["spec"]["hostPID"] = True
+    with pytest.raises(podtemplate.Unsupported, match="hostPID"):
+        podtemplate.container(ds, "ebpflb", node_name="n", config_maps=data)
