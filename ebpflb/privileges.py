@@ -116,9 +116,9 @@ def check(needs: Sequence[Need], have: frozenset[int] | None = None) -> None:
     """Raise KernelSetupError naming every needed capability this process lacks."""
     lacking = missing(needs, have)
     if lacking:
-        names = ", ".join(n.capability for n in lacking)
-        reasons = "; ".join(f"{n.capability}: {n.why}" for n in lacking)
-        raise KernelSetupError(f"missing capabilities {names} ({reasons}); {DEPLOY_HINT}")
+        which = "capability" if len(lacking) == 1 else "capabilities"
+        reasons = ", ".join(f"{n.capability} ({n.why})" for n in lacking)
+        raise KernelSetupError(f"missing {which} {reasons}; {DEPLOY_HINT}")
 
 
 def is_permission_error(exc: BaseException) -> bool:

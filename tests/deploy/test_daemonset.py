@@ -438,5 +438,5 @@ def test_a_missing_capability_is_named_at_start(lab: Lab) -> None:
     without = [c for c in agent.cap_add if c != "NET_ADMIN"]
     done = lab.podman(agent, detach=False, extra_args=lab.agent_overrides(agent), cap_add=without)
     assert done.returncode == 1
-    assert "missing capabilities CAP_NET_ADMIN" in done.stderr
+    assert "missing capability CAP_NET_ADMIN" in done.stderr
     assert "Traceback" not in done.stderr

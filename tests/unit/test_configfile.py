@@ -148,8 +148,12 @@ def test_missing_capability_is_named_with_the_reason() -> None:
     with pytest.raises(KernelSetupError) as caught:
         privileges.check(needs, caps("CAP_SYS_ADMIN", "CAP_BPF"))
     message = str(caught.value)
-    assert message.startswith("missing capabilities CAP_NET_ADMIN (CAP_NET_ADMIN: tc and XDP")
+    assert message.startswith("missing capability CAP_NET_ADMIN (tc and XDP programs")
     assert "deploy/daemonset.yaml" in message
+    with pytest.raises(
+        KernelSetupError, match=r"^missing capabilities CAP_SYS_ADMIN \(BCC.*\), CAP_NET"
+    ):
+        privileges.check(needs, caps("CAP_BPF"))
 
 
 def test_permission_errors_get_a_hint_naming_what_is_missing() -> None:
