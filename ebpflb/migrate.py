@@ -169,7 +169,10 @@ def cleanup_iptables(report: Report) -> None:
             continue
         saved = _run([save])
         if saved.returncode != 0:
-            report.errors.append(f"{save}: {saved.stderr.strip()}")
+            hint = ""
+            if "Permission denied" in saved.stderr:  # legacy talks through a raw socket
+                hint = " (iptables needs CAP_NET_ADMIN, and CAP_NET_RAW for its legacy backend)"
+            report.errors.append(f"{save}: {saved.stderr.strip()}{hint}")
             continue
         for table in plan(saved.stdout):
             done = _run([restore, "--noflush"], table.restore_input())
