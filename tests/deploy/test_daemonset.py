@@ -237,6 +237,13 @@ def served(results: list[dict[str, Any]]) -> set[str]:
     return {str(r["server"]) for r in results}
 
 
+def wait_served(lab: Lab, pods: set[str], container: str, timeout: float = 30) -> None:
+    """Until ClusterIP requests reach exactly `pods` (an API change has been applied)."""
+    deadline = time.monotonic() + timeout
+    while served(lab.clusterip(10)) != pods:
+        assert time.monotonic() < deadline, lab.logs(container)
+
+
 def web_objects() -> list[dict[str, Any]]:
     ports = [
         {"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": NODE_PORT}
@@ -377,10 +384,9 @@ def test_agent_syncs_and_serves_clusterip_and_nodeport(lab: Lab) -> None:
     api_objects = web_objects()
     api_objects[1]["endpoints"] = api_objects[1]["endpoints"][:1]
     lab.api.update(api_objects[1])
-    deadline = time.monotonic() + 30
-    while served(lab.clusterip(10)) != {"pod11"}:
-        assert time.monotonic() < deadline, lab.logs(container)
+    wait_served(lab, {"pod11"}, container)
     lab.api.update(web_objects()[1])
+    wait_served(lab, set(PODS), container)
 
 
 def test_readiness_and_liveness_endpoints_answer_after_the_first_sync(lab: Lab) -> None:
