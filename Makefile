@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-unit test-kernel lint bench clean-kernel setup-kernels test-kernels kernel-table
+.PHONY: setup demo test test-unit test-kernel test-deploy image lint bench clean-kernel setup-kernels test-kernels kernel-table
 
 setup:
 	@./scripts/setup.sh
@@ -20,6 +20,15 @@ test-unit: setup
 
 test-kernel: setup
 	$(PY) -m pytest -q -m kernel
+
+# The agent's image from deploy/Containerfile, on a base made from Debian's packages: no
+# registry (scripts/build-image.sh). Installs mmdebstrap, buildah, podman, runc.
+image:
+	@./scripts/build-image.sh
+
+# deploy/daemonset.yaml run with podman from that image (tests/deploy/).
+test-deploy: setup image
+	$(PY) -m pytest -q tests/deploy $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check ebpflb tests

@@ -10,7 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ebpflb import __version__
+from ebpflb import __version__, configfile, privileges
 from ebpflb.bench import command as bench_command
 from ebpflb.config import DEFAULT_BPFFS_DIR, Config, XdpMode
 from ebpflb.errors import ConfigError, EbpflbError
@@ -30,8 +30,20 @@ examples:
   ebpflb bench compare --from-report report.json   # ... its tables again, from a saved run
   ebpflb bench maglev                              # balance, disruption, memory, speed
   ebpflb bench sync                                # the agent's start-up and updates in detail
+  ebpflb run --config /etc/ebpflb/config.yaml      # options from a file (flags override it)
   ebpflb cleanup                                   # detach programs, remove pins
+  ebpflb cleanup --kube-proxy                      # remove what kube-proxy left on this node
 """
+
+
+def _add_config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="YAML file mapping `ebpflb run` option names to values (e.g. `ct-max: 262144`);"
+        " options given as flags override it",
+    )
 
 
 def _add_datapath_args(parser: argparse.ArgumentParser, *, cgroup: bool = True) -> None:
@@ -107,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the agent in the foreground")
+    _add_config_arg(run)
     run.add_argument(
         "--manifests",
         type=Path,
@@ -157,13 +170,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the NodePort ingress path in XDP where the driver allows (tc otherwise)",
     )
 
-    cleanup = sub.add_parser("cleanup", help="detach ebpflb's programs and remove its pins")
+    cleanup = sub.add_parser(
+        "cleanup",
+        help="detach ebpflb's programs and remove its pins; or, with --kube-proxy, remove"
+        " what kube-proxy left on this node",
+    )
+    _add_config_arg(cleanup)
     _add_datapath_args(cleanup)
     cleanup.add_argument(
         "--interfaces",
         type=_interfaces,
         metavar="IF[,IF]",
         help="interfaces to remove tc programs from (default: every interface here)",
+    )
+    cleanup.add_argument(
+        "--kube-proxy",
+        action="store_true",
+        help="instead: remove kube-proxy's rules from this network namespace, as"
+        " `kube-proxy --cleanup` does (KUBE-* iptables chains in both iptables backends and"
+        " the jumps to them, the `kube-proxy` nftables tables, the kube-ipvs0 interface);"
+        " other rules stay",
     )
 
     maps = sub.add_parser("maps", help="inspect the pinned maps")
@@ -222,6 +248,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.manifests is not None and args.kubeconfig is not None:
         raise ConfigError("--manifests and --kubeconfig are two sources: choose one")
+    privileges.check(privileges.needed_by_run(nodeport=config.interfaces != ()))
     if args.manifests is not None:
         source = app.manifest_source(args.manifests)
     else:
@@ -239,6 +266,13 @@ def node_name(given: str | None) -> str:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
+    if args.kube_proxy:
+        from ebpflb import migrate
+
+        report = migrate.cleanup_kube_proxy()
+        print(report.summary())
+        return 0 if not report.errors else 1
+
     from ebpflb.datapath import loader
     from ebpflb.datapath.mounts import cgroup2_root
 
@@ -261,9 +295,37 @@ def cmd_maps_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with a --config file's values as defaults flags override."""
+    parser = build_parser()
+    argv = bench_command.with_default_subcommand(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None) is not None:
+        commands = _commands(parser)
+        target = commands[args.command]
+        target.set_defaults(
+            **configfile.defaults(
+                args.config,
+                configfile.options(commands["run"]),
+                configfile.options(target),
+                list_types={_interfaces},
+            )
+        )
+        args = parser.parse_args(argv)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(bench_command.with_default_subcommand(argv))
+    try:
+        args = parse_args(argv)
+    except ConfigError as exc:
+        print(f"ebpflb: {exc}", file=sys.stderr)
+        return 2
     _setup_logging(args.debug)
     handler = {
         "run": cmd_run,
@@ -277,6 +339,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             log.exception("failed")
         print(f"ebpflb: {exc}", file=sys.stderr)
+        hint = privileges.permission_hint(exc)
+        if hint:
+            print(f"ebpflb: {hint}", file=sys.stderr)
+        return 1
+    except PermissionError as exc:  # a syscall no ebpflb layer wrapped: still no traceback
+        if args.debug:
+            log.exception("failed")
+        print(f"ebpflb: {exc}", file=sys.stderr)
+        print(f"ebpflb: {privileges.permission_hint(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import importlib.resources
 import logging
 import os
 import re
@@ -29,7 +30,9 @@ from ebpflb.errors import AttachError, BpfLoadError
 
 log = logging.getLogger(__name__)
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+# The C sources are package data (ebpflb/bpf, see pyproject.toml): an installed agent compiles
+# the sources it was installed with, wherever it runs from.
+BPF_DIR = Path(str(importlib.resources.files("ebpflb") / "bpf")).resolve()
 PROGRAM_PREFIX = "ebpflb_"  # every program ebpflb loads; cleanup detaches exactly these
 BPF_F_ALLOW_MULTI = 1 << 1
 
