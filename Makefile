@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-unit test-kernel lint bench clean-kernel
+.PHONY: setup demo test test-unit test-kernel test-deploy image lint bench clean-kernel setup-kernels test-kernels kernel-table
 
 setup:
 	@./scripts/setup.sh
@@ -21,6 +21,15 @@ test-unit: setup
 test-kernel: setup
 	$(PY) -m pytest -q -m kernel
 
+# The agent's image from deploy/Containerfile, on a base made from Debian's packages: no
+# registry (scripts/build-image.sh). Installs mmdebstrap, buildah, podman, runc.
+image:
+	@./scripts/build-image.sh
+
+# deploy/daemonset.yaml run with podman from that image (tests/deploy/).
+test-deploy: setup image
+	$(PY) -m pytest -q tests/deploy $(PYTEST_ARGS)
+
 lint: setup
 	$(VENV)/bin/ruff check ebpflb tests
 	$(VENV)/bin/mypy
@@ -31,3 +40,21 @@ bench: setup
 # Removes anything a crashed test run may have left (namespaces, cgroups, pins named ebpflb*).
 clean-kernel:
 	$(PY) -m ebpflb.testing.leftovers --remove
+
+# The kernel tests on other kernels: Debian's 5.10 and 6.1 (cached in /var/cache/ebpflb/kernels),
+# each booted once under qemu with this machine's root shared read-only; JUnit and the logs in
+# .ci/out/kernels/<version>/. KERNEL_TESTS narrows the selection (default: tests/kernel).
+KERNELS ?= 5.10 6.1
+KERNEL_TESTS ?=
+
+setup-kernels: setup
+	@./scripts/kernels/install.sh
+
+test-kernels: setup-kernels
+	nice -n 10 $(PY) -m ebpflb.testing.kernels run --kernels "$(KERNELS)" $(KERNEL_TESTS)
+
+# The README's kernel table from the last test-kernels run (and this machine's `make test`
+# JUnit, .ci/out/junit.xml, when there is one).
+kernel-table: setup
+	$(PY) -m ebpflb.testing.kernels table --readme README.md \
+		$(if $(wildcard .ci/out/junit.xml),--host-junit .ci/out/junit.xml)

@@ -4,8 +4,9 @@
  *   a packet to a frontend of one of those types is DNATed to a backend picked from the
  *   service's Maglev table by a hash of its 5-tuple (remembered in conntrack), and SNATed
  *   to the node's address when the backend runs on another node and externalTrafficPolicy
- *   is Cluster (kube-proxy's KUBE-MARK-MASQ). Packets whose source became a node address
- *   are forwarded by the program (lib/fib.h); DNAT-only packets go on to the stack.
+ *   is Cluster (kube-proxy's KUBE-MARK-MASQ); the decisions are lib/nodeport.h's. Packets
+ *   whose source became a node address are forwarded by the program (lib/fib.h);
+ *   DNAT-only packets go on to the stack.
  * egress (ebpflb_np_out): a reply from a local backend (no SNAT) gets the frontend as its
  *   source again.
  *
@@ -16,20 +17,11 @@
 #include <uapi/linux/bpf.h>
 
 #include "lib/fib.h"
-#include "lib/nat.h"
-
-static __always_inline int tc_apply(struct __sk_buff *skb, const struct pkt4 *pkt,
-				    const struct np4_xlate *out)
-{
-	if (pkt4_rewrite(skb, pkt, 0, out->daddr, out->dport) < 0 ||
-	    pkt4_rewrite(skb, pkt, 1, out->saddr, out->sport) < 0)
-		return -1;
-	return 0;
-}
+#include "lib/nodeport.h"
 
 int ebpflb_np_in(struct __sk_buff *skb)
 {
-	struct np4_xlate out = {};
+	struct xlate4 out = {};
 	struct pkt4 pkt = {};
 
 	if (pkt4_parse((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt) < 0)
@@ -38,7 +30,7 @@ int ebpflb_np_in(struct __sk_buff *skb)
 	case NP_DROP:
 		return TC_ACT_SHOT;
 	case NP_XLATE:
-		if (tc_apply(skb, &pkt, &out) < 0)
+		if (pkt4_xlate_skb(skb, &pkt, &out) < 0)
 			return TC_ACT_SHOT;
 		/* The source is now a node address (SNAT, or the frontend of a reply). */
 		if (out.saddr != pkt.flow.saddr)
@@ -51,12 +43,12 @@ int ebpflb_np_in(struct __sk_buff *skb)
 
 int ebpflb_np_out(struct __sk_buff *skb)
 {
-	struct np4_xlate out = {};
+	struct xlate4 out = {};
 	struct pkt4 pkt = {};
 
 	if (pkt4_parse((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt) < 0)
 		return TC_ACT_OK;
-	if (np4_egress(&pkt, &out) == NP_XLATE && tc_apply(skb, &pkt, &out) < 0)
+	if (np4_egress(&pkt, &out) == NP_XLATE && pkt4_xlate_skb(skb, &pkt, &out) < 0)
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
 }

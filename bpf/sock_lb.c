@@ -3,17 +3,26 @@
  * NATed per packet. Attached to a cgroup v2 directory (BPF_F_ALLOW_MULTI) by
  * ebpflb/datapath/loader.py.
  *
- * Return codes: 1 lets the syscall proceed (translated or not); 0 makes it fail (EPERM, or
- * the errno set by lb_set_refused()). recvmsg4 and getpeername4 must always return 1.
+ * Verdicts: SYS_PROCEED lets the syscall proceed (translated or not); SYS_REJECT makes it
+ * fail (EPERM, or the errno set by lb_set_refused()). recvmsg4 and getpeername4 must always
+ * proceed.
  */
 #include <uapi/linux/bpf.h>
 #include <linux/in.h>
 
+#include "lib/hash.h"
 #include "lib/lb.h"
+#include "lib/stats.h"
+
+/* What a cgroup sock_addr program returns. */
+enum sys_verdict {
+	SYS_REJECT = 0,
+	SYS_PROCEED = 1,
+};
 
 /* Translate ctx's destination if it is a frontend; `hash` picks the Maglev slot. */
-static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u32 hash, __u32 stat,
-					   bool check_first)
+static __always_inline enum sys_verdict sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u32 hash,
+							__u32 stat, bool check_first)
 {
 	__be32 vaddr = ctx->user_ip4;
 	__be16 vport = (__be16)ctx->user_port;
@@ -23,18 +32,18 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx, __u32 hash
 
 	svc = lb4_lookup_service(vaddr, vport, (__u8)ctx->protocol, LB_SCOPE_EXTERNAL);
 	if (!svc)
-		return 1; /* not a frontend: leave the socket alone */
+		return SYS_PROCEED; /* not a frontend: leave the socket alone */
 	backend = lb4_select_backend(svc, hash, &backend_id);
 	if (!backend) {
 		stat_inc(STAT_NO_BACKEND);
 		lb_set_refused();
-		return 0;
+		return SYS_REJECT;
 	}
 	lb4_revsk_store(bpf_get_socket_cookie(ctx), backend, vaddr, vport, check_first);
 	ctx->user_ip4 = backend->addr;
 	ctx->user_port = (__u32)backend->port;
 	stat_inc(stat);
-	return 1;
+	return SYS_PROCEED;
 }
 
 /* Show the frontend instead of the backend the socket really talks to. */
@@ -70,12 +79,12 @@ int ebpflb_sendmsg4(struct bpf_sock_addr *ctx)
 int ebpflb_recvmsg4(struct bpf_sock_addr *ctx)
 {
 	sock4_xlate_rev(ctx, STAT_RECVMSG_XLATED);
-	return 1;
+	return SYS_PROCEED;
 }
 
 /* getpeername(): a connected socket's peer is reported as the frontend. */
 int ebpflb_getpeer4(struct bpf_sock_addr *ctx)
 {
 	sock4_xlate_rev(ctx, STAT_PEER_XLATED);
-	return 1;
+	return SYS_PROCEED;
 }

@@ -30,9 +30,11 @@ from ebpflb.errors import Fault, InvalidObjectError
 from ebpflb.healthcheck import HealthCheckServers, HealthTarget
 from ebpflb.metrics import Metrics
 from ebpflb.model import Frontend, NamespacedName, TrafficPolicy
+from ebpflb.observe.status import AgentStatus, SyncRecord, SyncRecordKind
 from ebpflb.reconcile import ApplyResult, Reconciler
 from ebpflb.runner import BoundedFrequencyRunner, SyncKind
 from ebpflb.sources.base import Kind
+from ebpflb.sources.documents import MANIFEST
 from ebpflb.tracker import EndpointSliceTracker, ServiceState, ServiceTracker, service_state
 from ebpflb.translate import (
     ServiceTranslation,
@@ -74,11 +76,14 @@ class Agent:
         health: HealthCheckServers | None = None,
         housekeeping: Callable[[], object] | None = None,
         on_synced: Callable[[], object] | None = None,
+        status: AgentStatus | None = None,
     ) -> None:
         """`maps` None: given later with `use_maps`. `health` serves healthCheckNodePorts;
         `housekeeping` runs at every full resync (expiring idle flows); `on_synced` once,
-        after the first sync."""
+        after the first sync. `status` is told of lists, queued changes, syncs and
+        rejected objects (/status, /healthz)."""
         self.config = config
+        self.status = status
         self.health = health
         self.housekeeping = housekeeping
         self._on_synced = on_synced
@@ -104,6 +109,7 @@ class Agent:
         self._retry: set[NamespacedName] = set()
         self._warned_orphans: set[NamespacedName] = set()
         self._restored = False
+        self._resync_due = False  # a full resync raised: the next sync does it again
         self.synced = threading.Event()  # set after the first successful sync
         self.last_result: ApplyResult | None = None
         if maps is not None:
@@ -153,6 +159,8 @@ class Agent:
             if translation.skipped == "addressType IPv6":
                 self.metrics.ipv6_skipped.inc()
             pending = self.slices.update(translation)
+        if self.status is not None:
+            self.status.object_accepted(kind.value, str(translation.ref))
         if pending:
             self._changed()
 
@@ -197,13 +205,21 @@ class Agent:
             exc_info=error if error.fault is Fault.INTERNAL else None,
         )
         self.metrics.invalid_objects.labels(error.kind, error.fault.value).inc()
+        # A manifest document that does not parse is the source's problem (its progress
+        # lists it while the file stays broken), not an object's.
+        if self.status is not None and error.kind != MANIFEST:
+            self.status.object_rejected(error.kind, error.ref, str(error))
 
     def object_deleted(self, kind: Kind, ref: NamespacedName) -> None:
+        if self.status is not None:
+            self.status.object_accepted(kind.value, str(ref))
         tracker = self.services if kind is Kind.SERVICE else self.slices
         if tracker.delete(ref):
             self._changed()
 
     def initial_list_done(self, kind: Kind) -> None:
+        if self.status is not None:
+            self.status.list_done(kind)
         with self._enable_lock:
             self._listed.add(kind)
         self._enable_when_ready()
@@ -218,6 +234,8 @@ class Agent:
         if not self._ready:
             return  # the first sync takes every service anyway: spare the initial lists this
         self.metrics.pending_changes.set(self.services.pending() + self.slices.pending())
+        if self.status is not None:
+            self.status.change_queued()  # kube-proxy's QueuedUpdate
         self.runner.request()
 
     # ---- sync ----------------------------------------------------------------------------
@@ -228,35 +246,34 @@ class Agent:
 
     def _sync_unpaused(self, kind: SyncKind) -> bool:
         started = time.monotonic()
+        first = not self.synced.is_set()  # the first sync to complete
+        if self.status is not None:
+            self.status.sync_started()
         changed = self.services.take_changes() | self.slices.take_changes() | self._retry
         self._retry = set()
         self.metrics.pending_changes.set(0)
-        self._warn_orphan_slices(changed)
-        result: ApplyResult | None = None
-        if not self._restored:
-            # First sync: learn what a previous agent left in the maps, then make every
-            # service right; unchanged entries are not rewritten.
-            self.reconciler.restore()
-            self._restored = True
-            self._refresh(self.services.refs() | changed)
-            result = self.reconciler.apply(self._desired, full=True)
-        else:
-            if changed:
-                result = self.reconciler.apply(self._refresh(changed))
+        try:
+            result = self._apply(kind, changed)
+        except BaseException:
+            # Nothing given to a sync that raised is lost: its services are retried (the
+            # runner schedules the retry), and a full resync or first sync is done again.
+            self._retry |= changed
             if kind is SyncKind.FULL:
-                repair = self._full_resync()
-                result = repair if result is None else result
-                if self.housekeeping is not None:
-                    self.housekeeping()
+                self._resync_due = True
+            raise
         if self.health is not None:
             self.health.sync(dict(self._health_targets.values()))
         elapsed = time.monotonic() - started
         if result is not None:
+            # A frontend that could not be programmed failed alone: its service is retried
+            # at the next sync, and is "pending" until then.
             self._retry |= result.failed
             self.last_result = result
         ok = not self._retry
         self.metrics.sync_duration.labels(kind.value).observe(elapsed)
         self.metrics.syncs.labels(kind.value, "ok" if ok else "error").inc()
+        if self.status is not None:
+            self._record_sync(first, kind, elapsed, result, ok)
         if not self.synced.is_set():
             log.info(
                 "initial sync complete in %.3fs: %d frontends, %d errors",
@@ -268,6 +285,55 @@ class Agent:
             if self._on_synced is not None:
                 self._on_synced()
         return ok
+
+    def _apply(self, kind: SyncKind, changed: set[NamespacedName]) -> ApplyResult | None:
+        self._warn_orphan_slices(changed)
+        result: ApplyResult | None = None
+        if not self._restored:
+            # First sync: learn what a previous agent left in the maps, then make every
+            # service right; unchanged entries are not rewritten. Until one completes,
+            # every sync is a first one.
+            self.reconciler.restore()
+            self._refresh(self.services.refs() | changed)
+            result = self.reconciler.apply(self._desired, full=True)
+            self._restored = True
+            return result
+        if changed:
+            result = self.reconciler.apply(self._refresh(changed))
+        if kind is SyncKind.FULL or self._resync_due:
+            repair = self._full_resync()
+            self._resync_due = False
+            result = repair if result is None else _merged(result, repair)
+            if self.housekeeping is not None:
+                self.housekeeping()
+        return result
+
+    def _record_sync(
+        self, first: bool, kind: SyncKind, elapsed: float, result: ApplyResult | None, ok: bool
+    ) -> None:
+        assert self.status is not None
+        result = result or ApplyResult()
+        self.status.orphan_slices(
+            {
+                service: tuple(s.ref for s in self.slices.slices_for(service))
+                for service in self._warned_orphans
+            }
+        )
+        self.status.sync_finished(
+            SyncRecord(
+                kind=SyncRecordKind.FIRST if first else SyncRecordKind(kind.value),
+                finished=time.time(),
+                duration_s=elapsed,
+                frontends=len(self.reconciler.realized),
+                ok=ok,
+                added=result.added,
+                updated=result.updated,
+                removed=result.removed,
+                unchanged=result.unchanged,
+                failed=len(result.failed),
+                errors=tuple(result.errors),
+            )
+        )
 
     def _refresh(
         self, refs: set[NamespacedName]
@@ -351,3 +417,12 @@ def _name_of(obj: Any) -> str:
         return str(object_ref(obj))
     except Exception:
         return "?"
+
+
+def _merged(changes: ApplyResult, repair: ApplyResult) -> ApplyResult:
+    """One sync's result from its incremental apply and the full resync after it: what
+    either failed is retried."""
+    changes.failed |= repair.failed
+    seen = set(changes.errors)
+    changes.errors += [e for e in repair.errors if e not in seen]
+    return changes

@@ -6,7 +6,9 @@ datapath is `ebpflb cleanup`'s job.
 
 Start-up overlaps its two slow halves: the source lists every object (Python, in its own
 threads) while this thread compiles and attaches the programs (clang, which releases the
-GIL). The first sync waits for both; nothing is written to a map before it exists.
+GIL). The first sync waits for both; nothing is written to a map before it exists. The
+health and metrics servers are bound first, so probes get answers (503 until the first
+sync) and /status shows each start-up phase as it ends.
 """
 
 from __future__ import annotations
@@ -19,40 +21,35 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Protocol
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from ebpflb import maglev
 from ebpflb.agent import Agent
+from ebpflb.clock import RealClock
 from ebpflb.config import Config
 from ebpflb.datapath import loader, netdev
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import ExternalIPPolicy, NodeView
-from ebpflb.errors import ConfigError
 from ebpflb.healthcheck import HealthCheckServers
-from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector
-from ebpflb.sources.base import ObjectSink
+from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
+from ebpflb.observe.health import ProxyHealth
+from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
+from ebpflb.observe.status import AgentStatus, Phase, process_start_time
+from ebpflb.sources.base import ObjectSink, Source
 from ebpflb.sources.manifests import ManifestSource
 
 log = logging.getLogger(__name__)
-
-
-class Source(Protocol):
-    """What app.run needs of a source: start delivering, stop, report its counters."""
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def counters(self) -> dict[str, dict[str, int]]: ...
 
 
 SourceFactory = Callable[[ObjectSink], Source]
 
 
 def manifest_source(path: Path) -> SourceFactory:
+    # Absolute: BCC's compiler changes the process's working directory while it runs, and
+    # the files are read again (polled) afterwards.
+    path = path.absolute()
     return lambda sink: ManifestSource(path, sink)
 
 
@@ -66,12 +63,33 @@ def kubernetes_source(kubeconfig: Path | None = None) -> SourceFactory:
     return lambda sink: KubernetesSource(sink, api)
 
 
-def _serve_metrics(address: str, registry: CollectorRegistry) -> None:
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        raise ConfigError(f"metrics-bind-address {address!r} is not HOST:PORT")
-    start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
-    log.info("serving metrics on http://%s/metrics", address)
+def _serve(config: Config, registry: CollectorRegistry, status: AgentStatus) -> list[HttpServer]:
+    """The health and metrics servers, each unless its address is empty."""
+    servers = []
+    try:
+        if config.healthz_bind_address:
+            servers.append(
+                HttpServer(
+                    config.healthz_bind_address,
+                    health_routes(status.health),
+                    flag="healthz-bind-address",
+                )
+            )
+            log.info("serving /healthz, /livez, /readyz on %s", config.healthz_bind_address)
+        if config.metrics_bind_address:
+            servers.append(
+                HttpServer(
+                    config.metrics_bind_address,
+                    metrics_routes(registry, status),
+                    flag="metrics-bind-address",
+                )
+            )
+            log.info("serving /metrics, /status on %s", config.metrics_bind_address)
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    return servers
 
 
 # Start-up allocates hundreds of thousands of long-lived objects, and the cyclic GC would
@@ -109,6 +127,8 @@ def _release_free_memory() -> None:
 
 def run(config: Config, source_factory: SourceFactory, stop: threading.Event | None = None) -> None:
     stop = stop or threading.Event()
+    clock = RealClock()
+    status = AgentStatus(ProxyHealth(config.health_timeout, clock), clock, process_start_time())
     cgroup = config.cgroup_dir or cgroup2_root()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -124,37 +144,47 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     interfaces = netdev.interfaces(config.interfaces) if config.interfaces != () else []
     registry = CollectorRegistry()
     metrics = Metrics(registry)
+    registry.register(StatusCollector(status.phases, status.frontend_changes))
     health = HealthCheckServers()
     node = NodeView(
         config.node_name,
         tuple(a for i in interfaces for a in i.addresses),
         ExternalIPPolicy(config.external_ip_cidrs),
     )
-    agent = Agent(config, None, metrics, node=node, health=health, on_synced=_pause_gc())
+    agent = Agent(
+        config, None, metrics, node=node, health=health, on_synced=_pause_gc(), status=status
+    )
     source = source_factory(agent)
     registry.register(SourceCollector(source.counters))
+    status.read_source(source.progress)
     socket_lb: loader.SocketLB | None = None
     nodeport: loader.NodePortLB | None = None
+    servers: list[HttpServer] = []
     try:
+        servers = _serve(config, registry, status)  # a taken port fails before any work
         source.start()  # listing, while the programs compile
         features = loader.probe_features()
         socket_lb = loader.SocketLB(config, features)
-        nodeport = loader.NodePortLB(config, features) if interfaces else None
-        socket_lb.attach(cgroup)
+        status.compiled("socket_lb", socket_lb.load_seconds, Phase.SOCKET_LB_COMPILED)
+        if interfaces:
+            started = clock.now()
+            nodeport = loader.NodePortLB(config, features)
+            status.compiled("nodeport", clock.now() - started, Phase.NODEPORT_COMPILED)
+        status.programs_replaced(socket_lb.attach(cgroup))
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
         _release_free_memory()  # what the compiler freed
-        maglev.warm_up()
         with KernelMapSet(config.bpffs_dir) as maps:
             maps.set_interface_addresses(
                 {i.index: i.addresses[0] for i in interfaces if i.addresses}
             )
             if nodeport is not None:
-                nodeport.attach(interfaces)
+                modes = nodeport.attach(interfaces)
+                status.interfaces_attached({name: mode.value for name, mode in modes.items()})
+            status.phase_done(Phase.ATTACHED)
+            maglev.warm_up()
             registry.register(DatapathCollector(maps.counters))
             for pinned, info in maps.map_infos().items():
                 metrics.map_capacity.labels(pinned).set(info.max_entries)
-            if config.metrics_bind_address:
-                _serve_metrics(config.metrics_bind_address, registry)
             agent.housekeeping = maps.expire_flows
             agent.use_maps(maps)
 
@@ -172,3 +202,5 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             nodeport.close()
         if socket_lb is not None:
             socket_lb.close()
+        for server in servers:
+            server.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -12,14 +11,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ebpflb import __version__
-from ebpflb.bench import settings as compare_settings
+from ebpflb import __version__, configfile, privileges
+from ebpflb.bench import command as bench_command
 from ebpflb.config import DEFAULT_BPFFS_DIR, Config, XdpMode
 from ebpflb.errors import ConfigError, EbpflbError
 
 log = logging.getLogger("ebpflb")
 DEFAULTS = Config()
-BENCH_DEFAULTS = compare_settings.Settings()
 
 EXAMPLES = """\
 examples:
@@ -30,10 +28,23 @@ examples:
   ebpflb maps dump --json --tables                 # ... with every Maglev slot
   ebpflb bench --quick --plot bench.png             # ebpflb vs kube-proxy, ~2 minutes
   ebpflb bench                                     # the full run (under 15 minutes)
+  ebpflb bench compare --from-report report.json   # ... its tables again, from a saved run
   ebpflb bench maglev                              # balance, disruption, memory, speed
   ebpflb bench sync                                # the agent's start-up and updates in detail
+  ebpflb run --config /etc/ebpflb/config.yaml      # options from a file (flags override it)
   ebpflb cleanup                                   # detach programs, remove pins
+  ebpflb cleanup --kube-proxy                      # remove what kube-proxy left on this node
 """
+
+
+def _add_config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="YAML file mapping `ebpflb run` option names to values (e.g. `ct-max: 262144`);"
+        " options given as flags override it",
+    )
 
 
 def _add_datapath_args(parser: argparse.ArgumentParser, *, cgroup: bool = True) -> None:
@@ -93,7 +104,13 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         "--metrics-bind-address",
         "metrics_bind_address",
         str,
-        "HOST:PORT for /metrics; empty disables",
+        "HOST:PORT for /metrics and /status; empty disables",
+    ),
+    (
+        "--healthz-bind-address",
+        "healthz_bind_address",
+        str,
+        "HOST:PORT for /healthz, /livez (kube-proxy's) and /readyz; empty disables",
     ),
     (
         "--external-ip-cidrs",
@@ -118,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the agent in the foreground")
+    _add_config_arg(run)
     run.add_argument(
         "--manifests",
         type=Path,
@@ -168,13 +186,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the NodePort ingress path in XDP where the driver allows (tc otherwise)",
     )
 
-    cleanup = sub.add_parser("cleanup", help="detach ebpflb's programs and remove its pins")
+    cleanup = sub.add_parser(
+        "cleanup",
+        help="detach ebpflb's programs and remove its pins; or, with --kube-proxy, remove"
+        " what kube-proxy left on this node",
+    )
+    _add_config_arg(cleanup)
     _add_datapath_args(cleanup)
     cleanup.add_argument(
         "--interfaces",
         type=_interfaces,
         metavar="IF[,IF]",
         help="interfaces to remove tc programs from (default: every interface here)",
+    )
+    cleanup.add_argument(
+        "--kube-proxy",
+        action="store_true",
+        help="instead: remove kube-proxy's rules from this network namespace, as"
+        " `kube-proxy --cleanup` does (KUBE-* iptables chains in both iptables backends and"
+        " the jumps to them, the `kube-proxy` nftables tables, the kube-ipvs0 interface);"
+        " other rules stay",
     )
 
     maps = sub.add_parser("maps", help="inspect the pinned maps")
@@ -195,71 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --json: every Maglev slot's backend, in slot order",
     )
 
-    bench = sub.add_parser(
-        "bench",
-        help="ebpflb vs kube-proxy's iptables and nftables modes, data and control plane"
-        " (root; builds and removes its own namespaces); or one of the sub-benchmarks",
-        description="Without a sub-command: for every N and mode, program N services in a"
-        " network of namespaces of its own, measure connect() latency, connection and"
-        " NodePort request rates, programming and update times and kernel memory, and"
-        " print a table (see README, 'Benchmark').",
-    )
-    bench.add_argument(
-        "--services",
-        default=",".join(str(n) for n in BENCH_DEFAULTS.services),
-        help="numbers of services to measure at, comma-separated (default %(default)s)",
-    )
-    bench.add_argument(
-        "--modes",
-        default=",".join(BENCH_DEFAULTS.modes),
-        help="modes to compare, comma-separated (default %(default)s)",
-    )
-    bench.add_argument("--endpoints", type=int, default=BENCH_DEFAULTS.endpoints)
-    bench.add_argument(
-        "--kube-proxy-max-services",
-        type=int,
-        default=BENCH_DEFAULTS.kube_proxy_max_services,
-        help="largest N for the kube-proxy modes (default %(default)s)",
-    )
-    bench.add_argument(
-        "--iptables-nft-max-services",
-        type=int,
-        default=BENCH_DEFAULTS.iptables_nft_max_services,
-        help="largest N for iptables-nft, whose load grows quadratically (default %(default)s)",
-    )
-    bench.add_argument("--rounds", type=int, default=BENCH_DEFAULTS.rounds)
-    bench.add_argument("--batch", type=int, default=BENCH_DEFAULTS.batch)
-    bench.add_argument(
-        "--rate-seconds", type=float, default=BENCH_DEFAULTS.rate_seconds, metavar="S"
-    )
-    bench.add_argument("--no-xdp", action="store_true", help="skip the XDP NodePort run")
-    bench.add_argument(
-        "--quick",
-        action="store_true",
-        help="N=100,1000, fewer and shorter runs (about two minutes)",
-    )
-    bench.add_argument("--json", action="store_true", help="print the report as JSON")
-    bench.add_argument("--save", type=Path, metavar="FILE", help="also write the JSON report")
-    bench.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the figures")
-    bench.add_argument(
-        "--from-report",
-        type=Path,
-        metavar="FILE",
-        help="render a saved JSON report (table, --plot) instead of measuring",
-    )
-    bench_sub = bench.add_subparsers(dest="bench_command")
-    mb = bench_sub.add_parser("maglev", help="Maglev balance, disruption, memory, build time")
-    mb.add_argument("--json", action="store_true")
-    mb.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
-    sb = bench_sub.add_parser(
-        "sync",
-        help="the agent's start-up, first sync, updates and resync through the API, in detail"
-        " (root; own cgroup and pins, all removed)",
-    )
-    sb.add_argument("--json", action="store_true")
-    sb.add_argument("--services", type=int, default=10_000)
-    sb.add_argument("--endpoints", type=int, default=3, help="endpoints per service")
-    sb.add_argument("--changes", type=int, default=5, help="single-slice changes timed")
+    bench_command.add_parser(sub)
     return parser
 
 
@@ -297,6 +264,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.manifests is not None and args.kubeconfig is not None:
         raise ConfigError("--manifests and --kubeconfig are two sources: choose one")
+    privileges.check(privileges.needed_by_run(nodeport=config.interfaces != ()))
     if args.manifests is not None:
         source = app.manifest_source(args.manifests)
     else:
@@ -314,6 +282,13 @@ def node_name(given: str | None) -> str:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
+    if args.kube_proxy:
+        from ebpflb import migrate
+
+        report = migrate.cleanup_kube_proxy()
+        print(report.summary())
+        return 0 if not report.errors else 1
+
     from ebpflb.datapath import loader
     from ebpflb.datapath.mounts import cgroup2_root
 
@@ -328,9 +303,7 @@ def cmd_maps_dump(args: argparse.Namespace) -> int:
     from ebpflb.datapath.kernel import KernelMapSet
 
     with KernelMapSet(args.bpffs) as maps:
-        report = dump.collect(maps, tables=args.tables)
-        report["conntrack"] = maps.conntrack(limit=args.flows) if args.flows else []
-        report["nat"] = maps.reply_nat(limit=args.flows) if args.flows else []
+        report = dump.collect(maps, tables=args.tables, flows=args.flows)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -338,95 +311,43 @@ def cmd_maps_dump(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_maglev(args: argparse.Namespace) -> int:
-    from ebpflb.bench import maglev as bench
-
-    report = bench.run_maglev_bench(quick=args.quick)
-    print(json.dumps(report, indent=2) if args.json else bench.render_text(report))
-    return 0
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
 
 
-def cmd_bench_sync(args: argparse.Namespace) -> int:
-    from ebpflb.bench import sync as bench
-
-    report = bench.run_sync_bench(
-        services=args.services,
-        endpoints=args.endpoints,
-        changes=args.changes,
-    )
-    print(json.dumps(report, indent=2) if args.json else bench.render_text(report))
-    return 0
-
-
-def _bench_settings(args: argparse.Namespace) -> compare_settings.Settings:
-    def numbers(text: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(n.replace("_", "")) for n in text.split(",") if n)
-        except ValueError as exc:
-            raise ConfigError(f"--services: comma-separated numbers, not {text!r}") from exc
-
-    base = compare_settings.QUICK if args.quick else compare_settings.Settings()
-    settings = dataclasses.replace(
-        base,
-        modes=tuple(m for m in args.modes.split(",") if m),
-        endpoints=args.endpoints,
-        kube_proxy_max_services=args.kube_proxy_max_services,
-        iptables_nft_max_services=args.iptables_nft_max_services,
-        xdp=not args.no_xdp,
-    )
-    # Explicit options win over --quick's choices.
-    given = {
-        "services": args.services != ",".join(str(n) for n in BENCH_DEFAULTS.services),
-        "rounds": args.rounds != BENCH_DEFAULTS.rounds,
-        "batch": args.batch != BENCH_DEFAULTS.batch,
-        "rate_seconds": args.rate_seconds != BENCH_DEFAULTS.rate_seconds,
-    }
-    overrides: dict[str, object] = {}
-    if given["services"] or not args.quick:
-        overrides["services"] = numbers(args.services)
-    for name in ("rounds", "batch", "rate_seconds"):
-        if given[name]:
-            overrides[name] = getattr(args, name)
-    settings = dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
-    settings.validate()
-    return settings
-
-
-def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from ebpflb.bench import report as bench_report
-
-    if args.from_report:
-        report = json.loads(args.from_report.read_text())
-    else:
-        from ebpflb.bench import compare
-
-        report = compare.run_compare(
-            _bench_settings(args), progress=lambda line: print(line, file=sys.stderr)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with a --config file's values as defaults flags override."""
+    parser = build_parser()
+    argv = bench_command.with_default_subcommand(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None) is not None:
+        commands = _commands(parser)
+        target = commands[args.command]
+        target.set_defaults(
+            **configfile.defaults(
+                args.config,
+                configfile.options(commands["run"]),
+                configfile.options(target),
+                list_types={_interfaces},
+            )
         )
-    if args.save:
-        args.save.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        bench_report.plot(report, args.plot)
-    print(json.dumps(report, indent=2) if args.json else bench_report.render(report))
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.bench_command == "sync":
-        return cmd_bench_sync(args)
-    if args.bench_command == "maglev":
-        return cmd_bench_maglev(args)
-    return cmd_bench_compare(args)
+        args = parser.parse_args(argv)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except ConfigError as exc:
+        print(f"ebpflb: {exc}", file=sys.stderr)
+        return 2
     _setup_logging(args.debug)
     handler = {
         "run": cmd_run,
         "cleanup": cmd_cleanup,
         "maps": cmd_maps_dump,
-        "bench": cmd_bench,
+        "bench": bench_command.run,
     }[args.command]
     try:
         return handler(args)
@@ -434,6 +355,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             log.exception("failed")
         print(f"ebpflb: {exc}", file=sys.stderr)
+        hint = privileges.permission_hint(exc)
+        if hint:
+            print(f"ebpflb: {hint}", file=sys.stderr)
+        return 1
+    except PermissionError as exc:  # a syscall no ebpflb layer wrapped: still no traceback
+        if args.debug:
+            log.exception("failed")
+        print(f"ebpflb: {exc}", file=sys.stderr)
+        print(f"ebpflb: {privileges.permission_hint(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -12,6 +12,10 @@ class Clock(Protocol):
         """Monotonic seconds."""
         ...
 
+    def wall(self) -> float:
+        """Unix time (seconds), for timestamps shown to people and other programs."""
+        ...
+
     def wait(self, event: threading.Event, timeout: float) -> bool:
         """Wait for `event` at most `timeout` seconds; True if it was set."""
         ...
@@ -21,6 +25,9 @@ class RealClock:
     def now(self) -> float:
         return time.monotonic()
 
+    def wall(self) -> float:
+        return time.time()
+
     def wait(self, event: threading.Event, timeout: float) -> bool:
         return event.wait(timeout)
 
@@ -28,11 +35,17 @@ class RealClock:
 class FakeClock:
     """Time moves only when a test calls advance(); wait() advances to the timeout."""
 
+    # Unix time at now() == 0: 2025-01-01T00:00:00Z, so wall() is reproducible.
+    EPOCH = 1735689600.0
+
     def __init__(self, start: float = 1000.0) -> None:
         self._now = start
 
     def now(self) -> float:
         return self._now
+
+    def wall(self) -> float:
+        return self.EPOCH + self._now
 
     def advance(self, seconds: float) -> None:
         self._now += seconds

@@ -1,25 +1,31 @@
 """The agent's configuration: one frozen value, validated once, owning every size.
 
-The datapath's sizes live here and reach the C code as -D flags (``cflags()``); the C
-headers only keep ``#ifndef`` defaults. Changing a size changes the pinned maps' layout,
-which the loader detects and handles (see ``ebpflb.datapath.loader``).
+The datapath's sizes live here and reach the C code as -D flags (``cflags()``, following
+``ebpflb.datapath.contract.DEFINES``); the C headers only keep ``#ifndef`` defaults.
+Changing a size changes the pinned maps' layout, which the loader detects and handles (see
+``ebpflb.datapath.loader``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import hashlib
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 
+from ebpflb.datapath import contract
 from ebpflb.errors import ConfigError
 from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE, TABLE_SIZES
 
 DEFAULT_BPFFS_DIR = Path("/sys/fs/bpf/ebpflb")
-# kube-proxy's metricsBindAddress default.
+# kube-proxy's metricsBindAddress and healthzBindAddress defaults. Cloud load balancers
+# probe 10256/healthz on every node (GCE hard-codes the port for externalTrafficPolicy:
+# Cluster services), so the health server keeps kube-proxy's address.
 DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1:10249"
+DEFAULT_HEALTHZ_BIND_ADDRESS = "0.0.0.0:10256"
+# The Maglev hash is keyed blake2b (ebpflb.maglev), whose key is at most 64 bytes.
+MAX_HASH_SEED_BYTES = 64
 
 
 class XdpMode(enum.Enum):
@@ -60,9 +66,11 @@ class Config:
     min_sync_period: float = 0.5
     max_sync_period: float = 30.0
     retry_period: float = 2.0
+    # HOST:PORT of /metrics and /status, and of /healthz, /livez and /readyz; "" disables.
     metrics_bind_address: str = DEFAULT_METRICS_BIND_ADDRESS
     # Service externalIPs that may be programmed (CVE-2020-8554); none by default, as with
     # Kubernetes' DenyServiceExternalIPs admission plugin. 0.0.0.0/0: kube-proxy's behaviour.
+    healthz_bind_address: str = DEFAULT_HEALTHZ_BIND_ADDRESS
     external_ip_cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
 
     def __post_init__(self) -> None:
@@ -88,19 +96,28 @@ class Config:
             raise ConfigError(
                 f"maglev-max-table-size {self.maglev_max_table_size} is not one of {TABLE_SIZES}"
             )
-        if self.maglev_max_table_size > self.slot_pool_size:
-            raise ConfigError(
-                f"maglev-max-table-size {self.maglev_max_table_size} exceeds "
-                f"slot-pool-size {self.slot_pool_size}"
-            )
+        self._check_limits()
         if not 1 <= self.snat_port_min <= self.snat_port_max <= 65535:
             raise ConfigError(
                 f"snat-port-range {self.snat_port_min}-{self.snat_port_max} is not a port range"
             )
         if not self.hash_seed:
             raise ConfigError("hash-seed must not be empty (it must match on every node)")
+        if len(self.hash_seed.encode()) > MAX_HASH_SEED_BYTES:
+            raise ConfigError(
+                f"hash-seed is {len(self.hash_seed.encode())} bytes: Maglev keys its hash with"
+                f" it (blake2b), which takes at most {MAX_HASH_SEED_BYTES}; use a shorter seed"
+            )
         if not 0 < self.min_sync_period <= self.max_sync_period:
             raise ConfigError("need 0 < min-sync-period <= max-sync-period")
+        if not self.retry_period > 0:
+            raise ConfigError(f"retry-period must be > 0 seconds, got {self.retry_period}")
+        for flag, address in (
+            ("metrics-bind-address", self.metrics_bind_address),
+            ("healthz-bind-address", self.healthz_bind_address),
+        ):
+            if address:
+                parse_bind_address(address, flag)
         for network in self.external_ip_cidrs:
             if not isinstance(network, (IPv4Network, IPv6Network)):
                 raise ConfigError(f"external-ip-cidrs: {network!r} is not a network (CIDR)")
@@ -119,8 +136,46 @@ class Config:
                 raise ConfigError(f"external-ip-cidrs: {part.strip()!r}: {exc}") from None
         return tuple(networks)
 
-    def replace(self, **changes: object) -> Config:
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+    @property
+    def health_timeout(self) -> float:
+        """How long a queued change may wait before /healthz answers 503: twice the full
+        resync period, as kube-proxy derives its healthTimeout from syncPeriod."""
+        return 2 * self.max_sync_period
+
+    def _check_limits(self) -> None:
+        """Limits that contradict each other: no state of the cluster could make them work.
+
+        Refused: a largest Maglev table that the slot pool cannot hold (a table of M slots
+        takes M + 1 with the padding of its last slot pair). A service large enough to get
+        that table could never be placed, although a smaller limit would serve it; and a
+        pool below the smallest table serves no service with an endpoint at all.
+
+        Not refused, because they are runtime conditions of one frontend, which then
+        fails alone (named, counted, retried) or works with a warning:
+        - max-backends above the table-size limit, or a table-size limit below the backend
+          count some service may have: only a service with more backends than the
+          largest table has slots fails (Maglev needs M >= N);
+        - a table-size limit below 100 slots per backend: such services get the largest
+          table, with a looser balance, a warning and ebpflb_maglev_undersized_tables;
+        - a slot pool too small for max-services tables: most services need far fewer
+          slots than the largest table, and frontends without endpoints take none.
+        """
+        pool, largest = self.slot_pool_size, self.maglev_max_table_size
+        if largest + 1 <= pool:
+            return
+        smallest = TABLE_SIZES[0]
+        if smallest + 1 > pool:
+            raise ConfigError(
+                f"slot-pool-size {pool} cannot hold even the smallest Maglev table"
+                f" ({smallest} slots, {smallest + 1} with padding): raise --slot-pool-size"
+                f" to {smallest + 1} or more"
+            )
+        fitting = max(m for m in TABLE_SIZES if m + 1 <= pool)
+        raise ConfigError(
+            f"maglev-max-table-size {largest} does not fit in slot-pool-size {pool} (a table"
+            f" of {largest} slots takes {largest + 1}): raise --slot-pool-size to"
+            f" {largest + 1} or more, or lower --maglev-max-table-size to {fitting}"
+        )
 
     @property
     def flow_hash_seed(self) -> int:
@@ -129,21 +184,19 @@ class Config:
         return int.from_bytes(digest.digest(), "little")
 
     def cflags(self) -> list[str]:
-        """The -D flags that size the maps and place the pins (bpf/lib/consts.h)."""
-        return [
-            f'-DEBPFLB_PIN_DIR="{self.bpffs_dir}"',
-            f"-DEBPFLB_MAX_SERVICES={self.max_services}",
-            f"-DEBPFLB_MAX_BACKENDS={self.max_backends}",
-            f"-DEBPFLB_SLOT_POOL_SIZE={self.slot_pool_size}",
-            f"-DEBPFLB_REV_SK_MAX={self.rev_sk_max}",
-            f"-DEBPFLB_CT_MAX={self.ct_max}",
-            f"-DEBPFLB_RNAT_MAX={self.rnat_max}",
-            f"-DEBPFLB_SRC_RANGE_MAX={self.src_range_max}",
-            f"-DEBPFLB_SNAT_PORT_MIN={self.snat_port_min}",
-            f"-DEBPFLB_SNAT_PORT_MAX={self.snat_port_max}",
-            f"-DEBPFLB_FLOW_HASH_SEED={self.flow_hash_seed}U",
-            f"-DEBPFLB_CT_TCP_TIMEOUT={self.ct_tcp_timeout}",
-            f"-DEBPFLB_CT_TCP_SYN_TIMEOUT={self.ct_tcp_syn_timeout}",
-            f"-DEBPFLB_CT_TCP_CLOSE_TIMEOUT={self.ct_tcp_close_timeout}",
-            f"-DEBPFLB_CT_UDP_TIMEOUT={self.ct_udp_timeout}",
-        ]
+        """The -D flags that size the maps and place the pins (bpf/lib/consts.h); which
+        macro each field sets is ebpflb.datapath.contract's table."""
+        return contract.cflags(self)
+
+
+
+def parse_bind_address(address: str, flag: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [ADDR]:PORT; an empty HOST means every address) -> (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{flag} {address!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ConfigError(f"{flag} {address!r}: write an IPv6 address as [ADDRESS]:PORT")
+    return host or "0.0.0.0", int(port)

@@ -12,6 +12,7 @@ import collections
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Topology
@@ -33,6 +34,18 @@ def _spread(title: str, results: list[dict[str, object]]) -> None:
     failed = collections.Counter(str(r.get("error")) for r in results if not r["ok"])
     for error, count in failed.items():
         print(f"  failed: {count} x {error}")
+
+
+def _startup(status: dict[str, Any]) -> str:
+    """The agent's start-up, from its /status."""
+    phases, lists, first = status["phases"], status["lists"], status["sync"]["first"]
+    return (
+        f"agent: ready {phases['first_sync']:.2f}s after it started: socket-LB compiled in"
+        f" {status['compile_seconds']['socket_lb']:.2f}s;"
+        f" {lists['Service']['objects']} Services and {lists['EndpointSlice']['objects']}"
+        f" EndpointSlices read from examples/; first sync programmed {first['frontends']}"
+        f" frontends in {first['duration_s'] * 1000:.1f} ms"
+    )
 
 
 def main() -> int:
@@ -57,7 +70,7 @@ def main() -> int:
             ]
         )
         agent.wait_ready()
-        print("agent: " + "\n       ".join(line.split(": ", 1)[-1] for line in agent.lines))
+        print(_startup(agent.status()))
 
         _spread(
             "TCP  10.96.0.10:80 (default/web:http)",

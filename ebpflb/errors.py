@@ -79,6 +79,21 @@ class MapFullError(MapError):
         self.needed_by = needed_by
 
 
+class MaglevError(EbpflbError):
+    """Invalid input to Maglev table generation: a bad size, weight or seed, or more
+    backends than the table has slots."""
+
+
+class TableSizeError(MaglevError):
+    """A frontend has more backends than its Maglev table may have slots (Maglev gives
+    every backend a slot, so it needs M >= N). Names the limit, its value and the fix."""
+
+    def __init__(self, backends: int, limit: int, what: str, fix: str) -> None:
+        super().__init__(f"{backends} backends exceed the limit of {limit} ({what}): {fix}")
+        self.backends = backends
+        self.limit = limit
+
+
 class NoPinsError(DatapathError):
     """No pinned ebpflb maps under the given bpffs directory."""
 

@@ -27,6 +27,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from ebpflb.errors import MaglevError
+
 __all__ = [
     "DEFAULT_HASH_SEED",
     "DEFAULT_MAX_TABLE_SIZE",
@@ -71,10 +73,6 @@ _Int32Array = npt.NDArray[np.int32]
 _F = TypeVar("_F", bound=Callable[..., object])
 
 
-class MaglevError(ValueError):
-    """Invalid input to table generation: bad size, weight, seed or too many backends."""
-
-
 def _njit(func: _F) -> _F:
     """Compile with numba, keeping the signature visible to mypy (numba has no stubs).
 
@@ -93,7 +91,8 @@ def _fill(offsets: _Int64Array, skips: _Int64Array, weights: _Int64Array, out: _
     """Fill `out` (len M) with backend indices: Pseudocode 1 with Katran's weighted turns.
 
     `pos[i]` is `permutation[i][next[i]]`, advanced by `skip` instead of recomputed with a
-    multiplication; the tests check it against the literal `_reference_fill`.
+    multiplication; the tests check it against the paper's literal loop
+    (tests/unit/maglev_reference.py).
     """
     size = out.shape[0]
     n = offsets.shape[0]
@@ -375,43 +374,3 @@ def _permutation_params(
     offsets = (h[:, 0] % m).astype(np.int64)
     skips = (h[:, 1] % (m - np.uint64(1)) + np.uint64(1)).astype(np.int64)
     return offsets, skips
-
-
-def _reference_fill(
-    backends: Mapping[str, int], size: int, seed: str | bytes = DEFAULT_HASH_SEED
-) -> list[int]:
-    """Pseudocode 1 of the paper, literally, in plain Python: the tests' oracle for `_fill`.
-
-    Slow (it materialises every permutation), and independent of numpy: hashes are split
-    with int.from_bytes. The only addition to the paper is Katran's weighted turn; with
-    equal weights every backend takes every turn, which is the paper's loop.
-    """
-    names = sorted(backends)
-    weights = [backends[n] for n in names]
-    permutation = []
-    for d in _digests(names, _seed_key(seed)):
-        offset = int.from_bytes(d[:8], "little") % size
-        skip = int.from_bytes(d[8:], "little") % (size - 1) + 1
-        permutation.append([(offset + j * skip) % size for j in range(size)])
-    entry = [EMPTY_SLOT] * size
-    if not any(weights):
-        return entry
-    max_weight = max(weights)
-    cum = [0] * len(names)
-    next_ = [0] * len(names)
-    n = 0
-    while True:
-        for i in range(len(names)):
-            cum[i] += weights[i]
-            if cum[i] < max_weight:
-                continue
-            cum[i] -= max_weight
-            c = permutation[i][next_[i]]
-            while entry[c] >= 0:
-                next_[i] += 1
-                c = permutation[i][next_[i]]
-            entry[c] = i
-            next_[i] += 1
-            n += 1
-            if n == size:
-                return entry

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,9 @@ class Metrics:
         )
         self.map_errors = Counter(
             "ebpflb_map_errors_total",
-            "Map writes that failed, by map and reason (full, error).",
+            "Frontends not programmed, by the map or limit they hit and the reason: full (no"
+            " room), table_size (more backends than the largest Maglev table allowed has"
+            " slots), error (the kernel refused a write). Counted at every attempt.",
             ["map", "reason"],
             registry=registry,
         )
@@ -86,6 +88,17 @@ class Metrics:
         self.table_resizes = Counter(
             "ebpflb_maglev_table_resizes_total",
             "Maglev tables moved to a new size (the service crossed a size rung).",
+            registry=registry,
+        )
+        self.frontends_failed = Gauge(
+            "ebpflb_frontends_failed",
+            "Frontends that could not be programmed at their last attempt (retried).",
+            registry=registry,
+        )
+        self.undersized_tables = Gauge(
+            "ebpflb_maglev_undersized_tables",
+            "Frontends whose Maglev table gives its backends fewer than 100 slots each (the"
+            " largest table allowed is too small for an even spread).",
             registry=registry,
         )
         self.drift_repaired = Counter(
@@ -140,3 +153,34 @@ class SourceCollector(Collector):
             for event, value in sorted(counters.items()):
                 family.add_metric([source, event], value)
         yield family
+
+
+class StatusCollector(Collector):
+    """Start-up phases and frontend changes from the agent's status record (the same
+    figures /status shows), read at scrape time."""
+
+    def __init__(
+        self,
+        phases: Callable[[], Mapping[str, float]],
+        changes: Callable[[], Mapping[str, int]],
+    ) -> None:
+        self._phases = phases
+        self._changes = changes
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        phases = GaugeMetricFamily(
+            "ebpflb_startup_phase_seconds",
+            "Seconds from the process start to the end of each start-up phase.",
+            labels=["phase"],
+        )
+        for phase, seconds in self._phases().items():
+            phases.add_metric([phase], seconds)
+        yield phases
+        changes = CounterMetricFamily(
+            "ebpflb_frontend_changes",
+            "Frontends (VIP:port/proto) added, updated and removed in the maps by syncs.",
+            labels=["change"],
+        )
+        for change, count in sorted(self._changes().items()):
+            changes.add_metric([change], count)
+        yield changes

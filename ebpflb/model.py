@@ -39,14 +39,15 @@ class TrafficPolicy(enum.Enum):
 
 
 class Scope(enum.IntEnum):
-    """Which backend set a frontend entry describes; mirrors LB_SCOPE_* in bpf/lib/consts.h."""
+    """Which backend set a frontend entry describes: LB_SCOPE_* in bpf/lib/consts.h
+    (checked against the header by tests/unit/test_contract.py, as the flags below)."""
 
     EXTERNAL = 0
     INTERNAL = 1
 
 
 class SvcFlags(enum.IntFlag):
-    """Mirrors SVC_F_* in bpf/lib/consts.h."""
+    """SVC_F_* in bpf/lib/consts.h."""
 
     NONE = 0
     CLUSTER_IP = 1 << 0
@@ -56,6 +57,7 @@ class SvcFlags(enum.IntFlag):
     TERMINATING = 1 << 4
     ETP_LOCAL = 1 << 5
     SOURCE_RANGES = 1 << 6
+    EXTERNAL = NODE_PORT | LOADBALANCER | EXTERNAL_IP  # frontends the tc/xdp programs serve
 
     def type_name(self) -> str:
         """The frontend's service type as `maps dump` prints it."""
@@ -74,7 +76,7 @@ _TYPE_NAMES = (
 
 
 class BackendFlags(enum.IntFlag):
-    """Mirrors BE_F_* in bpf/lib/consts.h."""
+    """BE_F_* in bpf/lib/consts.h."""
 
     NONE = 0
     LOCAL = 1 << 0

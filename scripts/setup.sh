@@ -65,7 +65,7 @@ echo "$venv/debian-bcc" > "$site/debian-bcc.pth"
 stamp="$venv/.installed-$(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
     log "installing ebpflb (editable) and its dependencies"
-    "$venv/bin/pip" install -q --disable-pip-version-check -e "$repo[test]"
+    "$venv/bin/pip" install -q --disable-pip-version-check -e "$repo[test,bench]"
     rm -f "$venv"/.installed-*
     touch "$stamp"
 fi

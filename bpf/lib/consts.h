@@ -1,8 +1,10 @@
 /* Sizes, flags and counter indexes shared by every ebpflb program.
  *
- * Every size is #ifndef-overridable: the agent passes the configured values as -D flags
- * (ebpflb/config.py, Config.cflags()), so Python owns the numbers and C keeps defaults that
- * let a file compile on its own.
+ * The configurable sizes are #ifndef-overridable: the agent passes the configured values
+ * as -D flags (ebpflb/datapath/contract.py DEFINES, Config.cflags()), so Python owns the
+ * numbers and C keeps defaults that let a file compile on its own. Everything Python also
+ * needs (fixed sizes, flags, counter indexes) is mirrored in contract.py and compared with
+ * this file by tests/unit/test_contract.py.
  */
 #ifndef EBPFLB_CONSTS_H
 #define EBPFLB_CONSTS_H
@@ -58,9 +60,7 @@
 #endif
 
 /* Interfaces the tc/xdp programs are attached to (ebpflb_ifaddr4). */
-#ifndef EBPFLB_MAX_IFACES
 #define EBPFLB_MAX_IFACES 64
-#endif
 
 /* SNAT source ports, host order, inclusive. Above the NodePort range, as Cilium does. */
 #ifndef EBPFLB_SNAT_PORT_MIN
@@ -69,10 +69,9 @@
 #ifndef EBPFLB_SNAT_PORT_MAX
 #define EBPFLB_SNAT_PORT_MAX 65535
 #endif
-/* Ports tried per new SNATed flow before counting STAT_SNAT_EXHAUSTED. */
-#ifndef EBPFLB_SNAT_TRIES
+/* Ports tried per new SNATed flow before counting STAT_SNAT_EXHAUSTED (unrolled: each
+ * try costs instructions in the verifier's budget). */
 #define EBPFLB_SNAT_TRIES 32
-#endif
 
 /* Seed of the 5-tuple hash that picks a NodePort flow's Maglev slot. Derived from the
  * cluster-wide --hash-seed, so every node picks the same backend for the same flow. */
@@ -96,9 +95,7 @@
 #endif
 
 /* Bytes for "namespace/name:port" in ebpflb_svcmeta: 63 + 1 + 63 + 1 + 15 = 143 (+ NUL). */
-#ifndef EBPFLB_SVC_NAME_LEN
 #define EBPFLB_SVC_NAME_LEN 144
-#endif
 
 /* Set by the agent's feature probe when the kernel has bpf_set_retval (5.18+). Without it a
  * refused connect() fails with EPERM instead of ECONNREFUSED. */
@@ -122,6 +119,10 @@
 /* Frontends the tc/xdp programs serve; a ClusterIP is never reachable from outside. */
 #define SVC_F_EXTERNAL (SVC_F_NODE_PORT | SVC_F_LOADBALANCER | SVC_F_EXTERNAL_IP)
 
+/* src_range4_key.prefixlen: the service id's bits come first, then the source prefix. */
+#define SRC_RANGE_ID_PREFIXLEN    32
+#define SRC_RANGE_EXACT_PREFIXLEN (SRC_RANGE_ID_PREFIXLEN + 32) /* one source address */
+
 /* ct4_entry.flags. */
 #define CT_F_SNAT       (1 << 0) /* source rewritten to nat_addr:nat_port */
 #define CT_F_REPLY_SEEN (1 << 1) /* the backend answered */
@@ -135,7 +136,9 @@
 #define BE_F_LOCAL       (1 << 0) /* endpoint runs on this node */
 #define BE_F_TERMINATING (1 << 1) /* endpoint is terminating (used only when nothing is ready) */
 
-/* Indexes into the per-CPU ebpflb_stats array; mirrored by ebpflb.datapath.layout.Counter. */
+/* Indexes into the per-CPU ebpflb_stats array, one per event (lib/stats.h counts them);
+ * mirrored by ebpflb.datapath.contract.Counter, whose lower-cased names label the
+ * ebpflb_datapath_events metric. */
 #define STAT_CONNECT_XLATED  0 /* connect() to a frontend rewritten to a backend */
 #define STAT_SENDMSG_XLATED  1 /* sendmsg() to a frontend rewritten to a backend */
 #define STAT_RECVMSG_XLATED  2 /* recvmsg() source rewritten back to the frontend */
@@ -147,11 +150,13 @@
 #define STAT_NP_FWD          8 /* packet of a known flow translated towards its backend */
 #define STAT_NP_REPLY        9 /* reply translated back to the client's view */
 #define STAT_NP_NO_BACKEND   10 /* dropped: no usable (for Local: no local) backend */
-#define STAT_SNAT_EXHAUSTED  11 /* dropped: no free SNAT port (or reply map full) */
+#define STAT_SNAT_EXHAUSTED  11 /* dropped: every SNAT port tried is held by a live flow */
 #define STAT_SRC_RANGE_DROP  12 /* dropped: source outside loadBalancerSourceRanges */
 #define STAT_CT_CREATE_FAIL  13 /* dropped: conntrack entry could not be stored */
 #define STAT_FRAGMENT        14 /* IPv4 fragment passed untranslated (no L4 header to match) */
 #define STAT_FIB_FAIL        15 /* dropped: no route for a translated packet */
+#define STAT_SNAT_NO_ADDR    16 /* dropped: SNAT needed, no node address on the interface */
+#define STAT_RNAT_STORE_FAIL 17 /* dropped: reply translation not stored (ebpflb_rnat4 full) */
 #define STAT_MAX             24 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

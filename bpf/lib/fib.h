@@ -1,22 +1,40 @@
-/* Sending a translated packet on from tc without the stack's input routing.
+/* Forwarding a translated packet without the stack's input routing: one route lookup
+ * setup for tc and XDP, and the router's duties (TTL) for each.
  *
  * After SNAT (or the reply translation of a SNATed flow) the packet's source is one of this
  * node's own addresses; handed back to the stack it would be dropped as a martian. Like
  * Cilium, the programs look the route up themselves (bpf_fib_lookup), decrement the TTL as
- * a router must, and redirect to the egress interface; bpf_redirect_neigh (5.10+) fills in
- * the next hop's MAC when the neighbour is not resolved yet. */
+ * a router must, and redirect to the egress interface. From tc, bpf_redirect_neigh (5.10+)
+ * fills in the next hop's MAC when the neighbour is not resolved yet; XDP cannot, and
+ * leaves such a packet to tc (bpf/nodeport_xdp.c). */
 #ifndef EBPFLB_FIB_H
 #define EBPFLB_FIB_H
 
 #include <uapi/linux/bpf.h>
-#include "lb.h"
 #include "pkt.h"
+#include "stats.h"
 
 #ifndef AF_INET
 #define AF_INET 2
 #endif
 
-/* Decrement the IPv4 TTL (and fix the header checksum); -1 when it would reach 0. */
+/* Route lookup for a packet leaving as saddr -> daddr, arrived on `ifindex`. `ctx` is the
+ * skb or the xdp_md; *fib must be zeroed. BPF_FIB_LKUP_RET_*; fib->ifindex, smac and dmac
+ * say where to send it. */
+static __always_inline int fib4_lookup(void *ctx, __u32 ifindex, const struct pkt4 *pkt,
+				       __be32 saddr, __be32 daddr, struct bpf_fib_lookup *fib)
+{
+	fib->family = AF_INET;
+	fib->ifindex = ifindex;
+	fib->l4_protocol = pkt->flow.proto;
+	fib->tot_len = pkt->len - pkt->l3_off;
+	fib->ipv4_src = saddr;
+	fib->ipv4_dst = daddr;
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
+/* Decrement the IPv4 TTL of an skb (and fix the header checksum); -1 when it would
+ * reach 0. */
 static __always_inline int tc_dec_ttl(struct __sk_buff *skb, const struct pkt4 *pkt)
 {
 	__u32 off = pkt->l3_off + offsetof(struct iphdr, ttl);
@@ -35,20 +53,14 @@ static __always_inline int tc_dec_ttl(struct __sk_buff *skb, const struct pkt4 *
 	return bpf_skb_store_bytes(skb, off, &new_word, sizeof(new_word), 0) < 0 ? -1 : 0;
 }
 
-/* Forward a rewritten packet (saddr -> daddr) out of the interface its route uses. */
+/* Forward a rewritten skb (saddr -> daddr) out of the interface its route uses. */
 static __always_inline int tc_forward4(struct __sk_buff *skb, const struct pkt4 *pkt,
 				       __be32 saddr, __be32 daddr)
 {
 	struct bpf_fib_lookup fib = {};
 	int rc;
 
-	fib.family = AF_INET;
-	fib.ifindex = skb->ifindex;
-	fib.l4_protocol = pkt->flow.proto;
-	fib.tot_len = pkt->len - pkt->l3_off;
-	fib.ipv4_src = saddr;
-	fib.ipv4_dst = daddr;
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	rc = fib4_lookup(skb, skb->ifindex, pkt, saddr, daddr, &fib);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
 		stat_inc(STAT_FIB_FAIL);
 		return TC_ACT_SHOT;
@@ -64,6 +76,26 @@ static __always_inline int tc_forward4(struct __sk_buff *skb, const struct pkt4 
 	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0) < 0)
 		return TC_ACT_SHOT;
 	return bpf_redirect(fib.ifindex, 0);
+}
+
+/* Decrement the TTL of an XDP buffer and set the MACs the route lookup found; -1 when the
+ * TTL would reach 0 or the headers are out of bounds. */
+static __always_inline int xdp_forward4_prepare(struct xdp_md *ctx,
+						const struct bpf_fib_lookup *fib)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+
+	if ((void *)(ip + 1) > data_end || ip->ttl <= 1)
+		return -1;
+	/* ttl is the high-order byte of its 16-bit word in network order. */
+	csum_replace2(&ip->check, bpf_htons((__u16)ip->ttl << 8), bpf_htons((__u16)(ip->ttl - 1) << 8));
+	ip->ttl -= 1;
+	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+	return 0;
 }
 
 #endif /* EBPFLB_FIB_H */

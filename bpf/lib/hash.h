@@ -1,6 +1,7 @@
-/* Flow hashing for NodePort backend selection: Bob Jenkins' lookup3 final mix over the
- * 5-tuple with a cluster-wide seed, so every node hashes a flow to the same Maglev slot
- * (a flow an upstream router moves to another node keeps its backend). */
+/* Hashes that pick a Maglev slot: for NodePort flows, Bob Jenkins' lookup3 final mix over
+ * the 5-tuple with a cluster-wide seed, so every node hashes a flow to the same slot (a
+ * flow an upstream router moves to another node keeps its backend); for unconnected UDP
+ * sockets, a mix of the socket cookie. */
 #ifndef EBPFLB_HASH_H
 #define EBPFLB_HASH_H
 
@@ -21,6 +22,17 @@ static __always_inline __u32 jhash_3words(__u32 a, __u32 b, __u32 c, __u32 initv
 	b ^= a; b -= __rol32(a, 14);
 	c ^= b; c -= __rol32(b, 24);
 	return c;
+}
+
+/* Finalizer of MurmurHash3 (fmix64): spreads sequential socket cookies over all slots. */
+static __always_inline __u32 mix64(__u64 x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	x ^= x >> 33;
+	return (__u32)x;
 }
 
 static __always_inline __u32 flow4_hash(const struct flow4 *flow)

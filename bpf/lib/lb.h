@@ -1,29 +1,11 @@
-/* Load-balancing helpers shared by the socket programs (and later the tc/xdp programs):
- * frontend lookup, Maglev slot -> backend selection, refusal, socket reverse entries. */
+/* Load balancing shared by every program: frontend lookup and Maglev slot -> backend
+ * selection; for the socket programs also refusal and the socket reverse entries. */
 #ifndef EBPFLB_LB_H
 #define EBPFLB_LB_H
 
 #include <linux/errno.h>
 #include "maps.h"
-
-static __always_inline void stat_inc(__u32 idx)
-{
-	__u64 *count = ebpflb_stats.lookup(&idx);
-
-	if (count)
-		*count += 1; /* per-CPU slot: no atomic needed */
-}
-
-/* Finalizer of MurmurHash3 (fmix64): spreads sequential socket cookies over all slots. */
-static __always_inline __u32 mix64(__u64 x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	x ^= x >> 33;
-	return (__u32)x;
-}
+#include "stats.h"
 
 static __always_inline struct lb4_svc_val *lb4_lookup_service(__be32 addr, __be16 port,
 							       __u8 proto, __u8 scope)

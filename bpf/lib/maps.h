@@ -1,6 +1,8 @@
 /* Map definitions only. All are pinned under EBPFLB_PIN_DIR: BCC opens an existing pin or
  * creates and pins the map, so maps (and the traffic they steer) outlive the agent. The
- * agent checks a pin's type and sizes before compiling (ebpflb/datapath/loader.py). */
+ * agent checks a pin's type, sizes and flags before compiling (ebpflb/datapath/loader.py)
+ * against ebpflb/datapath/contract.py MAPS, which tests/unit/test_contract.py compares with
+ * this file. */
 #ifndef EBPFLB_MAPS_H
 #define EBPFLB_MAPS_H
 

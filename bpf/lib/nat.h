@@ -1,35 +1,34 @@
-/* What a NodePort/LoadBalancer/external-IP packet becomes: the decisions shared by the tc
- * and xdp entry points. These functions only read and write maps and return the new
- * header values; each hook applies them with its own helpers. */
+/* The reply side of a translated flow: ebpflb_rnat4[reply tuple] holds how to restore the
+ * client's view on the way back, and, for a SNATed flow, is the reservation of its SNAT
+ * source port. An entry carries a deadline refreshed with the flow's; a port is handed to
+ * another flow only after that deadline passed, so a live flow's replies can never reach
+ * another client. */
 #ifndef EBPFLB_NAT_H
 #define EBPFLB_NAT_H
 
-#include "ct.h"
-#include "hash.h"
+#include <linux/errno.h>
+#include "maps.h"
 
-enum np_verdict {
-	NP_PASS,  /* not ours: leave the packet alone */
-	NP_DROP,  /* ours, but must not be forwarded */
-	NP_XLATE, /* rewrite to *out, then let it continue */
+enum snat_result {
+	SNAT_OK,       /* port reserved, reply translation stored */
+	SNAT_NO_PORT,  /* every port tried is held by a live flow */
+	SNAT_MAP_FULL, /* ebpflb_rnat4 has no room for the reservation */
 };
 
-/* New addresses and ports for a translated packet. */
-struct np4_xlate {
-	__be32 saddr;
-	__be32 daddr;
-	__be16 sport;
-	__be16 dport;
-};
-
-static __always_inline int src_range_allowed(__u32 svc_id, __be32 saddr)
+/* The reply tuple of a translated flow: what the backend sends. */
+static __always_inline void rnat4_key(struct flow4 *key, const struct ct4_entry *ct,
+				      const struct flow4 *orig)
 {
-	struct src_range4_key key = {
-		.prefixlen = 64,
-		.svc_id = bpf_htonl(svc_id),
-		.addr = saddr,
-	};
-
-	return ebpflb_srcrng4.lookup(&key) != NULL;
+	key->saddr = ct->backend_addr;
+	key->sport = ct->backend_port;
+	key->proto = orig->proto;
+	if (ct->flags & CT_F_SNAT) {
+		key->daddr = ct->nat_addr;
+		key->dport = ct->nat_port;
+	} else {
+		key->daddr = orig->saddr;
+		key->dport = orig->sport;
+	}
 }
 
 /* The client's flow that a reply translation belongs to. */
@@ -42,158 +41,78 @@ static __always_inline void rnat4_orig(struct flow4 *orig, const struct rnat4_va
 	orig->proto = proto;
 }
 
-/* Reply direction: backend -> client, shown as frontend -> client. */
-static __always_inline void np4_reply(const struct pkt4 *pkt, struct rnat4_val *rnat, __u64 now,
-				      struct np4_xlate *out)
+static __always_inline int rnat4_owned_by(const struct rnat4_val *val, const struct flow4 *orig)
 {
-	struct flow4 orig = {};
-	struct ct4_entry *ct;
-
-	rnat4_orig(&orig, rnat, pkt->flow.proto);
-	ct = ebpflb_ct4.lookup(&orig);
-	if (ct)
-		rnat->expires = ct_touch(ct, pkt, 1, now);
-	else /* conntrack entry evicted: keep answering the flow as long as it talks */
-		rnat->expires = now + ct_lifetime(pkt->flow.proto, CT_F_REPLY_SEEN);
-	out->saddr = rnat->frontend_addr;
-	out->sport = rnat->frontend_port;
-	out->daddr = rnat->client_addr;
-	out->dport = rnat->client_port;
-	stat_inc(STAT_NP_REPLY);
+	return val->client_addr == orig->saddr && val->client_port == orig->sport &&
+	       val->frontend_addr == orig->daddr && val->frontend_port == orig->dport;
 }
 
-/* Start a flow: pick the backend, decide on SNAT, reserve the reply translation. */
-static __always_inline int np4_new_flow(const struct pkt4 *pkt, const struct lb4_svc_val *svc,
-					__u32 ifindex, __u64 now, struct ct4_entry *ct)
+/* Reserve an SNAT source port on nat_addr towards the backend in *ct and store the reply
+ * translation. Ports already held by this same client flow are reused (a flow whose ct
+ * entry was evicted finds its port again at the first, hash-chosen, probe). A full map
+ * ends the search: tracking it across probes would double the verifier's work. */
+static __always_inline enum snat_result snat4_reserve(struct ct4_entry *ct,
+						      const struct flow4 *orig, __u32 hash,
+						      __u64 deadline)
 {
-	const struct flow4 *flow = &pkt->flow;
-	__u32 hash = flow4_hash(flow);
-	struct lb4_backend *backend;
-	__be32 *nat_addr;
-	__u64 deadline;
+	const __u32 range = EBPFLB_SNAT_PORT_MAX - EBPFLB_SNAT_PORT_MIN + 1;
+	struct rnat4_val val = {
+		.client_addr = orig->saddr,
+		.frontend_addr = orig->daddr,
+		.client_port = orig->sport,
+		.frontend_port = orig->dport,
+		.flags = RNAT_F_SNAT,
+		.expires = deadline,
+	};
+	struct flow4 key = {
+		.saddr = ct->backend_addr,
+		.daddr = ct->nat_addr,
+		.sport = ct->backend_port,
+		.proto = orig->proto,
+	};
+	__u64 now = bpf_ktime_get_ns();
+	__u32 i;
 
-	backend = lb4_select_backend(svc, hash, &ct->backend_id);
-	if (!backend) {
-		stat_inc(STAT_NP_NO_BACKEND);
-		return NP_DROP;
-	}
-	ct->backend_addr = backend->addr;
-	ct->backend_port = backend->port;
-	ct->svc_id = svc->svc_id;
-	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
-	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
-		nat_addr = ebpflb_ifaddr4.lookup(&ifindex);
-		if (!nat_addr) {
-			stat_inc(STAT_SNAT_EXHAUSTED); /* no address to masquerade to here */
-			return NP_DROP;
+#pragma unroll
+	for (i = 0; i < EBPFLB_SNAT_TRIES; i++) {
+		__u16 port = EBPFLB_SNAT_PORT_MIN + (hash + i) % range;
+		struct rnat4_val *held;
+		int err;
+
+		key.dport = bpf_htons(port);
+		held = ebpflb_rnat4.lookup(&key);
+		if (held) {
+			if (!rnat4_owned_by(held, orig) && held->expires >= now)
+				continue; /* a live flow's port */
+			*held = val; /* ours already, or idle past its deadline: take it */
+		} else {
+			err = ebpflb_rnat4.insert(&key, &val);
+			if (err == -E2BIG)
+				return SNAT_MAP_FULL;
+			if (err)
+				continue; /* another CPU took it meanwhile */
 		}
-		ct->flags |= CT_F_SNAT;
-		ct->nat_addr = *nat_addr;
+		ct->nat_port = key.dport;
+		return SNAT_OK;
 	}
-	deadline = now + ct_lifetime(flow->proto, ct->flags);
-	ct->expires = deadline;
-	ct->packets = 1;
-	ct->bytes = pkt->len;
-	if (ct->flags & CT_F_SNAT) {
-		if (snat4_reserve(ct, flow, hash, deadline) < 0) {
-			stat_inc(STAT_SNAT_EXHAUSTED);
-			return NP_DROP;
-		}
-	} else if (rnat4_store_local(ct, flow, deadline) != 0) {
-		stat_inc(STAT_SNAT_EXHAUSTED);
-		return NP_DROP;
-	}
-	if (ebpflb_ct4.update((struct flow4 *)flow, ct) != 0) {
-		stat_inc(STAT_CT_CREATE_FAIL);
-		return NP_DROP;
-	}
-	stat_inc(STAT_NP_NEW_FLOW);
-	return NP_XLATE;
+	return SNAT_NO_PORT;
 }
 
-/* Record a packet of a known flow and keep its reply translation alive (one lookup).
- * 0 when a SNATed flow's port reservation is no longer its own: the flow starts over. */
-static __always_inline int np4_flow_continue(struct ct4_entry *ct, const struct pkt4 *pkt,
-					     __u64 now)
+/* Store the reply translation of a flow without SNAT (local backend). 0: ok. */
+static __always_inline int rnat4_store_local(const struct ct4_entry *ct, const struct flow4 *orig,
+					     __u64 deadline)
 {
 	struct flow4 key = {};
-	struct rnat4_val *rnat;
-	int owned;
+	struct rnat4_val val = {
+		.client_addr = orig->saddr,
+		.frontend_addr = orig->daddr,
+		.client_port = orig->sport,
+		.frontend_port = orig->dport,
+		.expires = deadline,
+	};
 
-	rnat4_key(&key, ct, &pkt->flow);
-	rnat = ebpflb_rnat4.lookup(&key);
-	owned = rnat && rnat4_owned_by(rnat, &pkt->flow);
-	if (!owned && (ct->flags & CT_F_SNAT))
-		return 0;
-	ct_touch(ct, pkt, 0, now);
-	if (owned)
-		rnat->expires = ct->expires;
-	return 1;
-}
-
-/* Ingress on a node interface. */
-static __always_inline int np4_ingress(const struct pkt4 *pkt, __u32 ifindex,
-				       struct np4_xlate *out)
-{
-	const struct flow4 *flow = &pkt->flow;
-	struct ct4_entry new_ct = {}, *ct;
-	struct lb4_svc_val *svc;
-	struct rnat4_val *rnat;
-	__u64 now;
-	int verdict;
-
-	if (pkt->fragment) {
-		stat_inc(STAT_FRAGMENT);
-		return NP_PASS;
-	}
-	now = bpf_ktime_get_ns();
-	/* Replies to SNATed flows come back to a port of the SNAT range: only those packets
-	 * pay for the reply-translation lookup. */
-	if (bpf_ntohs(flow->dport) >= EBPFLB_SNAT_PORT_MIN &&
-	    bpf_ntohs(flow->dport) <= EBPFLB_SNAT_PORT_MAX) {
-		rnat = ebpflb_rnat4.lookup((struct flow4 *)flow);
-		if (rnat && (rnat->flags & RNAT_F_SNAT)) {
-			np4_reply(pkt, rnat, now, out);
-			return NP_XLATE;
-		}
-	}
-	svc = lb4_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
-	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
-		return NP_PASS;
-	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range_allowed(svc->svc_id, flow->saddr)) {
-		stat_inc(STAT_SRC_RANGE_DROP);
-		return NP_DROP;
-	}
-	ct = ct4_lookup(flow, pkt, now);
-	if (ct && np4_flow_continue(ct, pkt, now)) {
-		stat_inc(STAT_NP_FWD);
-	} else {
-		verdict = np4_new_flow(pkt, svc, ifindex, now, &new_ct);
-		if (verdict != NP_XLATE)
-			return verdict;
-		ct = &new_ct;
-	}
-	out->daddr = ct->backend_addr;
-	out->dport = ct->backend_port;
-	out->saddr = (ct->flags & CT_F_SNAT) ? ct->nat_addr : flow->saddr;
-	out->sport = (ct->flags & CT_F_SNAT) ? ct->nat_port : flow->sport;
-	return NP_XLATE;
-}
-
-/* Egress on a node interface: replies of flows DNATed to a local backend. */
-static __always_inline int np4_egress(const struct pkt4 *pkt, struct np4_xlate *out)
-{
-	struct rnat4_val *rnat;
-
-	if (pkt->fragment)
-		return NP_PASS;
-	rnat = ebpflb_rnat4.lookup((struct flow4 *)&pkt->flow);
-	if (!rnat || (rnat->flags & RNAT_F_SNAT))
-		return NP_PASS;
-	np4_reply(pkt, rnat, bpf_ktime_get_ns(), out);
-	out->daddr = pkt->flow.daddr; /* the client, unchanged */
-	out->dport = pkt->flow.dport;
-	return NP_XLATE;
+	rnat4_key(&key, ct, orig);
+	return ebpflb_rnat4.update(&key, &val);
 }
 
 #endif /* EBPFLB_NAT_H */

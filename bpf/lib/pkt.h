@@ -1,6 +1,7 @@
-/* Parsing an IPv4 TCP/UDP packet in an skb and rewriting its addresses and ports with
- * checksums kept right. The skb helpers (bpf_l3/l4_csum_replace) handle both complete
- * checksums and CHECKSUM_PARTIAL packets from interfaces with checksum offload. */
+/* Parsing an IPv4 TCP/UDP packet (shared by tc and XDP) and rewriting its addresses and
+ * ports with checksums kept right: in an skb with the kernel's helpers (bpf_l3/l4_csum_
+ * replace handle both complete checksums and CHECKSUM_PARTIAL packets from interfaces with
+ * checksum offload), in an XDP buffer by stores and lib/csum.h. */
 #ifndef EBPFLB_PKT_H
 #define EBPFLB_PKT_H
 
@@ -10,9 +11,11 @@
 #include <uapi/linux/udp.h>
 #include <uapi/linux/pkt_cls.h>
 #include <linux/in.h>
+#include "csum.h"
 #include "structs.h"
 
 #define IP_FRAG_MASK 0x3fff /* MF flag + fragment offset, host order after ntohs */
+#define TCP_FLAGS_OFF 13    /* byte of the TCP header holding the flags below */
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
@@ -26,6 +29,14 @@ struct pkt4 {
 	__u32 len;         /* skb length, for byte counters */
 	__u8 tcp_flags;    /* TCP_FLAG_*; 0 for UDP */
 	__u8 fragment;     /* 1: a fragment, ports unknown (or not the first) */
+};
+
+/* New addresses and ports for a translated packet. */
+struct xlate4 {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
 };
 
 /* 0: an IPv4 TCP/UDP packet parsed into *pkt; -1: anything else (passed untouched).
@@ -63,7 +74,7 @@ static __always_inline int pkt4_parse(void *data, void *data_end, __u32 len, str
 			return -1;
 		pkt->flow.sport = tcp->source;
 		pkt->flow.dport = tcp->dest;
-		pkt->tcp_flags = ((__u8 *)tcp)[13];
+		pkt->tcp_flags = ((__u8 *)tcp)[TCP_FLAGS_OFF];
 	} else {
 		struct udphdr *udp = data + pkt->l4_off;
 
@@ -115,6 +126,66 @@ static __always_inline int pkt4_rewrite(struct __sk_buff *skb, const struct pkt4
 		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0) < 0)
 			return -1;
 	}
+	return 0;
+}
+
+/* Apply a translation to an skb. 0 on success. */
+static __always_inline int pkt4_xlate_skb(struct __sk_buff *skb, const struct pkt4 *pkt,
+					  const struct xlate4 *out)
+{
+	if (pkt4_rewrite(skb, pkt, 0, out->daddr, out->dport) < 0 ||
+	    pkt4_rewrite(skb, pkt, 1, out->saddr, out->sport) < 0)
+		return -1;
+	return 0;
+}
+
+/* Fix an L4 checksum for new addresses and ports (each protocol's header in its branch of
+ * the caller, so the verifier keeps every packet pointer's bounds). */
+static __always_inline void l4_csum_update(__u16 *check, const struct iphdr *ip,
+					   const __u16 *ports, const struct xlate4 *out)
+{
+	csum_replace4(check, ip->saddr, out->saddr);
+	csum_replace4(check, ip->daddr, out->daddr);
+	csum_replace2(check, ports[0], out->sport);
+	csum_replace2(check, ports[1], out->dport);
+}
+
+/* Apply a translation to an XDP buffer in place; -1 if the headers are out of bounds. */
+static __always_inline int pkt4_xlate_xdp(struct xdp_md *ctx, const struct xlate4 *out)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	__u32 ihl;
+
+	if ((void *)(ip + 1) > data_end)
+		return -1;
+	ihl = (ip->ihl & 0xf) * 4;
+	if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *tcp = (void *)ip + ihl;
+
+		if ((void *)(tcp + 1) > data_end)
+			return -1;
+		l4_csum_update(&tcp->check, ip, (__u16 *)tcp, out);
+		tcp->source = out->sport;
+		tcp->dest = out->dport;
+	} else {
+		struct udphdr *udp = (void *)ip + ihl;
+
+		if ((void *)(udp + 1) > data_end)
+			return -1;
+		if (udp->check) { /* 0: no UDP checksum, keep it that way */
+			l4_csum_update(&udp->check, ip, (__u16 *)udp, out);
+			if (udp->check == 0)
+				udp->check = CSUM_MANGLED_0;
+		}
+		udp->source = out->sport;
+		udp->dest = out->dport;
+	}
+	csum_replace4(&ip->check, ip->saddr, out->saddr);
+	csum_replace4(&ip->check, ip->daddr, out->daddr);
+	ip->saddr = out->saddr;
+	ip->daddr = out->daddr;
 	return 0;
 }
 

@@ -1,7 +1,8 @@
 /* Every map key and value. Mirrored field for field by ctypes classes in
- * ebpflb/datapath/layout.py; tests/kernel/test_layout.py checks sizes and offsets against
- * BCC's generated Key/Leaf types. Padding is explicit so both sides agree without relying
- * on compiler layout. Fields typed __be* hold network byte order.
+ * ebpflb/datapath/contract.py (tests/unit/test_contract.py compares names, order, sizes and
+ * byte order with this file; tests/kernel/test_layout.py with BCC's generated Key/Leaf
+ * types). Padding is explicit so both sides agree without relying on compiler layout.
+ * Fields typed __be* hold network byte order.
  */
 #ifndef EBPFLB_STRUCTS_H
 #define EBPFLB_STRUCTS_H
@@ -103,9 +104,9 @@ struct rnat4_val {
 };
 
 /* loadBalancerSourceRanges entry: LPM key over (service id, source prefix). prefixlen
- * counts the 32 bits of svc_id plus the prefix length. */
+ * counts the bits of svc_id (SRC_RANGE_ID_PREFIXLEN) plus the prefix length. */
 struct src_range4_key {
-	__u32 prefixlen; /* 32 + CIDR prefix length */
+	__u32 prefixlen; /* SRC_RANGE_ID_PREFIXLEN + CIDR prefix length */
 	__u32 svc_id;    /* LoadBalancer frontend's service id, big-endian for the LPM match */
 	__be32 addr;     /* allowed source prefix */
 };

@@ -12,10 +12,12 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Literal
 
 import numpy as np
 
+from ebpflb.bench.records.maglev import MaglevRun, Recompute, Reference, Scale, TableFigures
+from ebpflb.bench.settings import MaglevSettings
 from ebpflb.maglev import (
     DEFAULT_HASH_SEED,
     build_table,
@@ -48,11 +50,11 @@ RECOMPUTE_TARGET_MS = 100.0
 
 
 def run_maglev_bench(
-    *, quick: bool = False, seed: str | bytes = DEFAULT_HASH_SEED
-) -> dict[str, Any]:
-    """Run every measurement and return a JSON-serialisable report (see render_text)."""
+    settings: MaglevSettings, *, seed: str | bytes = DEFAULT_HASH_SEED
+) -> MaglevRun:
+    """Run every measurement (ebpflb.bench.render draws the tables)."""
     started = time.perf_counter()
-    repeats, removals = (3, 5) if quick else (9, 30)
+    repeats, removals = settings.timing_repeats, settings.removals
     rng = random.Random(0)
 
     # The first call loads the compiled kernels from numba's cache (or compiles them).
@@ -67,149 +69,75 @@ def run_maglev_bench(
         anchor_sizes = {m for an, m, _, _ in ANCHOR_SIMULATION if an == n}
         for size in sorted({ladder, *FIXED_SIZES, *anchor_sizes}):
             if size >= n:
-                row = _measure(names[n], size, rng, removals=removals, repeats=repeats, seed=seed)
-                configs.append({"kind": "ladder" if size == ladder else "fixed", **row})
+                kind: Literal["ladder", "fixed"] = "ladder" if size == ladder else "fixed"
+                configs.append(
+                    _measure(
+                        names[n], size, rng, kind, removals=removals, repeats=repeats, seed=seed
+                    )
+                )
 
     references = []
     for n, size, removed, anchor in ANCHOR_SIMULATION:
         if removed == 1:
-            row = next(c for c in configs if c["n"] == n and c["m"] == size)
-            changed = row["changed_fraction"]
+            row = next(c for c in configs if c.n == n and c.m == size)
+            changed = row.changed_fraction
         else:
             changed = _disruption(n, size, rng, removed, removals, seed)[0]
         references.append(
-            {
-                "n": n,
-                "m": size,
-                "removed": removed,
-                "changed_fraction": changed,
-                "minimum_fraction": removed / n,
-                "anchors_simulation_fraction": anchor,
-                "paper": PAPER_NOTE,
-            }
+            Reference(
+                n=n,
+                m=size,
+                removed=removed,
+                changed_fraction=changed,
+                minimum_fraction=removed / n,
+                anchors_simulation_fraction=anchor,
+                paper=PAPER_NOTE,
+            )
         )
 
-    report = {
-        "seed": seed if isinstance(seed, str) else seed.hex(),
-        "quick": quick,
-        "timing_repeats": repeats,
-        "removals_per_config": removals,
-        "warmup_s": warmup_s,
-        "configs": configs,
-        "references": references,
-        "scale": _scale(rng, repeats=1 if quick else 3, seed=seed),
-        "recompute": _recompute(names[RECOMPUTE_BACKENDS], rng, repeats=repeats, seed=seed),
-    }
-    report["wall_s"] = time.perf_counter() - started
-    return report
-
-
-def render_text(report: dict[str, Any]) -> str:
-    """The report as aligned text tables."""
-    lines = [
-        f"Maglev benchmark: seed {report['seed']!r}, {'quick' if report['quick'] else 'full'} "
-        f"run: {report['timing_repeats']} timing repeats, {report['removals_per_config']} "
-        f"random backend sets per disruption figure; numba warm-up {report['warmup_s']:.2f} s",
-        "",
-        "Balance, disruption of removing 1 backend, memory and build time per service table",
-    ]
-    rows = [
-        [
-            c["n"],
-            c["m"],
-            c["kind"],
-            f"{c['m'] / c['n']:.0f}",
-            f"{c['min_slots']}-{c['max_slots']}",
-            f"{c['max_deviation_pct']:.2f}",
-            f"{100 * c['changed_fraction']:.3f}",
-            f"{100 * c['minimum_fraction']:.3f}",
-            f"{100 * c['survivors_moved_fraction']:.3f}",
-            f"{100 * c['survivors_moved_max_fraction']:.3f}",
-            f"{c['bytes_per_table'] / 1024:.1f}",
-            f"{c['build_ms']:.3f}",
-        ]
-        for c in report["configs"]
-    ]
-    lines += _table(
-        [
-            "N",
-            "M",
-            "size",
-            "M/N",
-            "slots/backend",
-            "max dev %",
-            "changed %",
-            "min 1/N %",
-            "survivors %",
-            "survivors max %",
-            "KiB/table",
-            "build ms",
-        ],
-        rows,
+    scale = _scale(rng, repeats=settings.scale_repeats, seed=seed)
+    recompute = _recompute(names[RECOMPUTE_BACKENDS], rng, repeats=repeats, seed=seed)
+    return MaglevRun(
+        seed=seed if isinstance(seed, str) else seed.hex(),
+        quick=settings.quick,
+        timing_repeats=repeats,
+        removals_per_config=removals,
+        warmup_s=warmup_s,
+        configs=tuple(configs),
+        references=tuple(references),
+        scale=scale,
+        recompute=recompute,
+        wall_s=time.perf_counter() - started,
     )
-    lines += ["", "Entries changed when backends are removed, next to references (% of table)"]
-    rows = [
-        [
-            r["n"],
-            r["m"],
-            r["removed"],
-            f"{100 * r['changed_fraction']:.3f}",
-            f"{100 * r['minimum_fraction']:.3f}",
-            f"{100 * r['anchors_simulation_fraction']:.3f}",
-            r["paper"],
-        ]
-        for r in report["references"]
-    ]
-    lines += _table(
-        ["N", "M", "removed", "ebpflb %", "minimum %", "anchors sim. %", "paper (NSDI'16)"], rows
-    )
-    lines += [
-        "  The paper reports disruption only as a graph (Fig. 12: 1000 backends, M = 65537",
-        "  and 655373); 'anchors sim.' is a separate blake2b simulation (anchors.md section 3).",
-        "",
-    ]
-    s, r = report["scale"], report["recompute"]
-    lines += [
-        f"Scale: {s['services']:,} services x {s['backends']} backends, M = {s['m']}: "
-        f"{s['batched_s']:.3f} s batched, {s['one_by_one_s']:.3f} s one by one "
-        f"(target < {s['target_s']:g} s: {_ok(s['batched_s'] < s['target_s'])})",
-        f"  tables {s['total_bytes'] / 2**20:.1f} MiB ({s['bytes_per_table']} B each; "
-        f"limit {s['limit_bytes'] / 2**20:.0f} MiB: {_ok(s['total_bytes'] <= s['limit_bytes'])})",
-        f"Recompute: replace 1 of {r['backends']} backends, M = {r['m']}: {r['ms']:.2f} ms "
-        f"build + diff (target < {r['target_ms']:g} ms: {_ok(r['ms'] < r['target_ms'])})",
-        f"  {r['changed_slots']} slots changed ({100 * r['changed_slots'] / r['m']:.3f}%); "
-        f"the replaced backend held {r['replaced_backend_slots']}",
-        "",
-        f"Wall time: {report['wall_s']:.1f} s",
-    ]
-    return "\n".join(lines)
 
 
 def _measure(
     names: Sequence[str],
     size: int,
     rng: random.Random,
+    kind: Literal["ladder", "fixed"],
     *,
     removals: int,
     repeats: int,
     seed: str | bytes,
-) -> dict[str, Any]:
+) -> TableFigures:
     n = len(names)
     counts = build_table(names, size, seed=seed).slot_counts().values()
     changed, moved, moved_max = _disruption(n, size, rng, 1, removals, seed)
-    return {
-        "n": n,
-        "m": size,
-        "min_slots": min(counts),
-        "max_slots": max(counts),
-        "max_deviation_pct": 100 * max(abs(c - size / n) for c in counts) / (size / n),
-        "changed_fraction": changed,
-        "minimum_fraction": 1 / n,
-        "survivors_moved_fraction": moved,
-        "survivors_moved_max_fraction": moved_max,
-        "bytes_per_table": size * SLOT_BYTES,
-        "build_ms": _median_ms(lambda: build_table(names, size, seed=seed), repeats),
-    }
+    return TableFigures(
+        kind=kind,
+        n=n,
+        m=size,
+        min_slots=min(counts),
+        max_slots=max(counts),
+        max_deviation_pct=100 * max(abs(c - size / n) for c in counts) / (size / n),
+        changed_fraction=changed,
+        minimum_fraction=1 / n,
+        survivors_moved_fraction=moved,
+        survivors_moved_max_fraction=moved_max,
+        bytes_per_table=size * SLOT_BYTES,
+        build_ms=_median_ms(lambda: build_table(names, size, seed=seed), repeats),
+    )
 
 
 def _disruption(
@@ -232,26 +160,26 @@ def _disruption(
     return statistics.fmean(changed), statistics.fmean(moved), max(moved)
 
 
-def _scale(rng: random.Random, *, repeats: int, seed: str | bytes) -> dict[str, Any]:
+def _scale(rng: random.Random, *, repeats: int, seed: str | bytes) -> Scale:
     size = table_size_for(SCALE_BACKENDS)
     services = [_backend_names(rng, SCALE_BACKENDS) for _ in range(SCALE_SERVICES)]
     sizes = [size] * SCALE_SERVICES
-    return {
-        "services": SCALE_SERVICES,
-        "backends": SCALE_BACKENDS,
-        "m": size,
-        "batched_s": _median_ms(lambda: build_tables(services, sizes, seed=seed), repeats) / 1000,
-        "one_by_one_s": _seconds(lambda: [build_table(s, size, seed=seed) for s in services]),
-        "target_s": SCALE_TARGET_S,
-        "bytes_per_table": size * SLOT_BYTES,
-        "total_bytes": SCALE_SERVICES * size * SLOT_BYTES,
-        "limit_bytes": MEMORY_LIMIT_BYTES,
-    }
+    return Scale(
+        services=SCALE_SERVICES,
+        backends=SCALE_BACKENDS,
+        m=size,
+        batched_s=_median_ms(lambda: build_tables(services, sizes, seed=seed), repeats) / 1000,
+        one_by_one_s=_seconds(lambda: [build_table(s, size, seed=seed) for s in services]),
+        target_s=SCALE_TARGET_S,
+        bytes_per_table=size * SLOT_BYTES,
+        total_bytes=SCALE_SERVICES * size * SLOT_BYTES,
+        limit_bytes=MEMORY_LIMIT_BYTES,
+    )
 
 
 def _recompute(
     names: Sequence[str], rng: random.Random, *, repeats: int, seed: str | bytes
-) -> dict[str, Any]:
+) -> Recompute:
     """Replace one backend (a pod restarted with a new IP) and diff, as the reconciler does."""
     size = table_size_for(len(names))
     replaced = rng.choice(names)
@@ -264,14 +192,14 @@ def _recompute(
     def recompute() -> int:
         return len(changed_slots(old, build_table(after, size, seed=seed).map_slots(ids)))
 
-    return {
-        "backends": len(names),
-        "m": size,
-        "ms": _median_ms(recompute, repeats),
-        "target_ms": RECOMPUTE_TARGET_MS,
-        "changed_slots": recompute(),
-        "replaced_backend_slots": old_table.slot_counts()[replaced],
-    }
+    return Recompute(
+        backends=len(names),
+        m=size,
+        ms=_median_ms(recompute, repeats),
+        target_ms=RECOMPUTE_TARGET_MS,
+        changed_slots=recompute(),
+        replaced_backend_slots=old_table.slot_counts()[replaced],
+    )
 
 
 def _backend_names(rng: random.Random, n: int) -> list[str]:
@@ -287,13 +215,3 @@ def _seconds(fn: Callable[[], object]) -> float:
 
 def _median_ms(fn: Callable[[], object], repeats: int) -> float:
     return 1000 * statistics.median(_seconds(fn) for _ in range(repeats))
-
-
-def _ok(passed: bool) -> str:
-    return "ok" if passed else "MISSED"
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return ["  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]

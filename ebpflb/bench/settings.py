@@ -1,23 +1,50 @@
-"""What `ebpflb bench` measures and how much: the defaults, --quick, their limits.
+"""What each `ebpflb bench` sub-command measures and how much: the defaults, --quick, limits.
 
-Kept apart from the benchmark itself so the command line can build it without importing
-the measuring code.
+Kept apart from the benchmarks themselves so the command line can build them without
+importing the measuring code (numba, BCC, the fake API server).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from ebpflb.bench import scenario
 from ebpflb.errors import ConfigError
 
-MODES = ("none", "iptables-legacy", "iptables-nft", "nftables", "ebpflb")
+
+class Mode(StrEnum):
+    """A way of serving the bench's services; its value is the name in tables and reports."""
+
+    NONE = "none"  # no proxy: the client connects straight to a backend (the floor)
+    IPTABLES_LEGACY = "iptables-legacy"  # also the iptables binaries' names
+    IPTABLES_NFT = "iptables-nft"
+    NFTABLES = "nftables"
+    EBPFLB = "ebpflb"
+    EBPFLB_XDP = "ebpflb-xdp"  # measured with ebpflb (its NodePort path in XDP), not chosen
+
+
+MODES = (Mode.NONE, Mode.IPTABLES_LEGACY, Mode.IPTABLES_NFT, Mode.NFTABLES, Mode.EBPFLB)
+"""The modes --modes chooses from, in the tables' order."""
+KUBE_PROXY_MODES = (Mode.IPTABLES_LEGACY, Mode.IPTABLES_NFT, Mode.NFTABLES)
+IPTABLES_MODES = (Mode.IPTABLES_LEGACY, Mode.IPTABLES_NFT)
+
+
+def parse_modes(text: str) -> tuple[Mode, ...]:
+    """--modes: comma-separated mode names."""
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in {m.value for m in MODES}]
+    if unknown:
+        raise ConfigError(f"unknown mode {unknown[0]!r}: one of {', '.join(MODES)}")
+    return tuple(Mode(name) for name in names)
 
 
 @dataclass(frozen=True)
-class Settings:
+class CompareSettings:
+    """`ebpflb bench compare`: ebpflb against kube-proxy's modes."""
+
     services: tuple[int, ...] = (100, 1000, 10_000, 20_000, 100_000)
-    modes: tuple[str, ...] = MODES
+    modes: tuple[Mode, ...] = MODES
     endpoints: int = 3
     # Latency: interleaved rounds of one batch per target and mode. Many short batches,
     # because this VM's speed changes in steps lasting milliseconds (whole batches ran 25%
@@ -44,16 +71,18 @@ class Settings:
             scenario.bench_services(n, self.endpoints)  # raises with the limits
         if self.rounds < 1 or self.batch < 10 or self.rate_seconds <= 0 or self.changes < 1:
             raise ConfigError("rounds >= 1, batch >= 10, rate seconds > 0, changes >= 1")
+        if self.rate_repeats < 1:
+            raise ConfigError("rate repeats >= 1")
 
-    def runs(self, mode: str, n: int) -> bool:
-        if mode in ("none", "ebpflb"):
+    def runs(self, mode: Mode, n: int) -> bool:
+        if mode in (Mode.NONE, Mode.EBPFLB):
             return True
-        if mode == "iptables-nft" and n > self.iptables_nft_max_services:
+        if mode is Mode.IPTABLES_NFT and n > self.iptables_nft_max_services:
             return False
         return n <= self.kube_proxy_max_services
 
 
-QUICK = Settings(
+COMPARE_QUICK = CompareSettings(
     services=(100, 1000),
     rounds=8,
     batch=100,
@@ -61,3 +90,41 @@ QUICK = Settings(
     rate_repeats=2,
     changes=2,
 )
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """`ebpflb bench sync`: the agent's control plane fed by the Kubernetes API."""
+
+    services: int = 10_000
+    endpoints: int = 3
+    changes: int = 5  # single-slice changes timed
+    # A full resync is timed once: the bench waits up to one period for it.
+    sync_period: float = 15.0
+    min_sync_period: float = 0.5
+
+    def validate(self) -> None:
+        scenario.bench_services(self.services, self.endpoints)  # raises with the limits
+        if self.changes < 1:
+            raise ConfigError("--changes must be at least 1")
+        if self.sync_period <= 0 or not 0 < self.min_sync_period < self.sync_period:
+            raise ConfigError("0 < min sync period < sync period")
+
+
+SYNC_QUICK = SyncSettings(services=1000, changes=3, sync_period=5.0)
+
+
+@dataclass(frozen=True)
+class MaglevSettings:
+    """`ebpflb bench maglev`: how often each figure is measured."""
+
+    timing_repeats: int = 9  # build timings: the median of this many
+    removals: int = 30  # random backend sets per disruption figure
+    scale_repeats: int = 3  # the 10,000-table build
+
+    @property
+    def quick(self) -> bool:
+        return self == MAGLEV_QUICK
+
+
+MAGLEV_QUICK = MaglevSettings(timing_repeats=3, removals=5, scale_repeats=1)

@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ebpflb.bench import scenario
-from ebpflb.datapath.mounts import cgroup2_root
-from ebpflb.testing.netns import Cgroup, Namespaces, attach_xdp_pass, remove_cgroup_dir, sh
+from ebpflb.testing.netns import Cgroup, Namespaces, attach_xdp_pass, sh
 
 NODE_IP = "10.240.0.1"
 EXTERNAL_IP = "10.240.0.2"
@@ -132,56 +129,3 @@ class BenchTopology(Namespaces):
             for cgroup in self.cgroups.values():
                 cgroup.close()
             self.cgroups.clear()
-
-
-@dataclass
-class KernelMemoryCgroup:
-    """A memory cgroup that accounts the kernel memory its processes allocate.
-
-    x_tables blobs, nf_tables objects and BPF maps are all allocated with __GFP_ACCOUNT,
-    i.e. charged to the allocating task's memory cgroup, so running iptables-restore, nft
-    or the agent in a fresh cgroup measures what the rules (or maps) cost the kernel,
-    without the noise of machine-wide counters. Uses cgroup v1's memory.kmem counter
-    where the memory controller is on v1 (hybrid hierarchy), else v2's memory.stat
-    "kernel" field.
-    """
-
-    path: Path
-
-    @classmethod
-    def create(cls, name: str) -> KernelMemoryCgroup | None:
-        """None when this kernel offers neither counter (the figure is then not reported)."""
-        v1 = Path("/sys/fs/cgroup/memory")
-        if (v1 / "memory.kmem.usage_in_bytes").exists():
-            path = v1 / name
-        else:
-            root = cgroup2_root()
-            if "memory" not in (root / "cgroup.controllers").read_text().split():
-                return None
-            path = root / name
-        path.mkdir()
-        cgroup = cls(path)
-        if cgroup.kernel_bytes() is None:
-            cgroup.close()
-            return None
-        return cgroup
-
-    def enter(self) -> None:
-        """Move the calling process in (a preexec_fn: children inherit the cgroup)."""
-        (self.path / "cgroup.procs").write_text(str(os.getpid()))
-
-    def kernel_bytes(self) -> int | None:
-        kmem = self.path / "memory.kmem.usage_in_bytes"
-        if kmem.exists():
-            return int(kmem.read_text())
-        stat = self.path / "memory.stat"
-        for line in stat.read_text().splitlines() if stat.exists() else ():
-            key, _, value = line.partition(" ")
-            if key == "kernel":
-                return int(value)
-        return None
-
-    def close(self) -> None:
-        # Charges left by exited processes move to the parent when the cgroup goes.
-        with contextlib.suppress(OSError):
-            remove_cgroup_dir(self.path)

@@ -2,9 +2,13 @@
 
 BCC creates, loads and attaches; what it lacks is opening a pin by path (for `maps dump`
 and restarts without compiling), reading an object's kernel-side info (to check a pin's
-layout and find our programs by name), and listing/detaching what a cgroup has attached
-(for cleanup and restarts of another process's programs). Map element operations use
+layout and find our programs by name), listing/detaching what a cgroup has attached
+(for cleanup and restarts of another process's programs), and running a loaded program
+on a packet (BPF_PROG_TEST_RUN; typed in testrun.py). Map element operations use
 libbcc's exported wrappers (bcc.libbcc.lib).
+
+A failed command raises BpfError (a DatapathError, so the CLI prints it in one line)
+naming what it was done to and keeping the errno for callers that expect some.
 """
 
 from __future__ import annotations
@@ -14,25 +18,27 @@ import errno
 import os
 from dataclasses import dataclass
 
+from ebpflb.errors import DatapathError
+
 _libc = ct.CDLL(None, use_errno=True)
 _libc.syscall.restype = ct.c_long
 
 _NR_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
 
+BPF_OBJ_GET = 7
 BPF_PROG_DETACH = 9
+BPF_PROG_TEST_RUN = 10
 BPF_PROG_GET_FD_BY_ID = 13
-BPF_MAP_GET_FD_BY_ID = 14
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_QUERY = 16
-BPF_OBJ_GET = 7
 
-BPF_MAP_TYPE_NAMES = {
-    1: "hash",
-    2: "array",
-    6: "percpu_array",
-    9: "lru_hash",
-    11: "lpm_trie",
-}
+
+class BpfError(DatapathError):
+    """A bpf(2) command failed: what it was for, and why (errno kept)."""
+
+    def __init__(self, what: str, err: int) -> None:
+        super().__init__(f"{what}: {os.strerror(err)}")
+        self.errno = err
 
 
 class _ObjGetAttr(ct.Structure):
@@ -65,6 +71,28 @@ class _DetachAttr(ct.Structure):
         ("attach_type", ct.c_uint32),
         ("attach_flags", ct.c_uint32),
         ("replace_bpf_fd", ct.c_uint32),
+    ]
+
+
+class _TestRunAttr(ct.Structure):
+    """The `test` member of union bpf_attr (uapi/linux/bpf.h)."""
+
+    _fields_ = [
+        ("prog_fd", ct.c_uint32),
+        ("retval", ct.c_uint32),
+        ("data_size_in", ct.c_uint32),
+        ("data_size_out", ct.c_uint32),
+        ("data_in", ct.c_uint64),
+        ("data_out", ct.c_uint64),
+        ("repeat", ct.c_uint32),
+        ("duration", ct.c_uint32),
+        ("ctx_size_in", ct.c_uint32),
+        ("ctx_size_out", ct.c_uint32),
+        ("ctx_in", ct.c_uint64),
+        ("ctx_out", ct.c_uint64),
+        ("flags", ct.c_uint32),
+        ("cpu", ct.c_uint32),
+        ("batch_size", ct.c_uint32),
     ]
 
 
@@ -111,10 +139,6 @@ class MapInfo:
     flags: int
     name: str
 
-    @property
-    def type_name(self) -> str:
-        return BPF_MAP_TYPE_NAMES.get(self.type, str(self.type))
-
 
 @dataclass(frozen=True, slots=True)
 class ProgInfo:
@@ -123,11 +147,10 @@ class ProgInfo:
     name: str
 
 
-def _bpf(cmd: int, attr: ct.Structure) -> int:
+def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
     ret = _libc.syscall(_NR_BPF, cmd, ct.byref(attr), ct.sizeof(attr))
     if ret < 0:
-        err = ct.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise BpfError(what, ct.get_errno())
     return int(ret)
 
 
@@ -135,14 +158,16 @@ def obj_get(path: str) -> int:
     """Open a pinned map or program; the caller owns (and closes) the fd."""
     raw = ct.create_string_buffer(os.fsencode(path))
     attr = _ObjGetAttr(ct.cast(raw, ct.c_void_p).value or 0, 0, 0)
-    return _bpf(BPF_OBJ_GET, attr)
+    return _bpf(BPF_OBJ_GET, attr, f"opening pinned object {path}")
 
 
-def map_info(fd: int) -> MapInfo:
+def map_info(fd: int, name: str) -> MapInfo:
+    """The kernel's description of map `name` (open as `fd`)."""
     info = _MapInfo()
     _bpf(
         BPF_OBJ_GET_INFO_BY_FD,
         _InfoAttr(fd, ct.sizeof(info), ct.cast(ct.pointer(info), ct.c_void_p).value or 0),
+        f"reading the info of map {name}",
     )
     return MapInfo(
         info.type,
@@ -155,21 +180,26 @@ def map_info(fd: int) -> MapInfo:
     )
 
 
-def prog_info(fd: int) -> ProgInfo:
+def prog_info(fd: int, what: str = "a program") -> ProgInfo:
     info = _ProgInfo()
     _bpf(
         BPF_OBJ_GET_INFO_BY_FD,
         _InfoAttr(fd, ct.sizeof(info), ct.cast(ct.pointer(info), ct.c_void_p).value or 0),
+        f"reading the info of {what}",
     )
     return ProgInfo(info.id, info.type, info.name.decode(errors="replace"))
 
 
 def prog_fd_by_id(prog_id: int) -> int:
-    return _bpf(BPF_PROG_GET_FD_BY_ID, _GetFdByIdAttr(prog_id, 0, 0))
+    """Open program `prog_id`; BpfError with errno ENOENT when it is gone."""
+    return _bpf(
+        BPF_PROG_GET_FD_BY_ID, _GetFdByIdAttr(prog_id, 0, 0), f"opening program id {prog_id}"
+    )
 
 
-def prog_query(target_fd: int, attach_type: int) -> list[int]:
-    """Ids of the programs attached to a cgroup (or other target) for one attach type."""
+def prog_query(target_fd: int, attach_type: int, target: str) -> list[int]:
+    """Ids of the programs attached to `target` (a cgroup, open as target_fd) for one
+    attach type."""
     capacity = 64
     while True:
         ids = (ct.c_uint32 * capacity)()
@@ -177,8 +207,8 @@ def prog_query(target_fd: int, attach_type: int) -> list[int]:
             target_fd, attach_type, 0, 0, ct.cast(ids, ct.c_void_p).value or 0, capacity
         )
         try:
-            _bpf(BPF_PROG_QUERY, attr)
-        except OSError as exc:
+            _bpf(BPF_PROG_QUERY, attr, f"listing programs attached to {target}")
+        except BpfError as exc:
             if exc.errno == errno.ENOSPC:
                 capacity *= 4
                 continue
@@ -186,6 +216,37 @@ def prog_query(target_fd: int, attach_type: int) -> list[int]:
         return [ids[i] for i in range(attr.prog_cnt)]
 
 
-def prog_detach(target_fd: int, prog_fd: int, attach_type: int) -> None:
+def prog_detach(target_fd: int, prog_fd: int, attach_type: int, what: str) -> None:
     """Detach one specific program (needed for BPF_F_ALLOW_MULTI attachments)."""
-    _bpf(BPF_PROG_DETACH, _DetachAttr(target_fd, prog_fd, attach_type, 0, 0))
+    attr = _DetachAttr(target_fd, prog_fd, attach_type, 0, 0)
+    _bpf(BPF_PROG_DETACH, attr, f"detaching {what}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgRunResult:
+    retval: int  # what the program returned (the last repetition's)
+    data: bytes  # the packet as the program left it
+    duration_ns: int  # kernel-measured time per repetition (mean)
+
+
+def prog_test_run(
+    prog_fd: int, data: bytes, ctx: ct.Structure | None, repeat: int, what: str
+) -> ProgRunResult:
+    """Run a loaded program `repeat` times on a copy of `data` (each repetition sees the
+    packet as the previous one left it), with an optional context (struct __sk_buff or
+    xdp_md prefix); BpfError naming `what` when the kernel refuses."""
+    data_in = ct.create_string_buffer(data, len(data))
+    data_out = ct.create_string_buffer(max(len(data) + 256, 4096))
+    attr = _TestRunAttr(
+        prog_fd=prog_fd,
+        data_size_in=len(data),
+        data_size_out=len(data_out),
+        data_in=ct.addressof(data_in),
+        data_out=ct.addressof(data_out),
+        repeat=repeat,
+    )
+    if ctx is not None:
+        attr.ctx_size_in = ct.sizeof(ctx)
+        attr.ctx_in = ct.addressof(ctx)
+    _bpf(BPF_PROG_TEST_RUN, attr, f"running {what} on a test packet")
+    return ProgRunResult(attr.retval, data_out.raw[: attr.data_size_out], attr.duration)

@@ -1,30 +1,79 @@
-"""`ebpflb maps dump`: what the maps hold, read back from the kernel, as a table or JSON.
+"""`ebpflb maps dump`: what the maps hold, read back as typed rows, as a table or JSON.
 
-Works on any MapSet, so it needs neither a running agent nor a compiler: the CLI opens the
-pins with KernelMapSet. Slot counts come from the slot pool itself, not from the agent's
-memory, so the dump shows what the datapath really uses.
+Works on any MapSet, so it needs neither a running agent nor a compiler (the CLI opens the
+pins with KernelMapSet) and is unit-tested on the fake. Slot counts come from the slot
+pool itself, not from the agent's memory, so the dump shows what the datapath really uses.
 """
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections import Counter
+from ipaddress import IPv4Network
 from typing import Any
 
 import numpy as np
 
-from ebpflb.datapath.maps import BackendEntry, MapSet
-from ebpflb.model import BackendFlags
+from ebpflb.datapath.contract import CtFlags, NatFlags
+from ebpflb.datapath.maps import BackendEntry, ConntrackEntry, Flow, MapSet, NatEntry
+from ebpflb.model import BackendFlags, SvcFlags
+
+FLOWS = 100  # conntrack and NAT entries shown by default
+_TYPE_FLAGS = SvcFlags.CLUSTER_IP | SvcFlags.EXTERNAL  # shown as the type
 
 
-def collect(maps: MapSet, *, tables: bool = False) -> dict[str, Any]:
-    """The JSON document `maps dump --json` prints."""
+def collect(
+    maps: MapSet, *, tables: bool = False, flows: int = FLOWS, now_ns: int | None = None
+) -> dict[str, Any]:
+    """The JSON document `maps dump --json` prints. `flows`: conntrack and NAT entries at
+    most (0: none); `now_ns`: CLOCK_MONOTONIC now, for their remaining lifetimes."""
+    now = time.monotonic_ns() if now_ns is None else now_ns
     backends: dict[int, BackendEntry] = dict(maps.backends.items())
+    ranges: dict[int, list[IPv4Network]] = {}
+    for source_range, _ in maps.source_ranges.items():
+        ranges.setdefault(source_range.svc_id, []).append(source_range.network)
+    services = _services(maps, backends, ranges, tables=tables)
+    slots_used = sum(s["maglev"]["table_size"] for s in services)
+    return {
+        "services": services,
+        "backends": [
+            {"id": backend_id, "address": str(be.backend), "protocol": be.backend.protocol.name}
+            | ({"flags": _flag_names(be.flags)} if be.flags else {})
+            for backend_id, be in sorted(
+                backends.items(), key=lambda kv: _addr_key(backends, kv[0])
+            )
+        ],
+        "summary": {
+            "frontends": len(services),
+            "backends": len(backends),
+            "slots_used": slots_used,
+            "slot_pool_size": maps.slots.capacity,
+            "slot_memory_bytes": slots_used * np.dtype(np.uint32).itemsize,
+        },
+        "counters": maps.counters(),
+        "conntrack": [
+            _conntrack_row(flow, entry, now)
+            for flow, entry in sorted(itertools.islice(maps.conntrack.items(), flows))
+        ],
+        "nat": [
+            _nat_row(flow, entry, now)
+            for flow, entry in sorted(itertools.islice(maps.reply_nat.items(), flows))
+        ],
+    }
+
+
+def _services(
+    maps: MapSet,
+    backends: dict[int, BackendEntry],
+    ranges: dict[int, list[IPv4Network]],
+    *,
+    tables: bool,
+) -> list[dict[str, Any]]:
     metas = dict(maps.service_meta.items())
     services = []
-    slots_used = 0
     for frontend, entry in sorted(maps.services.items()):
         table = maps.slots.read(entry.table_off, entry.table_size) if entry.table_size else None
-        slots_used += entry.table_size
         counts: Counter[int] = Counter(table.tolist()) if table is not None else Counter()
         listed = []
         for backend_id, slots in sorted(counts.items(), key=lambda kv: _addr_key(backends, kv[0])):
@@ -42,27 +91,53 @@ def collect(maps: MapSet, *, tables: bool = False) -> dict[str, Any]:
             maglev["table"] = [
                 str(backends[i].backend) if i in backends else None for i in table.tolist()
             ]
-        services.append(
-            {
-                "frontend": str(frontend),
-                "service": metas.get(entry.svc_id, ""),
-                "type": entry.flags.type_name(),
-                "svc_id": entry.svc_id,
-                "backends": listed,
-                "maglev": maglev,
-            }
-        )
+        service: dict[str, Any] = {
+            "frontend": str(frontend),
+            "service": metas.get(entry.svc_id, ""),
+            "type": entry.flags.type_name(),
+            "svc_id": entry.svc_id,
+            "backends": listed,
+            "maglev": maglev,
+        }
+        if entry.flags & ~_TYPE_FLAGS:
+            service["flags"] = [
+                f.name.lower() for f in SvcFlags if f in entry.flags & ~_TYPE_FLAGS and f.name
+            ]
+        if entry.svc_id in ranges:
+            service["source_ranges"] = [str(n) for n in sorted(ranges[entry.svc_id])]
+        services.append(service)
+    return services
+
+
+def _conntrack_row(flow: Flow, entry: ConntrackEntry, now_ns: int) -> dict[str, Any]:
     return {
-        "services": services,
-        "summary": {
-            "frontends": len(services),
-            "backends": len(backends),
-            "slots_used": slots_used,
-            "slot_pool_size": maps.slots.capacity,
-            "slot_memory_bytes": slots_used * np.dtype(np.uint32).itemsize,
-        },
-        "counters": maps.counters(),
+        "proto": flow.protocol.name,
+        "client": str(flow.source),
+        "frontend": str(flow.destination),
+        "backend": str(entry.backend),
+        "snat": str(entry.snat) if entry.snat else None,
+        "flags": [f.name.lower() for f in CtFlags if f in entry.flags and f.name],
+        "svc_id": entry.svc_id,
+        "expires_in": _seconds_left(entry.expires_ns, now_ns),
+        "packets": entry.packets,
+        "bytes": entry.bytes,
     }
+
+
+def _nat_row(flow: Flow, entry: NatEntry, now_ns: int) -> dict[str, Any]:
+    return {
+        "proto": flow.protocol.name,
+        "backend": str(flow.source),
+        "reply_to": str(flow.destination),
+        "client": str(entry.client),
+        "frontend": str(entry.frontend),
+        "snat": bool(entry.flags & NatFlags.SNAT),
+        "expires_in": _seconds_left(entry.expires_ns, now_ns),
+    }
+
+
+def _seconds_left(deadline_ns: int, now_ns: int) -> float:
+    return round((deadline_ns - now_ns) / 1e9, 1)
 
 
 def _addr_key(backends: dict[int, BackendEntry], backend_id: int) -> tuple[int, int, int]:
@@ -77,12 +152,18 @@ def _flag_names(flags: BackendFlags) -> list[str]:
 
 
 def render_text(report: dict[str, Any]) -> str:
-    """An aligned table: one line per backend, the frontend columns on its first line."""
+    """An aligned table: one line per backend, the frontend columns on its first line;
+    then the counters, conntrack and NAT entries."""
     header = ("FRONTEND", "SERVICE", "TYPE", "SLOTS", "BACKEND (SLOTS)")
     rows: list[tuple[str, ...]] = []
     for svc in report["services"]:
         size = str(svc["maglev"]["table_size"])
-        first = (svc["frontend"], svc["service"] or "?", svc["type"], size)
+        kind = svc["type"]
+        if svc.get("flags"):
+            kind += f" [{','.join(svc['flags'])}]"
+        if svc.get("source_ranges"):
+            kind += f" (from {','.join(svc['source_ranges'])})"
+        first = (svc["frontend"], svc["service"] or "?", kind, size)
         if not svc["backends"]:
             rows.append((*first, "(no usable endpoint: refusing)"))
             continue
@@ -102,9 +183,9 @@ def render_text(report: dict[str, Any]) -> str:
         f"{summary['slots_used']} of {summary['slot_pool_size']} slots used "
         f"({summary['slot_memory_bytes'] / 1024:.1f} KiB)"
     )
-    counters = report.get("counters") or {}
-    if counters:
-        lines.append("datapath: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
+    counted = {k: v for k, v in sorted(report.get("counters", {}).items()) if v}
+    if counted:
+        lines.append("datapath: " + ", ".join(f"{k}={v}" for k, v in counted.items()))
     if report.get("conntrack"):
         lines += ["", "CONNTRACK (NodePort/LoadBalancer/external IP flows)"]
         lines += [

@@ -1,191 +1,51 @@
-"""ctypes mirrors of bpf/lib/structs.h and the only place byte order is converted.
+"""Typed map entries <-> the C structs (ebpflb.datapath.contract), the only place byte
+order is converted.
 
-Each class mirrors one C struct field for field; tests/kernel/test_layout.py compares
-their sizes and offsets with the Key/Leaf types BCC generates from the C source. Fields
-the C side types __be16/__be32 hold network byte order: the encode_*/decode_* functions
-below are the only code that converts.
+Fields the C side types __be16/__be32 hold network byte order (each struct mirror names
+them in `_network_order_`): the encode_*/decode_* functions below are the only code that
+converts them.
 
-The maps a sync writes and a full resync reads in bulk also have numpy mirrors (the
-*_DTYPE records, checked against the ctypes ones by the unit tests) with functions that
-convert whole arrays at once: a start writes, and every resync reads, 500,000 entries at
-100,000 services, and element-wise ctypes conversion costs several microseconds each.
+The maps a sync writes and a full resync reads in bulk also have numpy records, derived
+from the ctypes mirrors (`record_dtype`), with functions that convert whole arrays at once:
+a start writes, and every resync reads, 500,000 entries at 100,000 services, and
+element-wise ctypes conversion costs several microseconds each.
 """
 
 from __future__ import annotations
 
 import ctypes as ct
-import enum
 import socket
 from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv4Network
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from ebpflb.datapath.maps import BackendEntry, ServiceEntry, SourceRange
+from ebpflb.datapath.contract import (
+    SRC_RANGE_ID_PREFIXLEN,
+    SVC_NAME_LEN,
+    Ct4Entry,
+    CtFlags,
+    Flow4,
+    Lb4Backend,
+    Lb4SvcKey,
+    Lb4SvcMeta,
+    Lb4SvcVal,
+    NatFlags,
+    Rnat4Val,
+    SrcRange4Key,
+)
+from ebpflb.datapath.maps import (
+    AddrPort,
+    BackendEntry,
+    ConntrackEntry,
+    Flow,
+    NatEntry,
+    ServiceEntry,
+    SourceRange,
+)
 from ebpflb.model import Backend, BackendFlags, Frontend, Proto, Scope, SvcFlags
-
-SVC_NAME_LEN = 144  # EBPFLB_SVC_NAME_LEN in bpf/lib/consts.h
-MAX_IFACES = 64  # EBPFLB_MAX_IFACES in bpf/lib/consts.h
-
-
-class Lb4SvcKey(ct.Structure):
-    """Must match struct lb4_svc_key in bpf/lib/structs.h."""
-
-    _fields_ = [
-        ("addr", ct.c_uint32),
-        ("port", ct.c_uint16),
-        ("proto", ct.c_uint8),
-        ("scope", ct.c_uint8),
-    ]
-
-
-class Lb4SvcVal(ct.Structure):
-    """Must match struct lb4_svc_val in bpf/lib/structs.h."""
-
-    _fields_ = [
-        ("svc_id", ct.c_uint32),
-        ("table_off", ct.c_uint32),
-        ("table_size", ct.c_uint32),
-        ("backend_count", ct.c_uint16),
-        ("flags", ct.c_uint16),
-    ]
-
-
-class Lb4SlotPair(ct.Structure):
-    """Must match struct lb4_slot_pair in bpf/lib/structs.h."""
-
-    _fields_ = [("backend_id", ct.c_uint32 * 2)]
-
-
-class Lb4Backend(ct.Structure):
-    """Must match struct lb4_backend in bpf/lib/structs.h."""
-
-    _fields_ = [
-        ("addr", ct.c_uint32),
-        ("port", ct.c_uint16),
-        ("proto", ct.c_uint8),
-        ("flags", ct.c_uint8),
-    ]
-
-
-class Lb4SvcMeta(ct.Structure):
-    """Must match struct lb4_svc_meta in bpf/lib/structs.h."""
-
-    _fields_ = [("name", ct.c_char * SVC_NAME_LEN)]
-
-
-class Lb4RevskKey(ct.Structure):
-    """Must match struct lb4_revsk_key in bpf/lib/structs.h."""
-
-    _fields_ = [
-        ("cookie", ct.c_uint64),
-        ("addr", ct.c_uint32),
-        ("port", ct.c_uint16),
-        ("pad", ct.c_uint16),
-    ]
-
-
-class Lb4RevskVal(ct.Structure):
-    """Must match struct lb4_revsk_val in bpf/lib/structs.h."""
-
-    _fields_ = [
-        ("addr", ct.c_uint32),
-        ("port", ct.c_uint16),
-        ("pad", ct.c_uint16),
-    ]
-
-
-class Flow4(ct.Structure):
-    """Must match struct flow4 in bpf/lib/structs.h."""
-
-    _fields_ = [
-        ("saddr", ct.c_uint32),
-        ("daddr", ct.c_uint32),
-        ("sport", ct.c_uint16),
-        ("dport", ct.c_uint16),
-        ("proto", ct.c_uint8),
-        ("pad", ct.c_uint8 * 3),
-    ]
-
-
-class Ct4Entry(ct.Structure):
-    """Must match struct ct4_entry in bpf/lib/structs.h."""
-
-    _fields_ = [
-        ("backend_addr", ct.c_uint32),
-        ("backend_port", ct.c_uint16),
-        ("flags", ct.c_uint16),
-        ("nat_addr", ct.c_uint32),
-        ("nat_port", ct.c_uint16),
-        ("pad", ct.c_uint16),
-        ("svc_id", ct.c_uint32),
-        ("backend_id", ct.c_uint32),
-        ("expires", ct.c_uint64),
-        ("packets", ct.c_uint64),
-        ("bytes", ct.c_uint64),
-    ]
-
-
-class Rnat4Val(ct.Structure):
-    """Must match struct rnat4_val in bpf/lib/structs.h."""
-
-    _fields_ = [
-        ("client_addr", ct.c_uint32),
-        ("frontend_addr", ct.c_uint32),
-        ("client_port", ct.c_uint16),
-        ("frontend_port", ct.c_uint16),
-        ("flags", ct.c_uint16),
-        ("pad", ct.c_uint16),
-        ("expires", ct.c_uint64),
-    ]
-
-
-class SrcRange4Key(ct.Structure):
-    """Must match struct src_range4_key in bpf/lib/structs.h."""
-
-    _fields_ = [
-        ("prefixlen", ct.c_uint32),
-        ("svc_id", ct.c_uint32),
-        ("addr", ct.c_uint32),
-    ]
-
-
-class CtFlags(enum.IntFlag):
-    """Mirrors CT_F_* in bpf/lib/consts.h."""
-
-    SNAT = 1 << 0
-    REPLY_SEEN = 1 << 1
-    CLOSING = 1 << 2
-    ESTABLISHED = 1 << 3
-
-
-RNAT_F_SNAT = 1 << 0  # RNAT_F_SNAT in bpf/lib/consts.h
-
-
-class Counter(enum.IntEnum):
-    """Indexes of the per-CPU ebpflb_stats array: mirrors STAT_* in bpf/lib/consts.h."""
-
-    CONNECT_XLATED = 0
-    SENDMSG_XLATED = 1
-    RECVMSG_XLATED = 2
-    PEER_XLATED = 3
-    NO_BACKEND = 4
-    SLOT_MISS = 5
-    REVSK_UPDATE_FAIL = 6
-    NP_NEW_FLOW = 7
-    NP_FWD = 8
-    NP_REPLY = 9
-    NP_NO_BACKEND = 10
-    SNAT_EXHAUSTED = 11
-    SRC_RANGE_DROP = 12
-    CT_CREATE_FAIL = 13
-    FRAGMENT = 14
-    FIB_FAIL = 15
-
-
-STATS_SIZE = 24  # STAT_MAX
 
 
 def addr_to_be32(address: IPv4Address) -> int:
@@ -267,7 +127,7 @@ def encode_source_range(key: SourceRange) -> SrcRange4Key:
     # LPM matches bytes in order: the service id is stored big-endian so that the first
     # 32 bits of the prefix are exactly the id.
     return SrcRange4Key(
-        32 + key.network.prefixlen,
+        SRC_RANGE_ID_PREFIXLEN + key.network.prefixlen,
         int.from_bytes(key.svc_id.to_bytes(4, "big"), "little"),
         addr_to_be32(key.network.network_address),
     )
@@ -275,19 +135,78 @@ def encode_source_range(key: SourceRange) -> SrcRange4Key:
 
 def decode_source_range(raw: SrcRange4Key) -> SourceRange:
     svc_id = int.from_bytes(raw.svc_id.to_bytes(4, "little"), "big")
-    return SourceRange(svc_id, IPv4Network((be32_to_addr(raw.addr), raw.prefixlen - 32)))
+    prefixlen = raw.prefixlen - SRC_RANGE_ID_PREFIXLEN
+    return SourceRange(svc_id, IPv4Network((be32_to_addr(raw.addr), prefixlen)))
 
 
-def format_flow(raw: Flow4) -> tuple[str, str]:
-    """("ip:port", "ip:port") of a flow's source and destination."""
-    return (
-        f"{be32_to_addr(raw.saddr)}:{be16_to_port(raw.sport)}",
-        f"{be32_to_addr(raw.daddr)}:{be16_to_port(raw.dport)}",
+def _addr_port(addr: int, port: int) -> AddrPort:
+    return AddrPort(be32_to_addr(addr), be16_to_port(port))
+
+
+def encode_flow(flow: Flow) -> Flow4:
+    return Flow4(
+        addr_to_be32(flow.source.address),
+        addr_to_be32(flow.destination.address),
+        port_to_be16(flow.source.port),
+        port_to_be16(flow.destination.port),
+        int(flow.protocol),
     )
 
 
-def format_endpoint(addr: int, port: int) -> str:
-    return f"{be32_to_addr(addr)}:{be16_to_port(port)}"
+def decode_flow(raw: Flow4) -> Flow:
+    return Flow(
+        _addr_port(raw.saddr, raw.sport), _addr_port(raw.daddr, raw.dport), _proto(raw.proto)
+    )
+
+
+def encode_conntrack(entry: ConntrackEntry) -> Ct4Entry:
+    snat = entry.snat or AddrPort(IPv4Address(0), 0)
+    return Ct4Entry(
+        backend_addr=addr_to_be32(entry.backend.address),
+        backend_port=port_to_be16(entry.backend.port),
+        flags=int(entry.flags),
+        nat_addr=addr_to_be32(snat.address),
+        nat_port=port_to_be16(snat.port),
+        svc_id=entry.svc_id,
+        backend_id=entry.backend_id,
+        expires=entry.expires_ns,
+        packets=entry.packets,
+        bytes=entry.bytes,
+    )
+
+
+def decode_conntrack(raw: Ct4Entry) -> ConntrackEntry:
+    flags = CtFlags(raw.flags)
+    return ConntrackEntry(
+        backend=_addr_port(raw.backend_addr, raw.backend_port),
+        flags=flags,
+        snat=_addr_port(raw.nat_addr, raw.nat_port) if flags & CtFlags.SNAT else None,
+        svc_id=raw.svc_id,
+        backend_id=raw.backend_id,
+        expires_ns=raw.expires,
+        packets=raw.packets,
+        bytes=raw.bytes,
+    )
+
+
+def encode_nat(entry: NatEntry) -> Rnat4Val:
+    return Rnat4Val(
+        client_addr=addr_to_be32(entry.client.address),
+        frontend_addr=addr_to_be32(entry.frontend.address),
+        client_port=port_to_be16(entry.client.port),
+        frontend_port=port_to_be16(entry.frontend.port),
+        flags=int(entry.flags),
+        expires=entry.expires_ns,
+    )
+
+
+def decode_nat(raw: Rnat4Val) -> NatEntry:
+    return NatEntry(
+        client=_addr_port(raw.client_addr, raw.client_port),
+        frontend=_addr_port(raw.frontend_addr, raw.frontend_port),
+        flags=NatFlags(raw.flags),
+        expires_ns=raw.expires,
+    )
 
 
 # ---- numpy mirrors, for many elements at once ---------------------------------------------
@@ -295,20 +214,36 @@ def format_endpoint(addr: int, port: int) -> str:
 Records = npt.NDArray[Any]  # a structured array of one of the dtypes below
 F = TypeVar("F", SvcFlags, BackendFlags)
 
+
+def record_dtype(struct: type[ct.Structure]) -> np.dtype[Any]:
+    """The numpy record of a struct mirror: its fields at their ctypes offsets.
+    Network-order fields are read as big-endian, which gives host-order values directly."""
+    network: tuple[str, ...] = getattr(struct, "_network_order_", ())
+    formats: list[np.dtype[Any]] = []
+    for field in struct._fields_:
+        name, ctype = field[0], cast(Any, field[1])
+        element: Any = ctype._type_ if issubclass(ctype, ct.Array) else ctype
+        if element is ct.c_char:
+            formats.append(np.dtype(f"S{ctype._length_}"))
+            continue
+        kind = np.dtype(element).newbyteorder(">" if name in network else "=")
+        formats.append(np.dtype((kind, (ctype._length_,))) if element is not ctype else kind)
+    names = [name for name, *_ in struct._fields_]
+    return np.dtype(
+        {
+            "names": names,
+            "formats": formats,
+            "offsets": [getattr(struct, name).offset for name in names],
+            "itemsize": ct.sizeof(struct),
+        }
+    )
+
+
 U32_DTYPE = np.dtype("=u4")
-# Network-order fields read as big-endian give host-order values directly.
-SVC_KEY_DTYPE = np.dtype([("addr", ">u4"), ("port", ">u2"), ("proto", "u1"), ("scope", "u1")])
-SVC_VAL_DTYPE = np.dtype(
-    [
-        ("svc_id", "=u4"),
-        ("table_off", "=u4"),
-        ("table_size", "=u4"),
-        ("backend_count", "=u2"),
-        ("flags", "=u2"),
-    ]
-)
-BACKEND_DTYPE = np.dtype([("addr", ">u4"), ("port", ">u2"), ("proto", "u1"), ("flags", "u1")])
-META_DTYPE = np.dtype([("name", f"S{SVC_NAME_LEN}")])
+SVC_KEY_DTYPE = record_dtype(Lb4SvcKey)
+SVC_VAL_DTYPE = record_dtype(Lb4SvcVal)
+BACKEND_DTYPE = record_dtype(Lb4Backend)
+META_DTYPE = record_dtype(Lb4SvcMeta)
 
 # Enum members by value: calling an enum class is slow, and flags take few values.
 _PROTOS = {int(p): p for p in Proto}

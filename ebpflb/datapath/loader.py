@@ -10,12 +10,12 @@ row are harmless because the second sees an already-translated backend address.
 from __future__ import annotations
 
 import contextlib
-import ctypes as ct
 import enum
+import errno
+import importlib.resources
 import logging
 import os
 import re
-import stat
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,14 +25,14 @@ from pathlib import Path
 from bcc import BPF, BPFAttachType
 
 from ebpflb.config import Config, XdpMode
-from ebpflb.datapath import bpfsys, layout, netdev
-from ebpflb.datapath.maps import SLOTS_PER_ELEMENT, MapName
-from ebpflb.datapath.mounts import is_bpffs
-from ebpflb.errors import AttachError, BpfLoadError, KernelSetupError
+from ebpflb.datapath import bpfsys, contract, netdev, pins
+from ebpflb.errors import AttachError, BpfLoadError
 
 log = logging.getLogger(__name__)
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+# The C sources are package data (ebpflb/bpf, see pyproject.toml): an installed agent compiles
+# the sources it was installed with, wherever it runs from.
+BPF_DIR = Path(str(importlib.resources.files("ebpflb") / "bpf")).resolve()
 PROGRAM_PREFIX = "ebpflb_"  # every program ebpflb loads; cleanup detaches exactly these
 BPF_F_ALLOW_MULTI = 1 << 1
 
@@ -67,7 +67,7 @@ class Features:
     set_retval: bool  # bpf_set_retval in cgroup programs (5.18): ECONNREFUSED, not EPERM
 
     def cflags(self) -> list[str]:
-        return [f"-DEBPFLB_HAVE_SET_RETVAL={int(self.set_retval)}"]
+        return [f"-D{contract.HAVE_SET_RETVAL}={int(self.set_retval)}"]
 
 
 def assemble_source(main: Path) -> str:
@@ -135,130 +135,14 @@ int probe_set_retval(struct bpf_sock_addr *ctx)
     return features
 
 
-def ensure_bpffs(pin_dir: Path) -> None:
-    """Create the pin directory; mount bpffs at /sys/fs/bpf if nothing is mounted there."""
-    if not any(is_bpffs(p) for p in (pin_dir, *pin_dir.parents)):
-        default = Path("/sys/fs/bpf")
-        if default not in (pin_dir, *pin_dir.parents):
-            raise KernelSetupError(f"{pin_dir} is not on a bpf filesystem")
-        rc = os.system("mount -t bpf bpf /sys/fs/bpf")
-        if rc != 0:
-            raise KernelSetupError("bpffs is not mounted at /sys/fs/bpf and mounting it failed")
-        log.info("mounted bpffs at /sys/fs/bpf")
-    pin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    restrict_pin_dir(pin_dir)
-
-
-def restrict_pin_dir(pin_dir: Path) -> None:
-    """Make the pin directory this agent's alone: 0700, and every pin in it 0600.
-
-    A pin is the map itself: whoever may open it may send any Service anywhere. The kernel
-    creates pins 0600 already, but the directory used to be 0755 and bpffs's root is
-    world-writable (1777), so another user could have made the directory first and could
-    then swap the pins: such a directory, or a symlink in its place, is refused."""
-    info = os.lstat(pin_dir)
-    if not stat.S_ISDIR(info.st_mode):
-        raise KernelSetupError(f"{pin_dir} is not a directory (a symlink?): remove it")
-    if info.st_uid != os.geteuid():
-        raise KernelSetupError(
-            f"{pin_dir} belongs to uid {info.st_uid}, not to this agent (uid {os.geteuid()}),"
-            " so its owner could replace the pins: remove it and start again"
-        )
-    os.chmod(pin_dir, 0o700)
-    for entry in os.scandir(pin_dir):  # pins a previous agent (or an older ebpflb) left
-        if entry.is_file(follow_symlinks=False):
-            os.chmod(entry.path, 0o600)
-
-
-def expected_map_layout(config: Config) -> dict[str, tuple[str, int, int, int]]:
-    """(type, key size, value size, max entries) of every pinned map, from the config."""
-    return {
-        MapName.SERVICES.value: (
-            "hash",
-            ct.sizeof(layout.Lb4SvcKey),
-            ct.sizeof(layout.Lb4SvcVal),
-            config.max_services,
-        ),
-        MapName.BACKENDS.value: ("hash", 4, ct.sizeof(layout.Lb4Backend), config.max_backends),
-        MapName.SLOTS.value: (
-            "array",
-            4,
-            ct.sizeof(layout.Lb4SlotPair),
-            config.slot_pool_size // SLOTS_PER_ELEMENT,
-        ),
-        MapName.SERVICE_META.value: (
-            "hash",
-            4,
-            ct.sizeof(layout.Lb4SvcMeta),
-            config.max_services,
-        ),
-        MapName.REVERSE_SOCK.value: (
-            "lru_hash",
-            ct.sizeof(layout.Lb4RevskKey),
-            ct.sizeof(layout.Lb4RevskVal),
-            config.rev_sk_max,
-        ),
-        MapName.STATS.value: ("percpu_array", 4, 8, layout.STATS_SIZE),
-        MapName.CONNTRACK.value: (
-            "lru_hash",
-            ct.sizeof(layout.Flow4),
-            ct.sizeof(layout.Ct4Entry),
-            config.ct_max,
-        ),
-        MapName.REPLY_NAT.value: (
-            "hash",
-            ct.sizeof(layout.Flow4),
-            ct.sizeof(layout.Rnat4Val),
-            config.rnat_max,
-        ),
-        MapName.SOURCE_RANGES.value: (
-            "lpm_trie",
-            ct.sizeof(layout.SrcRange4Key),
-            1,
-            config.src_range_max,
-        ),
-        MapName.IFACE_ADDRS.value: ("hash", 4, 4, layout.MAX_IFACES),
-    }
-
-
-def drop_incompatible_pins(config: Config) -> list[str]:
-    """Unpin maps whose layout differs from this configuration (a size change or upgrade).
-
-    BCC would otherwise reuse a pinned map of any shape. The service, backend and slot maps
-    are rebuilt from the desired state right after start; a dropped reverse-translation map
-    only costs getpeername() on sockets connected before the restart.
-    """
-    dropped = []
-    for name, expected in expected_map_layout(config).items():
-        path = config.bpffs_dir / name
-        if not path.exists():
-            continue
-        fd = bpfsys.obj_get(str(path))
-        try:
-            info = bpfsys.map_info(fd)
-        finally:
-            os.close(fd)
-        actual = (info.type_name, info.key_size, info.value_size, info.max_entries)
-        if actual != expected:
-            log.warning(
-                "pinned map %s has layout %s, config wants %s: recreating it",
-                path,
-                actual,
-                expected,
-            )
-            path.unlink()
-            dropped.append(name)
-    return dropped
-
-
 class SocketLB:
     """The compiled socket-LB programs; attaching leaves them in the kernel after exit."""
 
     def __init__(self, config: Config, features: Features | None = None) -> None:
         self.config = config
         self.features = features or probe_features()
-        ensure_bpffs(config.bpffs_dir)
-        drop_incompatible_pins(config)
+        pins.ensure_bpffs(config.bpffs_dir)
+        pins.drop_incompatible(config)
         started = time.monotonic()
         self._bpf = compile_program(BPF_DIR / "sock_lb.c", config.cflags() + self.features.cflags())
         self._functions = {}
@@ -275,8 +159,9 @@ class SocketLB:
         self.load_seconds = time.monotonic() - started
         log.info("compiled and loaded socket-LB programs in %.2fs", self.load_seconds)
 
-    def attach(self, cgroup: Path) -> None:
-        """Attach to `cgroup`, then detach any older ebpflb programs there (restart)."""
+    def attach(self, cgroup: Path) -> int:
+        """Attach to `cgroup`, then detach any older ebpflb programs there (restart); how
+        many older programs were replaced."""
         fd = _open_cgroup(cgroup)
         try:
             mine = set()
@@ -287,12 +172,13 @@ class SocketLB:
                     raise AttachError(
                         f"attaching {hook.function} to cgroup {cgroup} failed: {exc}"
                     ) from exc
-                mine.add(bpfsys.prog_info(function.fd).id)
-            replaced = _detach_ebpflb_programs(fd, keep=mine)
+                mine.add(bpfsys.prog_info(function.fd, hook.function).id)
+            replaced = _detach_ebpflb_programs(fd, cgroup, keep=mine)
         finally:
             os.close(fd)
         if replaced:
             log.info("replaced %d programs of a previous ebpflb on %s", replaced, cgroup)
+        return replaced
 
     def close(self) -> None:
         """Drop this process's handles; attached programs and pins stay in the kernel."""
@@ -343,6 +229,16 @@ class NodePortLB:
             )
         return modes
 
+    def program_fd(self, name: str) -> int:
+        """The fd of one loaded program (INGRESS, EGRESS, or XDP when config.xdp is not
+        off), to run it on test packets (ebpflb.datapath.testrun)."""
+        programs = {self.INGRESS: self._ingress, self.EGRESS: self._egress}
+        if self._xdp_bpf is not None:
+            programs[self.XDP] = self._xdp
+        if name not in programs:
+            raise BpfLoadError(f"{name} is not loaded (loaded: {', '.join(programs)})")
+        return int(programs[name].fd)
+
     def _attach_xdp(self, ifname: str) -> XdpMode:
         mode = self.config.xdp
         if mode is XdpMode.OFF or self._xdp_bpf is None:
@@ -369,9 +265,16 @@ def detach_xdp(ifname: str) -> int:
     prog_id = netdev.xdp_program_id(ifname)
     if prog_id is None:
         return 0
-    prog_fd = bpfsys.prog_fd_by_id(prog_id)
     try:
-        if not bpfsys.prog_info(prog_fd).name.startswith(PROGRAM_PREFIX):
+        prog_fd = bpfsys.prog_fd_by_id(prog_id)
+    except bpfsys.BpfError as exc:
+        if exc.errno == errno.ENOENT:
+            return 0  # detached meanwhile
+        raise
+    try:
+        if not bpfsys.prog_info(prog_fd, f"the XDP program on {ifname}").name.startswith(
+            PROGRAM_PREFIX
+        ):
             return 0
     finally:
         os.close(prog_fd)
@@ -388,42 +291,48 @@ def _open_cgroup(cgroup: Path) -> int:
         raise AttachError(f"cannot open cgroup {cgroup}: {exc.strerror}") from exc
 
 
-def _detach_ebpflb_programs(cgroup_fd: int, keep: Collection[int] = ()) -> int:
-    detached = 0
+def _cgroup_programs(
+    cgroup_fd: int, cgroup: Path
+) -> Iterator[tuple[SockHook, int, int, str]]:
+    """(hook, id, open fd, name) of every program attached to the cgroup's socket hooks; the
+    fd is closed when the iteration moves on. One detached meanwhile is skipped."""
     for hook in SockHook:
-        for prog_id in bpfsys.prog_query(cgroup_fd, hook.attach_type):
-            if prog_id in keep:
-                continue
+        for prog_id in bpfsys.prog_query(cgroup_fd, hook.attach_type, f"cgroup {cgroup}"):
             try:
                 prog_fd = bpfsys.prog_fd_by_id(prog_id)
-            except FileNotFoundError:
-                continue  # detached meanwhile
+            except bpfsys.BpfError as exc:
+                if exc.errno == errno.ENOENT:
+                    continue
+                raise
             try:
-                if bpfsys.prog_info(prog_fd).name.startswith(PROGRAM_PREFIX):
-                    bpfsys.prog_detach(cgroup_fd, prog_fd, hook.attach_type)
-                    detached += 1
+                name = bpfsys.prog_info(prog_fd, f"program id {prog_id}").name
+                yield hook, prog_id, prog_fd, name
             finally:
                 os.close(prog_fd)
+
+
+def _detach_ebpflb_programs(cgroup_fd: int, cgroup: Path, keep: Collection[int] = ()) -> int:
+    detached = 0
+    for hook, prog_id, prog_fd, name in _cgroup_programs(cgroup_fd, cgroup):
+        if name.startswith(PROGRAM_PREFIX) and prog_id not in keep:
+            bpfsys.prog_detach(
+                cgroup_fd, prog_fd, hook.attach_type, f"{name} from cgroup {cgroup}"
+            )
+            detached += 1
     return detached
 
 
 def attached_programs(cgroup: Path) -> list[tuple[str, str]]:
     """(hook, program name) of every ebpflb program attached to `cgroup`."""
     fd = _open_cgroup(cgroup)
-    found = []
     try:
-        for hook in SockHook:
-            for prog_id in bpfsys.prog_query(fd, hook.attach_type):
-                prog_fd = bpfsys.prog_fd_by_id(prog_id)
-                try:
-                    name = bpfsys.prog_info(prog_fd).name
-                finally:
-                    os.close(prog_fd)
-                if name.startswith(PROGRAM_PREFIX):
-                    found.append((hook.name.lower(), name))
+        return [
+            (hook.name.lower(), name)
+            for hook, _, _, name in _cgroup_programs(fd, cgroup)
+            if name.startswith(PROGRAM_PREFIX)
+        ]
     finally:
         os.close(fd)
-    return found
 
 
 def cleanup(
@@ -439,16 +348,8 @@ def cleanup(
     if cgroup.exists():
         fd = _open_cgroup(cgroup)
         try:
-            detached += _detach_ebpflb_programs(fd)
+            detached += _detach_ebpflb_programs(fd, cgroup)
         finally:
             os.close(fd)
-    removed = 0
-    if bpffs_dir.exists():
-        for name in MapName:
-            pin = bpffs_dir / name.value
-            if pin.exists():
-                pin.unlink()
-                removed += 1
-        with contextlib.suppress(OSError):  # not empty: somebody else's pins, keep them
-            bpffs_dir.rmdir()
+    removed = pins.remove_pins(bpffs_dir)
     return detached, removed

@@ -1,43 +1,49 @@
-"""The map layer as the control plane sees it: typed entries and a Protocol.
+"""The map layer as the control plane sees it: typed entries and Protocols.
 
-``KernelMapSet`` (ebpflb.datapath.kernel) implements it over the pinned BPF maps;
-``FakeMapSet`` here implements it over dicts for unit tests of the reconciler, with the
-same capacity limits, so "map full" paths are tested without a kernel.
+``KernelMapSet`` (ebpflb.datapath.kernel) implements them over the pinned BPF maps;
+``FakeMapSet`` (ebpflb.datapath.fake) over dicts, with the same capacity limits, so the
+reconciler's "map full" paths and `maps dump` are tested without a kernel. Every value is
+typed (addresses are IPv4Address, ports host-order ints); how they are laid out in the
+kernel is layout.py's business.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Network
-from typing import Generic, Protocol, TypeVar
+from ipaddress import IPv4Address, IPv4Network
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from ebpflb.errors import MapError, MapFullError
-from ebpflb.model import Backend, BackendFlags, Frontend, SvcFlags
+from ebpflb.datapath.contract import SLOTS_PER_ELEMENT, CtFlags, MapName, NatFlags
+from ebpflb.errors import MapError
+from ebpflb.model import Backend, BackendFlags, Frontend, Proto, SvcFlags
+
+__all__ = [  # MapName and SLOTS_PER_ELEMENT are the contract's, re-exported for convenience
+    "SLOTS_PER_ELEMENT",
+    "AddrPort",
+    "BackendEntry",
+    "ConntrackEntry",
+    "Flow",
+    "KeyValueMap",
+    "MapName",
+    "MapSet",
+    "NatEntry",
+    "ServiceEntry",
+    "SlotArray",
+    "SlotPool",
+    "SlotWrite",
+    "SourceRange",
+    "slot_pairs",
+    "write_one",
+]
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 SlotArray = npt.NDArray[np.uint32]
-
-
-class MapName(enum.StrEnum):
-    """Pinned map names (bpf/lib/maps.h); also the file names under the bpffs directory."""
-
-    SERVICES = "ebpflb_svc4"
-    BACKENDS = "ebpflb_be4"
-    SLOTS = "ebpflb_slots"
-    SERVICE_META = "ebpflb_svcmeta"
-    REVERSE_SOCK = "ebpflb_revsk4"
-    STATS = "ebpflb_stats"
-    CONNTRACK = "ebpflb_ct4"
-    REPLY_NAT = "ebpflb_rnat4"
-    SOURCE_RANGES = "ebpflb_srcrng4"
-    IFACE_ADDRS = "ebpflb_ifaddr4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,53 @@ class SourceRange:
     network: IPv4Network
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class AddrPort:
+    """An IPv4 address and a port, as one side of a flow."""
+
+    address: IPv4Address
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Flow:
+    """Key of ebpflb_ct4 and ebpflb_rnat4 (struct flow4): one direction of a flow as the
+    wire shows it."""
+
+    source: AddrPort
+    destination: AddrPort
+    protocol: Proto
+
+
+@dataclass(frozen=True, slots=True)
+class ConntrackEntry:
+    """Value of ebpflb_ct4 (struct ct4_entry): where one NodePort/LoadBalancer/external-IP
+    flow goes. `snat` is set exactly when `flags` has CtFlags.SNAT."""
+
+    backend: AddrPort
+    flags: CtFlags
+    snat: AddrPort | None  # the node address and port the client's source becomes
+    svc_id: int
+    backend_id: int  # at creation; the backend may have left the service since
+    expires_ns: int  # CLOCK_MONOTONIC (bpf_ktime_get_ns) after which the flow is dead
+    packets: int  # client -> backend
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class NatEntry:
+    """Value of ebpflb_rnat4 (struct rnat4_val): how replies get the client's view back.
+    With NatFlags.SNAT it also holds its SNAT port (the key's destination) for the flow."""
+
+    client: AddrPort
+    frontend: AddrPort
+    flags: NatFlags
+    expires_ns: int  # CLOCK_MONOTONIC after which the entry (and SNAT port) may be reused
+
+
 class KeyValueMap(Protocol[K, V]):
     """One BPF hash map with typed keys and values."""
 
@@ -94,9 +147,6 @@ class KeyValueMap(Protocol[K, V]):
     def items(self) -> Iterator[tuple[K, V]]: ...
 
     def __len__(self) -> int: ...
-
-
-SLOTS_PER_ELEMENT = 2  # struct lb4_slot_pair: two slots per 8-byte array element
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,107 +232,16 @@ class MapSet(Protocol):
     @property
     def source_ranges(self) -> KeyValueMap[SourceRange, int]: ...
 
-    def counters(self) -> dict[str, int]:
-        """Datapath event counters summed over CPUs (bpf/lib/consts.h STAT_*)."""
+    @property
+    def conntrack(self) -> KeyValueMap[Flow, ConntrackEntry]:
+        """NodePort flows, written by the programs (the control plane only reads them)."""
         ...
 
-
-class FakeMap(Generic[K, V]):
-    """Dict-backed KeyValueMap with a capacity, like a BPF hash map."""
-
-    def __init__(self, name: str, capacity: int) -> None:
-        self.name = name
-        self.capacity = capacity
-        self.data: dict[K, V] = {}
-        self.writes = 0
-        self.deletes = 0
-        self.batches = 0  # put_many calls
-        self.failing: set[K] = set()  # keys whose writes fail (tests inject errors)
-
-    def get(self, key: K) -> V | None:
-        return self.data.get(key)
-
-    def put(self, key: K, value: V) -> None:
-        if key in self.failing:
-            raise MapError(f"update {self.name}[{key}]: injected failure")
-        if key not in self.data and len(self.data) >= self.capacity:
-            raise MapFullError(self.name, self.capacity, str(key))
-        self.data[key] = value
-        self.writes += 1
-
-    def put_many(self, items: Sequence[tuple[K, V]]) -> dict[int, MapError]:
-        self.batches += 1
-        failures: dict[int, MapError] = {}
-        for index, (key, value) in enumerate(items):
-            try:
-                self.put(key, value)
-            except MapError as exc:
-                failures[index] = exc
-        return failures
-
-    def delete(self, key: K) -> bool:
-        self.deletes += 1
-        return self.data.pop(key, None) is not None
-
-    def items(self) -> Iterator[tuple[K, V]]:
-        return iter(list(self.data.items()))
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-
-class FakeSlotPool:
-    def __init__(self, name: str, capacity: int) -> None:
-        self.name = name
-        self.capacity = capacity
-        self.array: SlotArray = np.zeros(capacity, dtype=np.uint32)
-        self.slots_written = 0
-        self.batches = 0  # write_many calls
-        self.failing: set[int] = set()  # table offsets whose writes fail (tests)
-
-    def write(
-        self, offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None = None
-    ) -> None:
-        write_one(self, SlotWrite(offset, table, changed))
-
-    def write_many(self, writes: Sequence[SlotWrite]) -> dict[int, MapError]:
-        self.batches += 1
-        failures: dict[int, MapError] = {}
-        pairs = self.array.reshape(-1, SLOTS_PER_ELEMENT)
-        for index, write in enumerate(writes):
-            keys, values = slot_pairs(write.offset, write.table, write.changed)
-            if len(keys) and (int(keys.max()) >= len(pairs) or write.offset in self.failing):
-                failures[index] = MapError(
-                    f"{self.name}: cannot write {len(write.table)} slots at {write.offset}"
-                )
-                continue
-            pairs[keys] = values.reshape(-1, SLOTS_PER_ELEMENT)
-            self.slots_written += len(values)
-        return failures
-
-    def read(self, offset: int, count: int) -> SlotArray:
-        return self.array[offset : offset + count].copy()
-
-
-class FakeMapSet:
-    """All maps in memory; the reconciler's unit tests run against it."""
-
-    def __init__(
-        self,
-        max_services: int = 1024,
-        max_backends: int = 1024,
-        slot_pool_size: int = 1 << 20,
-        src_range_max: int = 1024,
-    ) -> None:
-        self.services: FakeMap[Frontend, ServiceEntry] = FakeMap(
-            MapName.SERVICES.value, max_services
-        )
-        self.backends: FakeMap[int, BackendEntry] = FakeMap(MapName.BACKENDS.value, max_backends)
-        self.service_meta: FakeMap[int, str] = FakeMap(MapName.SERVICE_META.value, max_services)
-        self.slots = FakeSlotPool(MapName.SLOTS.value, slot_pool_size)
-        self.source_ranges: FakeMap[SourceRange, int] = FakeMap(
-            MapName.SOURCE_RANGES.value, src_range_max
-        )
+    @property
+    def reply_nat(self) -> KeyValueMap[Flow, NatEntry]:
+        """Reply translations and SNAT reservations, keyed by the reply's tuple."""
+        ...
 
     def counters(self) -> dict[str, int]:
-        return {}
+        """Datapath event counters summed over CPUs, by Counter.label (STAT_* in C)."""
+        ...

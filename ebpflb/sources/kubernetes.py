@@ -47,7 +47,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from ebpflb.clock import Clock, RealClock
 from ebpflb.errors import SourceError
 from ebpflb.model import NamespacedName
-from ebpflb.sources.base import Kind, ObjectSink
+from ebpflb.sources.base import Kind, ListFigures, ObjectSink, SourceProgress
 from ebpflb.translate import object_ref
 
 log = logging.getLogger(__name__)
@@ -252,6 +252,7 @@ class _Reflector:
         self._list_fn = _list_request(self._client, self.resource.path)
         self.resource_version: str | None = None
         self.stats = ReflectorStats()
+        self.first_list: ListFigures | None = None  # set once, before initial_list_done
         # What the sink was given, by name: its resourceVersion. A relist hands on only
         # what differs from this, and deletions for what is no longer there.
         self._known: dict[NamespacedName, str] = {}
@@ -366,6 +367,7 @@ class _Reflector:
                 pages,
             )
             self._listed = True
+            self.first_list = ListFigures(objects=len(seen), seconds=elapsed)
             self.sink.initial_list_done(self.kind)
 
     def _listed_object(self, item: dict[str, Any], seen: dict[NamespacedName, str]) -> int:
@@ -593,3 +595,12 @@ class KubernetesSource:
     def counters(self) -> dict[str, dict[str, int]]:
         """Per kind: lists, relists, watches, events, failures (for metrics)."""
         return {kind.value: dataclasses.asdict(self.stats(kind)) for kind in self._reflectors}
+
+    def progress(self) -> SourceProgress:
+        """The initial lists done so far: objects and seconds each."""
+        lists = {
+            kind: reflector.first_list
+            for kind, reflector in self._reflectors.items()
+            if reflector.first_list is not None
+        }
+        return SourceProgress(lists=lists)

@@ -28,7 +28,7 @@ from typing import Any
 from ebpflb.errors import Fault, InvalidObjectError, ManifestError
 from ebpflb.fields import identify
 from ebpflb.model import NamespacedName
-from ebpflb.sources.base import Kind, ObjectSink
+from ebpflb.sources.base import Kind, ListFigures, ObjectSink, SourceProgress
 from ebpflb.sources.documents import MANIFEST, parse_document, split_documents
 
 log = logging.getLogger(__name__)
@@ -204,6 +204,8 @@ class ManifestSource:
         self._thread: threading.Thread | None = None
         self._reloads = 0
         self._errors = 0
+        self._lists: Mapping[Kind, ListFigures] = {}
+        self._progress = SourceProgress()
 
     def sync_once(self) -> bool:
         """Reload if the files changed and have since stayed unchanged for a poll, and
@@ -213,6 +215,7 @@ class ManifestSource:
         if fingerprint == self._loaded or fingerprint != seen:
             return False  # unchanged, or still changing
         first = self._loaded is None
+        started = time.monotonic()
         stamps = dict(fingerprint)
         for name in self._read.keys() - stamps.keys():  # removed: its objects go too
             del self._read[name]
@@ -225,6 +228,12 @@ class ManifestSource:
             log.warning("manifest: %s", line)
         self._duplicates = set(duplicates)
         self._deliver(objects)
+        if first:  # both kinds come from one read of the files
+            seconds = time.monotonic() - started
+            self._lists = {
+                kind: ListFigures(sum(1 for k, _ in objects if k is kind), seconds)
+                for kind in Kind
+            }
         self._reloads += 1
         # Only now: a reload that failed part-way is done again at the next poll.
         self._loaded = fingerprint
@@ -276,6 +285,15 @@ class ManifestSource:
     def counters(self) -> dict[str, dict[str, int]]:
         """Reloads of the files and problems found in them (for metrics)."""
         return {"manifests": {"reloads": self._reloads, "errors": self._errors}}
+
+    def progress(self) -> SourceProgress:
+        """The first read's sizes and time; what the files hold now that cannot be read."""
+        errors = tuple(
+            f"{p.ref}: {p.reason}" if p.kind == MANIFEST else str(p)
+            for _, contents in list(self._read.values())  # the poll thread may be replacing one
+            for p in contents.problems
+        )
+        return SourceProgress(lists=self._lists, errors=errors)
 
     def stop(self) -> None:
         self._stop.set()

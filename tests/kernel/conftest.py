@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from ebpflb.datapath import dump
+from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.testing import leftovers
-from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
+from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Topology
 
 PODS = {"pod1": "10.244.1.11", "pod2": "10.244.1.12", "pod3": "10.244.1.13"}
@@ -139,3 +141,33 @@ def manifests(tmp_path: Path) -> Path:
     target = tmp_path / "manifests"
     shutil.copytree(Path(__file__).resolve().parents[2] / "examples", target)
     return target
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> float:
+    """Poll `condition` until it holds; the seconds it took. Fails the test naming `what`."""
+    started = time.monotonic()
+    deadline = started + timeout * TIMEOUT_SCALE
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not {what} within {timeout * TIMEOUT_SCALE:.0f}s")
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def programmed_backends(maps: KernelMapSet) -> dict[str, set[str]]:
+    """What the pinned maps hold (the `maps dump --json` document): frontend -> backends."""
+    report = dump.collect(maps)
+    return {s["frontend"]: {b["address"] for b in s["backends"]} for s in report["services"]}
+
+
+def wait_backends(
+    bpffs: Path, frontend: str, expected: set[str] | None, timeout: float = 10.0
+) -> float:
+    """Poll the maps pinned under `bpffs` until `frontend` ("VIP:PORT/PROTO") has exactly
+    the `expected` backends ("IP:PORT"), or is absent for None; the seconds it took."""
+    with KernelMapSet(bpffs) as maps:
+        return wait_until(
+            lambda: programmed_backends(maps).get(frontend) == expected,
+            f"{frontend} -> {sorted(expected) if expected is not None else 'absent'}",
+            timeout,
+        )

@@ -6,6 +6,8 @@ element, the others being written."""
 from __future__ import annotations
 
 import errno
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from ipaddress import IPv4Address, IPv4Network
@@ -16,10 +18,23 @@ import pytest
 from bcc import BPF
 
 from ebpflb.config import Config
-from ebpflb.datapath import loader
-from ebpflb.datapath.kernel import LOOKUP_CHUNK, KernelMapSet, KernelSlotPool, PinnedMap
-from ebpflb.datapath.maps import BackendEntry, ServiceEntry, SlotWrite, SourceRange
-from ebpflb.errors import MapError, MapFullError
+from ebpflb.datapath import bpfsys, loader
+from ebpflb.datapath.contract import CtFlags, NatFlags
+from ebpflb.datapath.elementio import LOOKUP_CHUNK
+from ebpflb.datapath.kernel import KernelMapSet, PinnedMap
+from ebpflb.datapath.maps import (
+    AddrPort,
+    BackendEntry,
+    ConntrackEntry,
+    Flow,
+    NatEntry,
+    ServiceEntry,
+    SlotWrite,
+    SourceRange,
+)
+from ebpflb.datapath.pins import ensure_bpffs, pinned_layout
+from ebpflb.datapath.slotpool import KernelSlotPool
+from ebpflb.errors import DatapathError, MapError, MapFullError
 from ebpflb.model import Backend, Frontend, Proto, SvcFlags
 
 MAX_SERVICES = 16
@@ -39,7 +54,7 @@ def pins() -> Iterator[Path]:
         rev_sk_max=16,
         src_range_max=LOOKUP_CHUNK + 100,
     )
-    loader.ensure_bpffs(path)
+    ensure_bpffs(path)
     bpf = loader.compile_program(
         loader.BPF_DIR / "sock_lb.c", config.cflags() + loader.Features(False).cflags()
     )
@@ -171,3 +186,50 @@ def test_a_pool_pinned_without_the_mmap_flag_is_written_in_batches(pins: Path) -
         pinned.close()
         bpf.cleanup()
         path.unlink()
+
+
+def test_conntrack_and_nat_rows_read_back_typed_and_idle_ones_expire(maps: KernelMapSet) -> None:
+    """The rows the programs write, as `maps dump` reads them; expire_flows deletes only
+    reply translations past their deadline (CLOCK_MONOTONIC, as bpf_ktime_get_ns)."""
+    now = time.monotonic_ns()
+    client = AddrPort(IPv4Address("198.51.100.7"), 40001)
+    frontend = AddrPort(IPv4Address("203.0.113.1"), 80)
+    snat = AddrPort(IPv4Address("192.168.1.10"), 40123)
+    backend_at = AddrPort(IPv4Address("10.244.2.21"), 8080)
+    flow = Flow(client, frontend, Proto.TCP)
+    entry = ConntrackEntry(backend_at, CtFlags.SNAT, snat, 8, 2, now + 10**12, 3, 180)
+    live = (
+        Flow(backend_at, snat, Proto.TCP),
+        NatEntry(client, frontend, NatFlags.SNAT, now + 10**12),
+    )
+    idle = (
+        Flow(backend_at, AddrPort(snat.address, 40124), Proto.TCP),
+        NatEntry(AddrPort(client.address, 40002), frontend, NatFlags.SNAT, now - 1),
+    )
+    try:
+        maps.conntrack.put(flow, entry)
+        assert maps.reply_nat.put_many([live, idle]) == {}
+        assert list(maps.conntrack.items()) == [(flow, entry)]
+        assert sorted(maps.reply_nat.items()) == sorted([live, idle])
+        assert maps.expire_flows() == 1
+        assert list(maps.reply_nat.items()) == [live]
+    finally:
+        maps.conntrack.delete(flow)
+        maps.reply_nat.delete(live[0])
+        assert not maps.reply_nat.delete(idle[0])  # gone already: not an error
+
+
+def test_syscall_failures_are_project_errors_naming_the_object(pins: Path, tmp_path: Path) -> None:
+    missing = pins / "no_such_map"
+    with pytest.raises(bpfsys.BpfError, match=f"opening pinned object {missing}") as info:
+        bpfsys.obj_get(str(missing))
+    assert info.value.errno == errno.ENOENT and isinstance(info.value, DatapathError)
+    with pytest.raises(MapError, match=f"cannot open pinned map {missing}: No such file"):
+        PinnedMap(missing)
+    assert pinned_layout(missing) is None
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # a directory, not a cgroup
+    try:
+        with pytest.raises(bpfsys.BpfError, match=f"listing programs attached to {tmp_path}"):
+            bpfsys.prog_query(fd, loader.SockHook.CONNECT4.attach_type, str(tmp_path))
+    finally:
+        os.close(fd)

@@ -1,14 +1,18 @@
-"""`ebpflb bench` end to end at a small N: every mode carries real traffic through its own
-namespaces (a mode whose rules or programs did not translate shows up as connect errors),
-and every figure the table needs is measured."""
+"""`ebpflb bench compare` end to end at a small N: every mode carries real traffic through
+its own namespaces (a mode whose rules or programs did not translate shows up as connect
+errors), and every figure the table needs is measured.
+
+The ebpflb phase reads the agent's readiness and start-up figures from its /readyz and
+/status endpoints (ebpflb.bench.agent)."""
 
 from __future__ import annotations
 
 import pytest
 
 from ebpflb.bench.compare import run_compare
-from ebpflb.bench.report import check_targets, render
-from ebpflb.bench.settings import MODES, Settings
+from ebpflb.bench.records.compare import Target
+from ebpflb.bench.render import render
+from ebpflb.bench.settings import MODES, CompareSettings, Mode
 
 pytestmark = pytest.mark.kernel
 
@@ -16,27 +20,40 @@ N = 30
 
 
 def test_every_mode_measured_with_real_traffic() -> None:
-    settings = Settings(
+    settings = CompareSettings(
         services=(N,), rounds=1, batch=30, rate_seconds=0.3, rate_repeats=1, changes=1
     )
     report = run_compare(settings, progress=lambda _line: None)
-    per_mode = report["results"][str(N)]
-    assert set(per_mode) == {*MODES, "ebpflb-xdp"}
-    assert report["problems"] == []
+    (size,) = report.sizes
+    assert size.services == N
+    assert {m.mode for m in size.modes} == {*MODES, Mode.EBPFLB_XDP}
+    assert report.problems == ()
     for mode in MODES:
-        data = per_mode[mode]
-        for target in ("first", "last", "random"):
-            assert data["latency"][target]["samples"] == settings.batch, (mode, target)
-            assert data["latency"][target]["errors"] == 0, (mode, data)
-        assert data["connections"]["per_s"] > 0 and data["connections"]["errors"] == 0
-    for mode in (*MODES, "ebpflb-xdp"):
-        assert per_mode[mode]["nodeport"]["per_s"] > 0, mode
-        assert per_mode[mode]["nodeport"]["errors"] == 0, mode
-    for mode in ("iptables-legacy", "iptables-nft", "nftables", "ebpflb"):
-        control = per_mode[mode]["control"]
-        assert control["program_s"] > 0 and len(control["change_s"]) == 1, mode
-        assert control["kernel_memory_bytes"] > 0, mode
-    assert per_mode["ebpflb"]["control"]["details"]["bpf_map_bytes"] > 0
-    assert per_mode["ebpflb"]["control"]["details"]["frontends"] >= N
-    assert check_targets(report)  # judged, whatever the verdicts on a busy test machine
+        result = size.get(mode)
+        assert result is not None and result.data.latency is not None, mode
+        for target in Target:
+            summary = result.data.latency.of(target)
+            assert summary.samples == settings.batch, (mode, target)
+            assert summary.errors == 0, (mode, result.data)
+        connections = result.data.connections
+        assert connections is not None and connections.per_s > 0 and connections.errors == 0
+    for mode in (*MODES, Mode.EBPFLB_XDP):
+        result = size.get(mode)
+        assert result is not None and result.data.nodeport is not None, mode
+        assert result.data.nodeport.per_s > 0 and result.data.nodeport.errors == 0, mode
+    for mode in (Mode.IPTABLES_LEGACY, Mode.IPTABLES_NFT, Mode.NFTABLES, Mode.EBPFLB):
+        result = size.get(mode)
+        assert result is not None and result.control is not None, mode
+        assert result.control.program_s > 0 and len(result.control.change_s) == 1, mode
+        assert (result.control.memory.cgroup_bytes or 0) > 0, mode
+    ebpflb = size.get(Mode.EBPFLB)
+    assert ebpflb is not None and ebpflb.control is not None
+    assert (ebpflb.control.memory.bpf_map_bytes or 0) > 0
+    agent = ebpflb.control.agent
+    assert agent is not None and agent.frontends >= N and agent.sync_errors == 0
+    # The phases came from the agent's /status, in the order they happen.
+    assert 0 < agent.phases["socket_lb_compiled"] <= agent.phases["first_sync"]
+    assert agent.phases["first_sync"] == pytest.approx(agent.start_to_synced_s, abs=1e-3)
+    assert agent.lists["Service"].objects == N
+    assert report.targets  # judged, whatever the verdicts on a busy test machine
     assert "ebpflb-xdp" in render(report)

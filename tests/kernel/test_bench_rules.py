@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from ebpflb.bench import kubeproxy as kp
-from ebpflb.bench.kubeproxy import ServicePort
+from ebpflb.bench.kubeproxy import iptables, naming, nftables
+from ebpflb.bench.kubeproxy.naming import ServicePort
 from ebpflb.bench.scenario import (
     ENDPOINT_CIDR,
     NODE_PORT,
@@ -102,20 +102,20 @@ class Lab:
         if self.mode == "nftables":
             self.run(self.node, ["nft", "-f", "-"], text)
         else:
-            self.run(self.node, [f"{self.mode}-restore", *kp.RESTORE_FLAGS], text)
+            self.run(self.node, [f"{self.mode}-restore", *iptables.RESTORE_FLAGS], text)
 
     def setup(self) -> set[str]:
         """What kube-proxy does before its first sync, then the full sync; the chains the
         ruleset defines."""
         if self.mode == "nftables":
-            text = kp.nftables_full(SERVICES, node_ip=NODE_EXT)
+            text = nftables.full_sync(SERVICES, node_ip=NODE_EXT)
             self.load(text)
             return set(re.findall(r"^add chain ip kube-proxy (\S+)", text, re.M))
-        for argv in kp.nfacct_argv():
+        for argv in iptables.nfacct_argv():
             self.run(self.node, argv)
-        for argv in kp.iptables_setup_argv(self.mode):
+        for argv in iptables.setup_argv(self.mode):
             self.run(self.node, argv)
-        text = kp.iptables_full(SERVICES)
+        text = iptables.full_sync(SERVICES)
         self.load(text)
         nat = text.split("*nat\n", 1)[1]
         return {ln[1:].split()[0] for ln in nat.splitlines() if ln.startswith(":")} | {
@@ -196,14 +196,14 @@ def test_partial_syncs_apply_on_the_full_one(lab: Lab) -> None:
         ]
         changed = ServicePort.of(before[index])
         if lab.mode == "nftables":
-            stale = {kp.nft_endpoint_chain(changed, ip) for ip in changed.endpoints[ready:]}
-            lab.load(kp.nftables_partial(before, index, ready))
+            stale = {naming.nft_endpoint_chain(changed, ip) for ip in changed.endpoints[ready:]}
+            lab.load(nftables.partial_sync(before, index, ready))
             assert lab.nat_chains() == chains  # stale chains are flushed, not yet deleted
-            lab.load(kp.nftables_stale_cleanup(before, index, ready))
+            lab.load(nftables.stale_cleanup(before, index, ready))
         else:
-            stale = {kp.sep_chain(changed, ip) for ip in changed.endpoints[ready:]}
-            lab.load(kp.iptables_partial(before, index, ready))
-            nat = kp.iptables_full(services).split("*nat\n", 1)[1]
+            stale = {naming.sep_chain(changed, ip) for ip in changed.endpoints[ready:]}
+            lab.load(iptables.partial_sync(before, index, ready))
+            nat = iptables.full_sync(services).split("*nat\n", 1)[1]
             assert lab.nat_rules() == sum(1 for ln in nat.splitlines() if ln.startswith("-A"))
         chains -= stale
         assert lab.nat_chains() == chains

@@ -16,9 +16,10 @@ from ebpflb.testing.agentproc import AgentProcess
 from ebpflb.testing.fakeapi import FakeApiServer
 from ebpflb.testing.netns import Cgroup, Topology
 from tests.factories import endpoint, endpoint_slice, service
-from tests.kernel.conftest import PODS, AgentFactory, served_by
+from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends, wait_until
 
 WEB = "10.96.0.10:80"
+WEB_TCP = "10.96.0.10:80/TCP"
 WEB_FRONTEND = Frontend(IPv4Address("10.96.0.10"), 80, Proto.TCP)
 
 
@@ -45,18 +46,18 @@ def test_service_created_updated_and_deleted_through_the_api(
     cgroup: Cgroup,
     api: FakeApiServer,
     kube_agent: Callable[..., AgentProcess],
+    bpffs: Path,
 ) -> None:
     agent = kube_agent()  # an empty cluster: synced with nothing to program
-    assert "listed 0 Services" in agent.output()
+    lists = agent.status()["lists"]
+    assert (lists["Service"]["objects"], lists["EndpointSlice"]["objects"]) == (0, 0)
 
-    mark = len(agent.lines)
     api.create(service("web"))
     api.create(endpoint_slice("web-1"))
-    agent.wait_for("default/web:http 10.96.0.10:80/TCP added: 3 backends", timeout=10, start=mark)
+    wait_backends(bpffs, WEB_TCP, {f"{ip}:8080" for ip in PODS.values()})
     counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 90, cgroup))
     assert set(counts) == set(PODS)
 
-    mark = len(agent.lines)
     api.update(
         endpoint_slice(
             "web-1",
@@ -67,18 +68,20 @@ def test_service_created_updated_and_deleted_through_the_api(
             ],
         )
     )
-    agent.wait_for("default/web:http 10.96.0.10:80/TCP updated", timeout=10, start=mark)
+    wait_backends(bpffs, WEB_TCP, {"10.244.1.13:8080"})
     counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 20, cgroup))
     assert set(counts) == {"pod3"}
 
     # The watch is cut; the deletion made meanwhile still arrives after the reconnection.
-    mark = len(agent.lines)
     assert api.drop_watches() == 2
     api.delete("Service", "default", "web")
-    agent.wait_for("default/web:http 10.96.0.10:80/TCP removed", timeout=15, start=mark)
+    wait_backends(bpffs, WEB_TCP, None, timeout=15)
     (result,) = topology.requests(topology.node_ns, "tcp", WEB, 1, cgroup)
     assert result["error"] == "ENETUNREACH"  # no longer translated: dies in the namespace
-    assert "watch from resourceVersion" in agent.output()  # the drop was seen and survived
+    metrics = agent.metrics()  # the drops were seen (a broken watch each) and survived
+    for kind in ("Service", "EndpointSlice"):
+        failures = metrics.value("ebpflb_source_events_total", source=kind, event="failures")
+        assert failures is not None and failures >= 1, kind
 
 
 def test_entry_deleted_behind_the_agents_back_returns_at_the_next_full_resync(
@@ -93,13 +96,16 @@ def test_entry_deleted_behind_the_agents_back_returns_at_the_next_full_resync(
     agent = kube_agent("--sync-period", "2")
     assert len(served_by(topology.requests(topology.node_ns, "tcp", WEB, 30, cgroup))) == 3
 
-    mark = len(agent.lines)
+    def repaired() -> float | None:
+        return agent.metrics().value("ebpflb_drift_repaired_total", map="ebpflb_svc4")
+
+    assert repaired() is None  # nothing repaired so far
     with KernelMapSet(bpffs) as maps:
         assert maps.services.delete(WEB_FRONTEND)
         (result,) = topology.requests(topology.node_ns, "tcp", WEB, 1, cgroup)
         if maps.services.get(WEB_FRONTEND) is None:  # still missing after the request
             assert result["error"] == "ENETUNREACH"
-        line = agent.wait_for("full resync repaired drift", timeout=10, start=mark)
-        assert "'ebpflb_svc4': 1" in line
+        wait_until(lambda: repaired() is not None, "repaired at a full resync")
+        assert repaired() == 1  # the one entry deleted
         assert maps.services.get(WEB_FRONTEND) is not None
     assert len(served_by(topology.requests(topology.node_ns, "tcp", WEB, 30, cgroup))) == 3

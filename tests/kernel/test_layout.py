@@ -1,9 +1,13 @@
-"""The ctypes mirrors in ebpflb/datapath/layout.py against the types BCC generates from
-bpf/lib/structs.h (Cilium's alignchecker idea): same size, same field offsets and sizes."""
+"""The contract (ebpflb/datapath/contract.py) against what the kernel really gets: for every
+map, the key and value mirrors against the Key/Leaf types BCC generates from the C source
+(Cilium's alignchecker idea: same size, same field names, offsets and sizes), and the
+pinned map's type, sizes, max_entries and flags against the contract's table."""
 
 from __future__ import annotations
 
 import ctypes as ct
+import dataclasses
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,17 +15,21 @@ from pathlib import Path
 import pytest
 
 from ebpflb.config import Config
-from ebpflb.datapath import layout, loader
-from ebpflb.datapath.maps import MapName
+from ebpflb.datapath import bpfsys, contract, loader
+from ebpflb.datapath.contract import MapName
+from ebpflb.datapath.pins import ensure_bpffs, expected_map_layout, pinned_layout
 
-MIRRORS = {
-    MapName.SERVICES: (layout.Lb4SvcKey, layout.Lb4SvcVal),
-    MapName.BACKENDS: (ct.c_uint32, layout.Lb4Backend),
-    MapName.SLOTS: (ct.c_uint32, layout.Lb4SlotPair),
-    MapName.SERVICE_META: (ct.c_uint32, layout.Lb4SvcMeta),
-    MapName.REVERSE_SOCK: (layout.Lb4RevskKey, layout.Lb4RevskVal),
-    MapName.STATS: (ct.c_uint32, ct.c_uint64),
-}
+# Every size different, so a map following the wrong size is caught.
+CONFIG = Config(
+    slot_pool_size=1024,
+    maglev_max_table_size=1021,
+    max_services=16,
+    max_backends=24,
+    rev_sk_max=40,
+    ct_max=56,
+    rnat_max=72,
+    src_range_max=88,
+)
 
 
 def fields(struct: type) -> list[tuple[str, int, int]]:
@@ -35,43 +43,60 @@ def fields(struct: type) -> list[tuple[str, int, int]]:
 
 
 @pytest.fixture(scope="module")
-def compiled() -> Iterator[object]:
+def compiled() -> Iterator[tuple[Path, dict[str, object]]]:
+    """Both program files compiled into one private pin directory; BCC's table of every
+    map (from the file that declares it first)."""
     pins = Path("/sys/fs/bpf") / f"ebpflb-layout-{uuid.uuid4().hex[:8]}"
-    config = Config(
-        bpffs_dir=pins,
-        slot_pool_size=1024,
-        maglev_max_table_size=1021,
-        max_services=16,
-        max_backends=16,
-        rev_sk_max=16,
-    )
-    loader.ensure_bpffs(pins)
-    bpf = loader.compile_program(
-        loader.BPF_DIR / "sock_lb.c", config.cflags() + loader.Features(False).cflags()
-    )
+    config = dataclasses.replace(CONFIG, bpffs_dir=pins)
+    ensure_bpffs(pins)
+    flags = config.cflags() + loader.Features(False).cflags()
+    programs = [
+        loader.compile_program(loader.BPF_DIR / source, flags)
+        for source in ("sock_lb.c", "nodeport.c")
+    ]
+    tables: dict[str, object] = {}
     try:
-        yield bpf
+        for bpf in programs:
+            for name in MapName:
+                try:
+                    tables.setdefault(name.value, bpf[name.value.encode()])
+                except KeyError:
+                    continue
+        yield pins, tables
     finally:
-        bpf.cleanup()
+        for bpf in programs:
+            bpf.cleanup()
         for pin in pins.iterdir():
             pin.unlink()
         pins.rmdir()
 
 
-@pytest.mark.parametrize("name", list(MIRRORS), ids=lambda m: m.value)
-def test_mirrors_match_bcc_types(compiled: object, name: MapName) -> None:
-    table = compiled[name.value.encode()]  # type: ignore[index]
-    key, leaf = MIRRORS[name]
+@pytest.mark.parametrize("name", list(MapName), ids=lambda m: m.value)
+def test_mirrors_match_bcc_types(compiled: tuple[Path, dict[str, object]], name: MapName) -> None:
+    _, tables = compiled
+    assert name.value in tables, f"{name.value} is not declared in bpf/lib/maps.h"
+    table = tables[name.value]
+    spec = contract.MAPS[name]
     # Per-CPU tables expose the per-CPU array as Leaf and one CPU's value as sLeaf.
-    for mine, bccs in ((key, table.Key), (leaf, getattr(table, "sLeaf", table.Leaf))):
+    leaf = getattr(table, "sLeaf", table.Leaf)  # type: ignore[attr-defined]
+    for mine, bccs in ((spec.key, table.Key), (spec.value, leaf)):  # type: ignore[attr-defined]
         assert ct.sizeof(mine) == ct.sizeof(bccs), f"{name.value}: {mine} vs {bccs}"
         assert fields(mine) == fields(bccs), f"{name.value}: field layout differs"
 
 
-def test_counter_enum_matches_consts_header() -> None:
-    header = (loader.BPF_DIR / "lib" / "consts.h").read_text()
-    for counter in layout.Counter:
-        assert f"#define STAT_{counter.name} " in header
-        line = next(x for x in header.splitlines() if x.startswith(f"#define STAT_{counter.name} "))
-        assert int(line.split()[2]) == counter.value
-    assert f"#define STAT_MAX             {layout.STATS_SIZE}" in header
+@pytest.mark.parametrize("name", list(MapName), ids=lambda m: m.value)
+def test_pinned_maps_have_the_contract_layout(
+    compiled: tuple[Path, dict[str, object]], name: MapName
+) -> None:
+    pins, _ = compiled
+    config = dataclasses.replace(CONFIG, bpffs_dir=pins)
+    fd = bpfsys.obj_get(str(pins / name.value))
+    try:
+        info = bpfsys.map_info(fd, name.value)
+    finally:
+        os.close(fd)
+    actual = contract.MapLayout(
+        info.type, info.key_size, info.value_size, info.max_entries, info.flags
+    )
+    assert actual == contract.MAPS[name].layout(config)
+    assert pinned_layout(pins / name.value) == expected_map_layout(config)[name.value]

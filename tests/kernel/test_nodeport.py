@@ -21,7 +21,7 @@ import pytest
 
 from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Cluster
-from tests.kernel.conftest import served_by
+from tests.kernel.conftest import served_by, wait_backends
 
 NODE1, NODE2 = "192.168.100.1", "192.168.100.2"
 CLIENT, OUTSIDER = "192.168.100.100", "192.168.100.200"
@@ -207,8 +207,8 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         for agent in environment.nodes.values():
             assert agent.agent is not None
             agent.agent.wait_ready()
-            if xdp:
-                assert "ingress in XDP (native)" in agent.agent.output()
+            interfaces = agent.agent.status()["interfaces"]
+            assert interfaces == {"eth0": {"xdp": "native" if xdp else "off"}}
         yield environment
     finally:
         for agent in environment.nodes.values():
@@ -308,25 +308,16 @@ def test_long_connection_keeps_its_backend_while_backends_change(env: Env) -> No
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())["connected"]
         # Remove the connection's own backend and two others, then bring them back.
-        remaining = [p for p in ALL_PODS if p[0] not in {first, "pod12", "pod22"}]
-        mark = len(node1.agent.lines)
+        remaining = [p for p in ALL_PODS if p[0] not in {first, "pod12", "pod22"}] or ALL_PODS[3:]
         write_manifests(
             node1.manifests,
-            {
-                **SLICES,
-                "np": slice_yaml(
-                    "np-1",
-                    "np",
-                    NP_PORTS,
-                    remaining or ALL_PODS[3:],
-                ),
-            },
+            {**SLICES, "np": slice_yaml("np-1", "np", NP_PORTS, remaining)},
         )
-        node1.agent.wait_for("default/np:http 192.168.100.1:30080/TCP updated", start=mark)
+        frontend = f"{NODE1}:30080/TCP"
+        wait_backends(node1.bpffs, frontend, {f"{ip}:8080" for _, ip, _ in remaining})
         time.sleep(1.0)
-        mark = len(node1.agent.lines)
         write_manifests(node1.manifests)
-        node1.agent.wait_for("default/np:http 192.168.100.1:30080/TCP updated", start=mark)
+        wait_backends(node1.bpffs, frontend, {f"{ip}:8080" for _, ip, _ in ALL_PODS})
         out, _ = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

@@ -14,7 +14,7 @@ from ebpflb.datapath import loader
 from ebpflb.datapath.maps import MapName
 from ebpflb.testing.agentproc import cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Topology
-from tests.kernel.conftest import PODS, AgentFactory, served_by
+from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends
 
 WEB = "10.96.0.10:80"
 DNS = "10.96.0.53:53"
@@ -79,9 +79,11 @@ def test_manifest_edit_moves_traffic_within_a_second(
     cgroup: Cgroup,
     manifests: Path,
     start_agent: AgentFactory,
+    bpffs: Path,
     record_property: Callable[[str, object], None],
 ) -> None:
     agent = start_agent("--manifests", str(manifests))
+    slots_before = agent.metrics().value("ebpflb_maglev_slots_written_total")
     web = manifests / "web.yaml"
     web.write_text(
         web.read_text().replace(
@@ -89,15 +91,24 @@ def test_manifest_edit_moves_traffic_within_a_second(
             '  - addresses: ["10.244.1.13"]\n    conditions: {ready: false}',
         )
     )
-    mark = len(agent.lines)
     edited = time.monotonic()
-    line = agent.wait_for("default/web:http 10.96.0.10:80/TCP updated", timeout=5, start=mark)
+    status = agent.wait_status(
+        lambda s: s["frontend_changes"]["updated"] == 1, "applying the edit", timeout=5
+    )
     record_property("edit_to_applied_seconds", round(time.monotonic() - edited, 3))
     assert time.monotonic() - edited < 1.0
-    assert "backends 3 -> 2" in line and "-10.244.1.13:8080" in line
+    last = status["sync"]["last"]
+    assert (last["kind"], last["updated"], last["added"], last["removed"]) == (
+        "incremental",
+        1,
+        0,
+        0,
+    )
+    wait_backends(bpffs, "10.96.0.10:80/TCP", {"10.244.1.11:8080", "10.244.1.12:8080"})
     # Only the changed slots were written: about a third of the table.
-    written = int(line.split(", ")[-1].split()[0])
-    assert 0 < written < 509 / 2
+    written = agent.metrics().value("ebpflb_maglev_slots_written_total")
+    assert slots_before is not None and written is not None
+    assert 0 < written - slots_before < 509 / 2
     counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 100, cgroup))
     assert set(counts) == {"pod1", "pod2"}
 
@@ -111,8 +122,13 @@ def test_restart_keeps_traffic_flowing_and_rewrites_nothing(
     counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 60, cgroup))
     assert len(counts) == 3
     second = start_agent("--manifests", str(manifests))
-    assert not [line for line in second.lines if " added: " in line or " updated: " in line]
-    assert "replaced 4 programs of a previous ebpflb" in second.output()
+    status = second.status()
+    first_sync = status["sync"]["first"]
+    # It adopted the pinned state: every frontend found right, nothing rewritten.
+    assert (first_sync["added"], first_sync["updated"], first_sync["removed"]) == (0, 0, 0)
+    assert first_sync["unchanged"] == 3
+    assert second.metrics().value("ebpflb_maglev_slots_written_total") == 0
+    assert status["programs"]["replaced_previous"] == 4
     attached = loader.attached_programs(cgroup.path)
     assert sorted(name for _, name in attached) == [
         "ebpflb_connect4",
@@ -136,13 +152,19 @@ def test_bad_input_is_named_and_skipped(
         "addressType: IPv4\nendpoints: [{addresses: [10.244.1.11]}]\n"
     )
     agent = start_agent("--manifests", str(manifests))
-    log = agent.output()
-    assert (
-        "invalid Service, skipped: Service default/broken-ip: spec.clusterIP '10.96.0.300'" in log
+    problems = agent.status()["problems"]
+    invalid = {(p["kind"], p["name"]): p["error"] for p in problems["invalid_objects"]}
+    assert set(invalid) == {("Service", "default/broken-ip"), ("Service", "default/bad-port")}
+    assert invalid["Service", "default/broken-ip"].startswith(
+        "Service default/broken-ip: spec.clusterIP '10.96.0.300'"
     )
-    assert "invalid Service, skipped: Service default/bad-port: spec.ports[0].port 70000" in log
-    assert "bad.yaml document 2: invalid YAML" in log
-    assert "EndpointSlice default/orphan-1 names unknown service default/nobody" in log
+    assert invalid["Service", "default/bad-port"].startswith(
+        "Service default/bad-port: spec.ports[0].port 70000"
+    )
+    (source_error,) = problems["source_errors"]
+    assert source_error.startswith(f"{manifests / 'bad.yaml'} document 2: invalid YAML")
+    assert problems["orphan_slices"] == [{"slice": "default/orphan-1", "service": "default/nobody"}]
+    assert agent.metrics().sum("ebpflb_invalid_objects_total", kind="Service") == 2
     assert len(served_by(topology.requests(topology.node_ns, "tcp", WEB, 30, cgroup))) >= 2
 
 

@@ -13,7 +13,7 @@ from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
 from ebpflb.datapath import dump
-from ebpflb.datapath.maps import FakeMapSet
+from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.metrics import Metrics
 from ebpflb.model import NamespacedName
 from ebpflb.runner import SyncKind
@@ -212,3 +212,112 @@ def test_a_sync_runs_without_the_cyclic_gc(agent: Agent) -> None:
     start(agent)  # the first sync is a full one, with housekeeping only later
     agent._sync(SyncKind.FULL)
     assert seen == [False] and gc.isenabled()
+
+
+# ---- capacity: one frontend that cannot be programmed never stops the others ----------
+
+
+def big_service(agent: Agent, count: int = 120) -> None:
+    """default/big at 10.96.0.30 with `count` ready endpoints (10.244.2.1 on)."""
+    agent.object_updated(Kind.SERVICE, service("big", cluster_ip="10.96.0.30"))
+    agent.object_updated(
+        Kind.ENDPOINT_SLICE,
+        endpoint_slice(
+            "big-1",
+            service_name="big",
+            endpoints=[endpoint(f"10.244.2.{i}") for i in range(1, count + 1)],
+        ),
+    )
+
+
+def test_a_service_over_the_table_size_limit_fails_alone_and_is_retried(
+    maps: FakeMapSet, clock: FakeClock
+) -> None:
+    agent = Agent(
+        Config(min_sync_period=1.0, max_sync_period=60.0, maglev_max_table_size=101),
+        maps,
+        Metrics(CollectorRegistry()),
+        clock=clock,
+    )
+    big_service(agent)
+    agent.object_updated(Kind.SERVICE, service())
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice())
+    start(agent)
+    assert list(frontends(maps)) == ["10.96.0.10:80/TCP"]
+    assert agent.synced.is_set()
+    assert agent.last_result is not None
+    assert agent.last_result.failed == {NamespacedName("default", "big")}
+    errors = agent.metrics.registry.get_sample_value(
+        "ebpflb_syncs_total", {"kind": "full", "result": "error"}
+    )
+    assert errors == 1
+    # The retry (after retry_period, with nothing else pending) tries it again.
+    clock.advance(2.5)
+    assert agent.runner.run_once() is SyncKind.INCREMENTAL
+    assert agent.last_result.failed == {NamespacedName("default", "big")}
+    # An edit of another service is applied; a full resync repairs the rest.
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice(endpoints=[endpoint("10.244.1.11")]))
+    clock.advance(2.5)
+    agent.runner.run_once()
+    assert [a for a, _ in frontends(maps)["10.96.0.10:80/TCP"]] == ["10.244.1.11:8080"]
+    maps.services.data.clear()
+    clock.advance(60)
+    assert agent.runner.run_once() is SyncKind.FULL
+    assert list(frontends(maps)) == ["10.96.0.10:80/TCP"]
+    # Once it fits, the next retry programs it.
+    big_service(agent, count=100)
+    clock.advance(2.5)
+    agent.runner.run_once()
+    assert sorted(frontends(maps)) == ["10.96.0.10:80/TCP", "10.96.0.30:80/TCP"]
+    assert agent.last_result.errors == []
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_an_apply_that_raises_loses_no_pending_service(
+    agent: Agent, maps: FakeMapSet, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, first: bool
+) -> None:
+    """Whatever goes wrong inside an apply, the services it was given are retried."""
+    if not first:
+        start(agent)
+        clock.advance(2)
+    agent.object_updated(Kind.SERVICE, service())
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice())
+    real = agent.reconciler.apply
+
+    def broken(*args: object, **kwargs: object) -> object:
+        monkeypatch.setattr(agent.reconciler, "apply", real)  # fails once
+        raise RuntimeError("something unexpected")
+
+    monkeypatch.setattr(agent.reconciler, "apply", broken)
+    if first:
+        agent.initial_list_done(Kind.SERVICE)
+        agent.initial_list_done(Kind.ENDPOINT_SLICE)
+    assert agent.runner.run_once() is not None
+    assert frontends(maps) == {}
+    assert agent.synced.is_set() is not first  # not ready after a first sync that raised
+    clock.advance(2.5)
+    assert agent.runner.run_once() is not None
+    assert list(frontends(maps)) == ["10.96.0.10:80/TCP"]
+    assert agent.synced.is_set()
+
+
+def test_a_full_resync_that_raises_is_done_again_at_the_retry(
+    agent: Agent, maps: FakeMapSet, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent.object_updated(Kind.SERVICE, service())
+    agent.object_updated(Kind.ENDPOINT_SLICE, endpoint_slice())
+    start(agent)
+    maps.services.data.clear()
+    real = agent.reconciler.restore
+
+    def broken() -> None:
+        monkeypatch.setattr(agent.reconciler, "restore", real)
+        raise RuntimeError("reading the maps failed")
+
+    monkeypatch.setattr(agent.reconciler, "restore", broken)
+    clock.advance(60)
+    assert agent.runner.run_once() is SyncKind.FULL
+    assert frontends(maps) == {}
+    clock.advance(2.5)
+    assert agent.runner.run_once() is SyncKind.INCREMENTAL  # the retry repairs, as a full one
+    assert list(frontends(maps)) == ["10.96.0.10:80/TCP"]

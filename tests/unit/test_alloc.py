@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from ebpflb.alloc import IdAllocator, SlotAllocator
 from ebpflb.errors import MapFullError
+from ebpflb.reconcile.alloc import IdAllocator, SlotAllocator
 
 
 def test_ids_start_at_one_reuse_lowest_and_respect_the_limit() -> None:

@@ -20,7 +20,7 @@ from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
 from ebpflb.datapath import dump
-from ebpflb.datapath.maps import FakeMapSet
+from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.metrics import Metrics
 from ebpflb.sources.base import Kind
 from ebpflb.sources.manifests import ManifestSource

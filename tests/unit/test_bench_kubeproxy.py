@@ -14,8 +14,9 @@ from collections import defaultdict
 
 import pytest
 
-from ebpflb.bench import kubeproxy as kp
-from ebpflb.bench.kubeproxy import ServicePort
+from ebpflb.bench import kubeproxy
+from ebpflb.bench.kubeproxy import iptables, naming, nftables
+from ebpflb.bench.kubeproxy.naming import ServicePort
 from ebpflb.bench.scenario import CLUSTER_CIDR, NODE_PORT, bench_services
 
 POD_CIDR, MARK = "10.0.0.0/8", "0x4000"  # the upstream fake proxiers'
@@ -28,33 +29,33 @@ SVC3 = ServicePort("ns3", "svc3", "p80", "172.30.0.43", ("10.180.0.3",), 80, 80,
 
 def test_iptables_chain_hashes_match_kube_proxy() -> None:
     # kube-proxy: TestOverallIPTablesRules (KUBE-SVC/EXT/SEP names of ns1/svc1 and ns3/svc3).
-    assert kp.svc_chain(SVC1) == "KUBE-SVC-XPGD46QRK7WJZT7O"
-    assert kp.sep_chain(SVC1, "10.180.0.1") == "KUBE-SEP-SXIVWICOYRO3J4NJ"
-    assert kp.svc_chain(SVC3) == "KUBE-SVC-X27LE4BHSL4DOUIK"
-    assert kp.ext_chain(SVC3) == "KUBE-EXT-X27LE4BHSL4DOUIK"
-    assert kp.sep_chain(SVC3, "10.180.0.3") == "KUBE-SEP-OYPFS5VJICHGATKP"
+    assert naming.svc_chain(SVC1) == "KUBE-SVC-XPGD46QRK7WJZT7O"
+    assert naming.sep_chain(SVC1, "10.180.0.1") == "KUBE-SEP-SXIVWICOYRO3J4NJ"
+    assert naming.svc_chain(SVC3) == "KUBE-SVC-X27LE4BHSL4DOUIK"
+    assert naming.ext_chain(SVC3) == "KUBE-EXT-X27LE4BHSL4DOUIK"
+    assert naming.sep_chain(SVC3, "10.180.0.3") == "KUBE-SEP-OYPFS5VJICHGATKP"
 
 
 def test_nftables_chain_names_match_kube_proxy() -> None:
     # kube-proxy: TestOverallNFTablesRules (service-/external-/endpoint- chains).
-    assert kp.nft_service_chain(SVC1) == "service-ULMVA6XW-ns1/svc1/tcp/p80"
+    assert naming.nft_service_chain(SVC1) == "service-ULMVA6XW-ns1/svc1/tcp/p80"
     assert (
-        kp.nft_endpoint_chain(SVC1, "10.180.0.1")
+        naming.nft_endpoint_chain(SVC1, "10.180.0.1")
         == "endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
     )
-    assert kp.nft_external_chain(SVC3) == "external-4AT6LBPK-ns3/svc3/tcp/p80"
+    assert naming.nft_external_chain(SVC3) == "external-4AT6LBPK-ns3/svc3/tcp/p80"
     assert (
-        kp.nft_endpoint_chain(SVC3, "10.180.0.3")
+        naming.nft_endpoint_chain(SVC3, "10.180.0.3")
         == "endpoint-UEIP74TE-ns3/svc3/tcp/p80__10.180.0.3/80"
     )
 
 
 def test_the_two_modes_hash_differently() -> None:
     svc = ServicePort.of(bench_services(1, 2)[0])
-    assert kp.portproto_hash(svc.port_name_string, "tcp") == kp.svc_chain(svc)[9:]
-    assert kp.nft_service_chain(svc).startswith("service-")
-    assert kp.nft_service_chain(svc).endswith("-bench/svc-000000/tcp/http")
-    assert len(kp.nft_service_chain(svc).split("-")[1]) == 8  # 8 base32 characters
+    assert naming.portproto_hash(svc.port_name_string, "tcp") == naming.svc_chain(svc)[9:]
+    assert naming.nft_service_chain(svc).startswith("service-")
+    assert naming.nft_service_chain(svc).endswith("-bench/svc-000000/tcp/http")
+    assert len(naming.nft_service_chain(svc).split("-")[1]) == 8  # 8 base32 characters
 
 
 # ---- iptables: against kube-proxy's expectations --------------------------------------------
@@ -174,7 +175,7 @@ def _lines(text: str) -> list[str]:
 
 
 def test_iptables_full_matches_kube_proxy_overall_rules() -> None:
-    text = kp.iptables_full([SVC1, SVC3], random_fully=False, cluster_cidr=POD_CIDR, mark=MARK)
+    text = iptables.full_sync([SVC1, SVC3], random_fully=False, cluster_cidr=POD_CIDR, mark=MARK)
     assert _lines(text) == _lines(IPTABLES_OVERALL)
 
 
@@ -183,10 +184,10 @@ def test_iptables_partial_matches_kube_proxy_repeated_sync() -> None:
     endpoints = ("10.0.3.2", "10.0.3.3", "10.0.3.9")
     svc3 = ServicePort("ns3", "svc3", "p80", "172.30.0.43", endpoints, 80, 80)
     svc4 = ServicePort("ns4", "svc4", "p80", "172.30.0.44", ("10.0.4.1",), 80, 80)
-    text = kp.iptables_partial(
+    text = iptables.partial_sync(
         [svc1, svc3, svc4], 1, 2, nfacct=False, random_fully=False, cluster_cidr=POD_CIDR, mark=MARK
     )
-    stale = kp.sep_chain(svc3, "10.0.3.9")  # ours drops 10.0.3.9; upstream's step did not
+    stale = naming.sep_chain(svc3, "10.0.3.9")  # ours drops 10.0.3.9; upstream's step did not
     assert f":{stale} - [0:0]" in text.splitlines()
     assert f"-X {stale}" in text.splitlines()
     ours = [line for line in _lines(text) if stale not in line]
@@ -206,7 +207,7 @@ def _rules(text: str, chain: str) -> list[str]:
 
 @pytest.mark.parametrize(("count", "endpoints"), [(1, 2), (5, 3), (40, 8)])
 def test_iptables_rule_counts_scale(count: int, endpoints: int) -> None:
-    text = kp.iptables_full(bench_services(count, endpoints))
+    text = iptables.full_sync(bench_services(count, endpoints))
     nat_rules = [line for line in _nat(text) if line.startswith("-A ")]
     # base 4, per service: KUBE-SERVICES, SVC masquerade, K SVC->SEP, 2K SEP; the NodePort
     # service: 2 KUBE-NODEPORTS and 2 EXT rules; the final KUBE-NODEPORTS jump.
@@ -217,7 +218,7 @@ def test_iptables_rule_counts_scale(count: int, endpoints: int) -> None:
 
 def test_nodeport_jump_is_the_last_rule_of_kube_services() -> None:
     services = bench_services(20, 2)
-    for text in (kp.iptables_full(services), kp.iptables_partial(services, 7, 1)):
+    for text in (iptables.full_sync(services), iptables.partial_sync(services, 7, 1)):
         last = _rules(text, "KUBE-SERVICES")[-1]
         assert "-m addrtype --dst-type LOCAL -j KUBE-NODEPORTS" in last
         assert _rules(text, "KUBE-SERVICES")[:-1] == [
@@ -228,21 +229,23 @@ def test_nodeport_jump_is_the_last_rule_of_kube_services() -> None:
 @pytest.mark.parametrize("endpoints", range(2, 9))
 def test_probabilities_are_one_over_remaining(endpoints: int) -> None:
     svc = ServicePort.of(bench_services(1, endpoints, node_port=False)[0])
-    rules = _rules(kp.iptables_full([svc]), kp.svc_chain(svc))[1:]  # after the masquerade rule
+    rules = _rules(iptables.full_sync([svc]), naming.svc_chain(svc))[
+        1:
+    ]  # after the masquerade rule
     assert len(rules) == endpoints
     for i, rule in enumerate(rules[:-1]):
         match = re.search(r"--probability (\S+) ", rule)
         assert match is not None
         assert match[1] == f"{1 / (endpoints - i):.10f}"
     assert "statistic" not in rules[-1]
-    assert rules[-1].endswith(kp.sep_chain(svc, svc.endpoints[-1]))
+    assert rules[-1].endswith(naming.sep_chain(svc, svc.endpoints[-1]))
 
 
 def test_nodeport_service_as_kube_proxy_writes_etp_cluster() -> None:
     services = bench_services(3, 2)
     svc = ServicePort.of(services[-1])
-    text = kp.iptables_full(services)
-    ext, name = kp.ext_chain(svc), svc.port_name_string
+    text = iptables.full_sync(services)
+    ext, name = naming.ext_chain(svc), svc.port_name_string
     assert _rules(text, "KUBE-NODEPORTS") == [
         f"-A KUBE-NODEPORTS -m comment --comment {name} -m tcp -p tcp -d 127.0.0.0/8 --dport"
         f" {NODE_PORT} -m nfacct --nfacct-name localhost_nps_accepted_pkts -j {ext}",
@@ -251,48 +254,48 @@ def test_nodeport_service_as_kube_proxy_writes_etp_cluster() -> None:
     assert _rules(text, ext) == [
         f'-A {ext} -m comment --comment "masquerade traffic for {name} external destinations"'
         " -j KUBE-MARK-MASQ",
-        f"-A {ext} -j {kp.svc_chain(svc)}",
+        f"-A {ext} -j {naming.svc_chain(svc)}",
     ]
-    assert f"! -s {CLUSTER_CIDR} -j KUBE-MARK-MASQ" in _rules(text, kp.svc_chain(svc))[0]
+    assert f"! -s {CLUSTER_CIDR} -j KUBE-MARK-MASQ" in _rules(text, naming.svc_chain(svc))[0]
     assert "MASQUERADE --random-fully" in text
     assert "--mark 0x00004000/0x00004000" in text  # kube-proxy's "%#08x" of 1<<14
-    assert kp.iptables_full(services, nfacct=False).count("nfacct") == 0
+    assert iptables.full_sync(services, nfacct=False).count("nfacct") == 0
 
 
 def test_iptables_partial_holds_only_the_changed_service() -> None:
     services = bench_services(30, 3)
     changed = ServicePort.of(services[11])
-    text = kp.iptables_partial(services, 11, 2)
+    text = iptables.partial_sync(services, 11, 2)
     chains = {line[1:].split()[0] for line in _nat(text) if line.startswith(":")}
-    stale = kp.sep_chain(changed, changed.endpoints[2])
+    stale = naming.sep_chain(changed, changed.endpoints[2])
     assert chains == {
         "KUBE-SERVICES",
         "KUBE-NODEPORTS",
         "KUBE-POSTROUTING",
         "KUBE-MARK-MASQ",
-        kp.svc_chain(changed),
-        *(kp.sep_chain(changed, ip) for ip in changed.endpoints),
+        naming.svc_chain(changed),
+        *(naming.sep_chain(changed, ip) for ip in changed.endpoints),
     }
     assert f"-X {stale}" in _nat(text)
     assert len(_rules(text, "KUBE-SERVICES")) == 31  # rewritten whole
     assert "*filter" in text and ":KUBE-FORWARD - [0:0]" in text
     # The NodePort service's chains are not rewritten unless it is the changed one.
-    assert kp.ext_chain(ServicePort.of(services[-1])) not in {c for c in chains}
-    partial_np = kp.iptables_partial(services, 29, 1)
-    assert f":{kp.ext_chain(ServicePort.of(services[-1]))} - [0:0]" in _nat(partial_np)
+    assert naming.ext_chain(ServicePort.of(services[-1])) not in {c for c in chains}
+    partial_np = iptables.partial_sync(services, 29, 1)
+    assert f":{naming.ext_chain(ServicePort.of(services[-1]))} - [0:0]" in _nat(partial_np)
 
 
 def test_large_cluster_mode() -> None:
     services = bench_services(400, 3)  # 1200 endpoints > 1000
     svc = ServicePort.of(services[0])
-    text = kp.iptables_full(services)
-    assert _rules(text, kp.sep_chain(svc, svc.endpoints[0]))[0] == (
-        f"-A {kp.sep_chain(svc, svc.endpoints[0])} -s {svc.endpoints[0]} -j KUBE-MARK-MASQ"
+    text = iptables.full_sync(services)
+    assert _rules(text, naming.sep_chain(svc, svc.endpoints[0]))[0] == (
+        f"-A {naming.sep_chain(svc, svc.endpoints[0])} -s {svc.endpoints[0]} -j KUBE-MARK-MASQ"
     )
-    assert "->" not in "".join(_rules(text, kp.svc_chain(svc)))
+    assert "->" not in "".join(_rules(text, naming.svc_chain(svc)))
     # Stale chains wait for the next cleanup (once per syncPeriod) unless asked for.
-    assert "-X " not in kp.iptables_partial(services, 3, 2)
-    assert "-X " in kp.iptables_partial(services, 3, 2, cleanup=True)
+    assert "-X " not in iptables.partial_sync(services, 3, 2)
+    assert "-X " in iptables.partial_sync(services, 3, 2, cleanup=True)
 
 
 def _iptables_apply(state: dict[str, dict[str, list[str]]], text: str) -> None:
@@ -318,14 +321,14 @@ def test_iptables_partial_on_full_equals_full_of_the_new_state() -> None:
         after = [ServicePort.of(s).with_ready(ready) if s.index == index else s for s in before]
         patched: dict[str, dict[str, list[str]]] = defaultdict(dict)
         fresh: dict[str, dict[str, list[str]]] = defaultdict(dict)
-        _iptables_apply(patched, kp.iptables_full(before))
-        _iptables_apply(patched, kp.iptables_partial(before, index, ready))
-        _iptables_apply(fresh, kp.iptables_full(after))
+        _iptables_apply(patched, iptables.full_sync(before))
+        _iptables_apply(patched, iptables.partial_sync(before, index, ready))
+        _iptables_apply(fresh, iptables.full_sync(after))
         assert patched == fresh
 
 
 def test_setup_argv_creates_chains_before_jumping() -> None:
-    argv = kp.iptables_setup_argv("iptables-legacy")
+    argv = iptables.setup_argv("iptables-legacy")
     assert all(a[:5] == ["iptables-legacy", "-w", "5", "-W", "100000"] for a in argv)
     created: set[tuple[str, str]] = set()
     for a in argv:
@@ -339,16 +342,16 @@ def test_setup_argv_creates_chains_before_jumping() -> None:
     assert ("nat", "PREROUTING", "KUBE-SERVICES") in jumps
     assert ("nat", "POSTROUTING", "KUBE-POSTROUTING") in jumps
     assert ("filter", "FORWARD", "KUBE-FORWARD") in jumps
-    assert kp.RESTORE_FLAGS == ("-w", "5", "-W", "100000", "--noflush", "--counters")
+    assert iptables.RESTORE_FLAGS == ("-w", "5", "-W", "100000", "--noflush", "--counters")
 
 
 def test_ready_must_leave_an_endpoint() -> None:
     services = bench_services(2, 3)
     for bad in (0, 4):
         with pytest.raises(ValueError):
-            kp.iptables_partial(services, 0, bad)
+            iptables.partial_sync(services, 0, bad)
         with pytest.raises(ValueError):
-            kp.nftables_partial(services, 0, bad)
+            nftables.partial_sync(services, 0, bad)
 
 
 # ---- nftables ------------------------------------------------------------------------------
@@ -492,7 +495,7 @@ class NftState:
 
 
 def test_nftables_full_matches_kube_proxy_overall_rules() -> None:
-    text = kp.nftables_full(
+    text = nftables.full_sync(
         [SVC1, SVC3],
         node_ip="192.168.0.2",
         service_cidr="172.30.0.0/16",
@@ -505,25 +508,26 @@ def test_nftables_full_matches_kube_proxy_overall_rules() -> None:
 
 def test_nftables_maps_hold_every_service() -> None:
     services = bench_services(50, 3)
-    text = kp.nftables_full(services, node_ip="192.168.50.1")
+    text = nftables.full_sync(services, node_ip="192.168.50.1")
     state = NftState().apply(text)
     assert len(state.elements["service-ips"]) == 50
     assert len(state.elements["cluster-ips"]) == 50
     assert state.elements["service-nodeports"] == [
         f"add element ip kube-proxy service-nodeports {{ tcp . {NODE_PORT} : goto"
-        f" {kp.nft_external_chain(ServicePort.of(services[-1]))} }}"
+        f" {naming.nft_external_chain(ServicePort.of(services[-1]))} }}"
     ]
     for svc in map(ServicePort.of, services):
-        vmap = [r for r in state.rules[kp.nft_service_chain(svc)] if "numgen" in r]
+        vmap = [r for r in state.rules[naming.nft_service_chain(svc)] if "numgen" in r]
         assert vmap == [
-            f"add rule ip kube-proxy {kp.nft_service_chain(svc)} numgen random mod 3 vmap {{ "
+            f"add rule ip kube-proxy {naming.nft_service_chain(svc)} numgen random mod 3 vmap {{ "
             + " , ".join(
-                f"{i} : goto {kp.nft_endpoint_chain(svc, ip)}" for i, ip in enumerate(svc.endpoints)
+                f"{i} : goto {naming.nft_endpoint_chain(svc, ip)}"
+                for i, ip in enumerate(svc.endpoints)
             )
             + " }"
         ]
     # Match-all --nodeport-addresses instead of "primary":
-    match_all = NftState().apply(kp.nftables_full(services))
+    match_all = NftState().apply(nftables.full_sync(services))
     assert ("set", "nodeport-ips") not in match_all.objects
     assert any("fib daddr type local" in r for r in match_all.rules["services"])
 
@@ -531,18 +535,18 @@ def test_nftables_maps_hold_every_service() -> None:
 def test_nftables_partial_is_o_changed() -> None:
     services = bench_services(200, 3)
     changed = ServicePort.of(services[42])
-    text = kp.nftables_partial(services, 42, 2)
+    text = nftables.partial_sync(services, 42, 2)
     assert "add element" not in text and " map " not in text
     named = {line.split()[4] for line in text.splitlines()}
     assert named == {
-        kp.nft_service_chain(changed),
-        *(kp.nft_endpoint_chain(changed, ip) for ip in changed.endpoints),
+        naming.nft_service_chain(changed),
+        *(naming.nft_endpoint_chain(changed, ip) for ip in changed.endpoints),
     }
-    stale = kp.nft_endpoint_chain(changed, changed.endpoints[2])
+    stale = naming.nft_endpoint_chain(changed, changed.endpoints[2])
     assert text.splitlines()[-1] == f"flush chain ip kube-proxy {stale}"
-    assert kp.nftables_stale_cleanup(services, 42, 2) == f"delete chain ip kube-proxy {stale}\n"
+    assert nftables.stale_cleanup(services, 42, 2) == f"delete chain ip kube-proxy {stale}\n"
     assert len(text.splitlines()) == len(
-        kp.nftables_partial(bench_services(5, 3), 2, 2).splitlines()
+        nftables.partial_sync(bench_services(5, 3), 2, 2).splitlines()
     )
 
 
@@ -550,20 +554,20 @@ def test_nftables_partial_on_full_equals_full_of_the_new_state() -> None:
     before = bench_services(9, 5)
     for index, ready in ((2, 3), (8, 1), (4, 5)):
         after = [ServicePort.of(s).with_ready(ready) if s.index == index else s for s in before]
-        patched = NftState().apply(kp.nftables_full(before, node_ip="192.168.50.1"))
-        patched.apply(kp.nftables_partial(before, index, ready))
-        stale = kp.nftables_stale_cleanup(before, index, ready)
+        patched = NftState().apply(nftables.full_sync(before, node_ip="192.168.50.1"))
+        patched.apply(nftables.partial_sync(before, index, ready))
+        stale = nftables.stale_cleanup(before, index, ready)
         if stale:
             assert (
                 patched.lines()
-                != NftState().apply(kp.nftables_full(after, node_ip="192.168.50.1")).lines()
+                != NftState().apply(nftables.full_sync(after, node_ip="192.168.50.1")).lines()
             )
         patched.apply(stale)
-        fresh = NftState().apply(kp.nftables_full(after, node_ip="192.168.50.1"))
+        fresh = NftState().apply(nftables.full_sync(after, node_ip="192.168.50.1"))
         assert patched.lines() == fresh.lines()
 
 
 def test_left_out_is_documented() -> None:
-    assert len(kp.LEFT_OUT) >= 5
-    assert any("session affinity" in item for item in kp.LEFT_OUT)
-    assert kp.__doc__ is not None and "proxier_test.go" in kp.__doc__
+    assert len(kubeproxy.LEFT_OUT) >= 5
+    assert any("session affinity" in item for item in kubeproxy.LEFT_OUT)
+    assert kubeproxy.__doc__ is not None and "proxier_test.go" in kubeproxy.__doc__

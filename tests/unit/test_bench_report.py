@@ -1,169 +1,205 @@
-"""ebpflb bench's settings, verdicts, table and plot, on synthetic reports (no kernel)."""
+"""`bench compare`'s targets, tables and plot on synthetic typed runs (no kernel); the
+run builders here serve the other bench unit tests too."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from ebpflb.bench import report, scenario
-from ebpflb.bench.settings import QUICK, Settings
-from ebpflb.cli import build_parser
-from ebpflb.errors import ConfigError
+from ebpflb.bench import targets
+from ebpflb.bench.records.agent import AgentStartup
+from ebpflb.bench.records.compare import (
+    CompareRun,
+    ConnectLatency,
+    ControlPlane,
+    DataPlane,
+    KernelMemory,
+    LatencySummary,
+    Machine,
+    ModeResult,
+    Rate,
+    SizeResult,
+)
+from ebpflb.bench.settings import CompareSettings, Mode
+
+MACHINE = Machine("6.x", "test", 2, 1.0, "iptables", "nft", "2026-01-01")
 
 
-def _mode(p50: float, cps: float, nodeport: float, **control: Any) -> dict[str, Any]:
-    latency = {
-        t: {"p50_us": p50, "p99_us": p50 * 2, "samples": 10, "errors": 0}
-        for t in ("first", "last", "random")
-    }
-    data: dict[str, Any] = {
-        "latency": latency,
-        "connections": {"per_s": cps, "runs": [cps], "errors": 0},
-        "nodeport": {"per_s": nodeport, "runs": [nodeport * 0.99, nodeport * 1.01], "errors": 0},
-    }
-    if control:
-        data["control"] = control
-    return data
+def data(p50: float, cps: float, nodeport: float) -> DataPlane:
+    summary = LatencySummary(samples=10, errors=0, p50_us=p50, p99_us=p50 * 2, mean_us=p50)
+    return DataPlane(
+        latency=ConnectLatency(summary, summary, summary),
+        connections=Rate(cps, (cps,), 0),
+        nodeport=Rate(nodeport, (nodeport * 0.99, nodeport * 1.01), 0),
+    )
 
 
-def synthetic(n: int = 20_000) -> dict[str, Any]:
-    return {
-        "machine": {
-            "kernel": "6.x",
-            "cpu": "test",
-            "cpus": 2,
-            "memory_gib": 1.0,
-            "iptables": "iptables",
-            "nft": "nft",
-        },
-        "settings": {"endpoints": 3},
-        "total_s": 1.0,
-        "results": {
-            str(n): {
-                "none": _mode(20.0, 25_000, 14_000),
-                "iptables-legacy": _mode(
-                    40.0,
-                    15_000,
-                    10_000,
-                    program_s=2.0,
-                    program_cpu_s=1.0,
-                    change_s=[0.2],
-                    change_cpu_s=[0.1],
-                    kernel_memory_bytes=2**20,
+def size(n: int = 20_000) -> SizeResult:
+    startup = AgentStartup(
+        start_to_synced_s=4.0, cpu_s_at_synced=3.0, frontends=n + 3, sync_errors=0
+    )
+    return SizeResult(
+        n,
+        (
+            ModeResult(
+                Mode.IPTABLES_LEGACY,
+                data(40.0, 15_000, 10_000),
+                ControlPlane(2.0, 1.0, (0.2,), (0.1,), KernelMemory(cgroup_bytes=2**20)),
+            ),
+            ModeResult(Mode.NONE, data(20.0, 25_000, 14_000)),
+            ModeResult(
+                Mode.EBPFLB,
+                data(20.5, 24_900, 12_000),
+                ControlPlane(
+                    4.0,
+                    3.0,
+                    (0.002, 0.003),
+                    (0.001,),
+                    KernelMemory(cgroup_bytes=2**27, bpf_map_bytes=2**27),
+                    agent=startup,
                 ),
-                "ebpflb": _mode(
-                    20.5,
-                    24_900,
-                    12_000,
-                    program_s=4.0,
-                    program_cpu_s=3.0,
-                    change_s=[0.002, 0.003],
-                    change_cpu_s=[0.001],
-                    kernel_memory_bytes=2**27,
-                    details={"bpf_map_bytes": 2**27},
-                ),
-                "ebpflb-xdp": {"nodeport": {"per_s": 13_000, "runs": [12_900, 13_100]}},
-            }
-        },
-    }
+            ),
+            ModeResult(
+                Mode.EBPFLB_XDP,
+                DataPlane(nodeport=Rate(13_000, (12_900, 13_100), 0)),
+                ControlPlane(4.5, agent=startup),
+            ),
+        ),
+    )
 
 
-def _verdicts(rep: dict[str, Any]) -> dict[str, bool]:
-    return {v["target"]: v["ok"] for v in report.check_targets(rep)}
+def run(*sizes: SizeResult) -> CompareRun:
+    sizes = sizes or (size(),)
+    return CompareRun(MACHINE, CompareSettings(), tuple(sizes), 1.0, (), targets.judge(sizes))
+
+
+def replace_mode(result: SizeResult, mode: Mode, **changes: object) -> SizeResult:
+    """`result` with `mode`'s record changed (dataclasses.replace on it)."""
+    return dataclasses.replace(
+        result,
+        modes=tuple(
+            dataclasses.replace(m, **changes) if m.mode is mode else m for m in result.modes
+        ),
+    )
+
+
+def verdicts(*sizes: SizeResult) -> dict[str, bool]:
+    return {v.target: v.ok for v in targets.judge(sizes)}
 
 
 def test_all_targets_met_on_a_good_run() -> None:
-    verdicts = _verdicts(synthetic())
-    assert verdicts and all(verdicts.values()), verdicts
-    assert "all services programmed from nothing < 5 s" in verdicts
-    assert "one endpoint change < 5 ms" in verdicts
+    found = verdicts(size())
+    assert found and all(found.values()), found
+    assert set(found) == {
+        "connect p50 (first) within 5% of no proxy",
+        "connect p50 (last) within 5% of no proxy",
+        "connect p50 (random) within 5% of no proxy",
+        "new connections/s within 5% of no proxy",
+        "one endpoint change < 5 ms",
+        "all services programmed from nothing < 5 s",
+        "NodePort via tc at least as fast as iptables-legacy",
+        "NodePort via XDP measurably faster than tc",
+    }
+
+
+def _ebpflb(s: SizeResult) -> ModeResult:
+    found = s.get(Mode.EBPFLB)
+    assert found is not None and found.control is not None
+    return found
+
+
+def _slower_last(s: SizeResult) -> SizeResult:
+    e = _ebpflb(s)
+    assert e.data.latency is not None
+    slow = dataclasses.replace(e.data.latency.last, p50_us=21.5)
+    latency = dataclasses.replace(e.data.latency, last=slow)
+    return replace_mode(s, Mode.EBPFLB, data=dataclasses.replace(e.data, latency=latency))
+
+
+def _fewer_connections(s: SizeResult) -> SizeResult:
+    e = _ebpflb(s)
+    rate = Rate(23_000, (23_000,), 0)
+    return replace_mode(s, Mode.EBPFLB, data=dataclasses.replace(e.data, connections=rate))
+
+
+def _control(s: SizeResult, **changes: object) -> SizeResult:
+    e = _ebpflb(s)
+    assert e.control is not None
+    control = dataclasses.replace(e.control, **changes)
+    return replace_mode(s, Mode.EBPFLB, control=control)
+
+
+def _slow_nodeport(s: SizeResult) -> SizeResult:
+    e = _ebpflb(s)
+    slow = Rate(9_000, (9_000,), 0)
+    return replace_mode(s, Mode.EBPFLB, data=dataclasses.replace(e.data, nodeport=slow))
+
+
+def _xdp_overlapping_tc(s: SizeResult) -> SizeResult:
+    return replace_mode(
+        s, Mode.EBPFLB_XDP, data=DataPlane(nodeport=Rate(12_000, (11_000, 12_500), 0))
+    )
 
 
 @pytest.mark.parametrize(
-    ("path", "value", "target"),
+    ("change", "target"),
     [
-        (("ebpflb", "latency", "last", "p50_us"), 21.5, "connect p50 (last) within 5% of no proxy"),
-        (("ebpflb", "connections", "per_s"), 23_000, "new connections/s within 5% of no proxy"),
-        (("ebpflb", "control", "change_s"), [0.002, 0.006], "one endpoint change < 5 ms"),
-        (("ebpflb", "control", "program_s"), 5.5, "all services programmed from nothing < 5 s"),
-        (
-            ("ebpflb", "nodeport", "per_s"),
-            9_000,
-            "NodePort via tc at least as fast as iptables-legacy",
-        ),
-        (
-            ("ebpflb-xdp", "nodeport", "runs"),
-            [11_000, 12_500],
-            "NodePort via XDP measurably faster than tc",
-        ),
+        (_slower_last, "connect p50 (last) within 5% of no proxy"),
+        (_fewer_connections, "new connections/s within 5% of no proxy"),
+        (lambda s: _control(s, change_s=(0.002, 0.006)), "one endpoint change < 5 ms"),
+        (lambda s: _control(s, program_s=5.5), "all services programmed from nothing < 5 s"),
+        (_slow_nodeport, "NodePort via tc at least as fast as iptables-legacy"),
+        (_xdp_overlapping_tc, "NodePort via XDP measurably faster than tc"),
     ],
 )
-def test_each_target_can_be_missed(path: tuple[str, ...], value: Any, target: str) -> None:
-    rep = copy.deepcopy(synthetic())
-    node = rep["results"]["20000"]
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    assert _verdicts(rep)[target] is False
+def test_each_target_can_be_missed(change: object, target: str) -> None:
+    assert callable(change)
+    found = verdicts(change(size()))
+    assert found[target] is False
+    assert sum(not ok for ok in found.values()) == 1, found
+
+
+def test_verdicts_carry_the_figures() -> None:
+    by_name = {v.target: v for v in targets.judge([size()])}
+    assert by_name["connect p50 (last) within 5% of no proxy"].detail == (
+        "20.5 vs 20.0 µs (x1.025)"
+    )
+    assert by_name["one endpoint change < 5 ms"].detail == "worst 3.00 ms of 2"
+    assert by_name["NodePort via XDP measurably faster than tc"].detail == (
+        "13,000 vs 12,000 req/s"
+    )
 
 
 def test_targets_only_where_the_figures_exist() -> None:
-    rep = synthetic(1000)
-    names = _verdicts(rep)
+    names = verdicts(size(1000))
     assert "one endpoint change < 5 ms" not in names  # only judged at 20,000
-    del rep["results"]["1000"]["none"]
-    assert not any("no proxy" in t for t in _verdicts(rep))
+    assert "all services programmed from nothing < 5 s" not in names
+    without_none = dataclasses.replace(
+        size(1000), modes=tuple(m for m in size(1000).modes if m.mode is not Mode.NONE)
+    )
+    assert not any("no proxy" in t for t in verdicts(without_none))
+    assert verdicts(dataclasses.replace(size(), modes=())) == {}
 
 
 def test_render_and_plot(tmp_path: Path) -> None:
-    text = report.render(synthetic())
+    from ebpflb.bench import plot, render
+
+    text = render.render(run(size(), size(100)))
     for word in ("Data plane", "Control plane", "Targets", "iptables-legacy", "20,000", "met"):
         assert word in text
+    assert text.index("│    100 │ none") < text.index("│ 20,000 │ none")  # by N
+    assert "128.0" in text  # ebpflb's kernel and BPF map memory, in MiB
     out = tmp_path / "bench.png"
-    report.plot(synthetic(), out)
+    plot.plot(run(), out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_settings_validate() -> None:
-    Settings().validate()
-    QUICK.validate()
-    with pytest.raises(ConfigError, match="unknown mode"):
-        Settings(modes=("ipvs",)).validate()
-    with pytest.raises(ConfigError, match="--services"):
-        Settings(services=(scenario.MAX_SERVICES + 1,)).validate()
-    assert not Settings().runs("iptables-nft", 100_000)
-    assert not Settings().runs("iptables-nft", 20_000)
-    assert Settings().runs("iptables-legacy", 20_000)
-    assert Settings(iptables_nft_max_services=20_000).runs("iptables-nft", 20_000)
-    assert Settings().runs("ebpflb", 100_000)
+def test_unlisted_modes_are_judged_but_not_shown() -> None:
+    from ebpflb.bench import render
 
-
-def test_cli_settings() -> None:
-    from ebpflb.cli import _bench_settings
-
-    args = build_parser().parse_args(["bench", "--quick"])
-    assert _bench_settings(args).services == QUICK.services
-    args = build_parser().parse_args(["bench", "--quick", "--services", "50,5_000"])
-    settings = _bench_settings(args)
-    assert settings.services == (50, 5000) and settings.batch == QUICK.batch
-    args = build_parser().parse_args(["bench", "--modes", "none,ebpflb", "--no-xdp"])
-    settings = _bench_settings(args)
-    assert settings.modes == ("none", "ebpflb") and not settings.xdp
-    assert settings.services == Settings().services
-    with pytest.raises(ConfigError):
-        _bench_settings(build_parser().parse_args(["bench", "--services", "ten"]))
-    assert build_parser().parse_args(["bench", "maglev"]).bench_command == "maglev"
-
-
-def test_scenario_addresses() -> None:
-    services = scenario.bench_services(5, 3)
-    assert services[0].vip == "10.96.0.1" and services[4].vip == "10.96.0.5"
-    assert services[1].endpoints == ("10.128.0.2", "10.130.0.2", "10.132.0.2")
-    assert [s.node_port for s in services] == [None] * 4 + [scenario.NODE_PORT]
-    last = scenario.bench_services(scenario.MAX_SERVICES, scenario.MAX_ENDPOINTS)[-1]
-    assert all(scenario.endpoint(last.index, e) in scenario.ENDPOINT_CIDR for e in range(8))
-    slice_ = scenario.slice_object(services[2], not_ready=1)
-    assert [e["conditions"]["ready"] for e in slice_["endpoints"]] == [True, True, False]
+    hidden = replace_mode(size(), Mode.NONE, listed=False)
+    assert "connect p50 (last) within 5% of no proxy" in verdicts(hidden)
+    rows = render.data_plane_rows(run(hidden))
+    assert [row[1] for row in rows] == ["iptables-legacy", "ebpflb", "ebpflb-xdp"]

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
-from ebpflb.datapath.maps import FakeMapSet
+from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.errors import InvalidObjectError
 from ebpflb.metrics import Metrics
 from ebpflb.sources.base import Kind

@@ -20,7 +20,7 @@ from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
 from ebpflb.datapath import dump
-from ebpflb.datapath.maps import FakeMapSet
+from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.errors import SourceError
 from ebpflb.metrics import Metrics
 from ebpflb.model import NamespacedName
@@ -634,4 +634,4 @@ def test_deploy_manifests_grant_what_the_source_uses() -> None:
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/sys/fs/bpf", "/lib/modules", "/usr/src"} <= mounts
-    assert container["securityContext"]["privileged"] is True
+    assert "privileged" not in container["securityContext"]  # capabilities instead

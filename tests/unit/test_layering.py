@@ -28,6 +28,11 @@ def test_only_the_kubernetes_source_imports_kubernetes() -> None:
     assert importers_of("kubernetes") == {"ebpflb/sources/kubernetes.py"}
 
 
+def test_the_package_never_imports_scapy() -> None:
+    """scapy is a test dependency (the packet tests build frames with it), not the agent's."""
+    assert importers_of("scapy") == set()
+
+
 def test_only_the_datapath_adapter_imports_bcc() -> None:
     assert importers_of("bcc")
     assert all(path.startswith("ebpflb/datapath/") for path in importers_of("bcc"))

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ebpflb import maglev
+from ebpflb.errors import EbpflbError
 from ebpflb.maglev import (
     DEFAULT_HASH_SEED,
     DEFAULT_MAX_TABLE_SIZE,
@@ -32,6 +33,7 @@ from ebpflb.maglev import (
     changed_slots,
     table_size_for,
 )
+from tests.unit.maglev_reference import reference_fill
 
 # The first numba call may load (or compile) the kernel, well over Hypothesis' 200 ms deadline.
 PROPERTY = settings(deadline=None, max_examples=200)
@@ -131,7 +133,7 @@ def test_numba_matches_reference(
     size = data.draw(st.sampled_from([m for m in primes if len(names) <= m <= 2039]))
     weight = st.integers(0, 5) if weighted else st.just(1)
     backends = {name: data.draw(weight) for name in names}
-    assert build_table(backends, size).slots.tolist() == maglev._reference_fill(backends, size)
+    assert build_table(backends, size).slots.tolist() == reference_fill(backends, size)
 
 
 @PROPERTY
@@ -469,3 +471,10 @@ def test_size_with_history_always_fits(history: list[int]) -> None:
         minimal = table_size_for(n)
         assert size >= minimal
         assert TABLE_SIZES.index(size) - TABLE_SIZES.index(minimal) <= 1
+
+
+def test_errors_belong_to_the_project_hierarchy() -> None:
+    """The agent handles EbpflbError per object; a bare ValueError would escape it."""
+    with pytest.raises(EbpflbError):
+        build_table(["a:1"], 100)  # not prime
+    assert not issubclass(MaglevError, ValueError)

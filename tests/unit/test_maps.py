@@ -8,11 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ebpflb.datapath import layout
+from ebpflb.datapath import contract, layout
+from ebpflb.datapath.contract import CtFlags, NatFlags
+from ebpflb.datapath.fake import FakeMap, FakeSlotPool
 from ebpflb.datapath.maps import (
+    AddrPort,
     BackendEntry,
-    FakeMap,
-    FakeSlotPool,
+    ConntrackEntry,
+    Flow,
+    NatEntry,
     ServiceEntry,
     SlotWrite,
     slot_pairs,
@@ -89,10 +93,10 @@ BACKENDS = [
 @pytest.mark.parametrize(
     ("ctype", "dtype"),
     [
-        (layout.Lb4SvcKey, layout.SVC_KEY_DTYPE),
-        (layout.Lb4SvcVal, layout.SVC_VAL_DTYPE),
-        (layout.Lb4Backend, layout.BACKEND_DTYPE),
-        (layout.Lb4SvcMeta, layout.META_DTYPE),
+        (contract.Lb4SvcKey, layout.SVC_KEY_DTYPE),
+        (contract.Lb4SvcVal, layout.SVC_VAL_DTYPE),
+        (contract.Lb4Backend, layout.BACKEND_DTYPE),
+        (contract.Lb4SvcMeta, layout.META_DTYPE),
     ],
     ids=lambda t: getattr(t, "__name__", ""),
 )
@@ -133,3 +137,52 @@ def test_array_conversions_write_the_bytes_of_the_element_ones(
 def test_a_name_too_long_for_the_meta_map_is_refused_in_bulk_too() -> None:
     with pytest.raises(ValueError, match="exceeds 143 bytes"):
         layout.metas_to_array(["ok", "x" * 144])
+
+
+# ---- conntrack and NAT rows: typed values <-> the C structs ------------------------------
+
+FLOW = Flow(
+    AddrPort(IPv4Address("198.51.100.7"), 40001),
+    AddrPort(IPv4Address("203.0.113.1"), 80),
+    Proto.TCP,
+)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        ConntrackEntry(
+            AddrPort(IPv4Address("10.244.2.21"), 8080),
+            CtFlags.SNAT | CtFlags.CLOSING,
+            AddrPort(IPv4Address("192.168.1.10"), 40123),
+            svc_id=8,
+            backend_id=2,
+            expires_ns=2**63,
+            packets=1,
+            bytes=60,
+        ),
+        ConntrackEntry(
+            AddrPort(IPv4Address("10.244.1.11"), 65535), CtFlags.REPLY_SEEN, None, 1, 1, 0, 0, 0
+        ),
+    ],
+    ids=["snat", "local"],
+)
+def test_conntrack_rows_round_trip_in_network_order(entry: ConntrackEntry) -> None:
+    raw = layout.encode_conntrack(entry)
+    assert layout.decode_conntrack(raw) == entry
+    assert bytes(raw)[:4] == entry.backend.address.packed  # network order in memory
+    assert bytes(raw)[4:6] == entry.backend.port.to_bytes(2, "big")
+
+
+def test_flows_and_nat_rows_round_trip() -> None:
+    raw = layout.encode_flow(FLOW)
+    assert bytes(raw) == (
+        FLOW.source.address.packed
+        + FLOW.destination.address.packed
+        + (40001).to_bytes(2, "big")
+        + (80).to_bytes(2, "big")
+        + bytes([6, 0, 0, 0])
+    )
+    assert layout.decode_flow(raw) == FLOW
+    nat = NatEntry(FLOW.source, FLOW.destination, NatFlags.SNAT, 123)
+    assert layout.decode_nat(layout.encode_nat(nat)) == nat

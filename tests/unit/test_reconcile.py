@@ -8,7 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ebpflb import maglev
-from ebpflb.datapath.maps import FakeMapSet, SourceRange
+from ebpflb.datapath.fake import FakeMapSet
+from ebpflb.datapath.maps import SourceRange
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.metrics import Metrics
 from ebpflb.model import Backend, Frontend, NamespacedName, Proto, ServicePortName, SvcFlags

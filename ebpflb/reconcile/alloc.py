@@ -17,7 +17,7 @@ from ebpflb.errors import MapFullError
 NeededBy = str | Callable[[], str]
 
 
-def _describe(needed_by: NeededBy) -> str:
+def describe(needed_by: NeededBy) -> str:
     return needed_by if isinstance(needed_by, str) else needed_by()
 
 
@@ -44,7 +44,7 @@ class IdAllocator:
         while self._next <= self.limit and self._used[self._next]:
             self._next += 1
         if self._next > self.limit:
-            raise MapFullError(self.map_name, self.limit, _describe(needed_by))
+            raise MapFullError(self.map_name, self.limit, describe(needed_by))
         self._take(self._next)
         self._next += 1
         return self._next - 1
@@ -98,7 +98,7 @@ class SlotAllocator:
         raise MapFullError(
             self.map_name,
             self.capacity,
-            f"{_describe(needed_by)} ({size} slots; {self.capacity - self.used} free but fragmented"
+            f"{describe(needed_by)} ({size} slots; {self.capacity - self.used} free but fragmented"
             f" or too few)",
         )
 

@@ -1,0 +1,189 @@
+/* What a NodePort/LoadBalancer/external-IP packet becomes: the decisions shared by the tc
+ * and XDP entry points. These functions only read and write maps and return a verdict and
+ * the new header values; each hook applies them with its own helpers. */
+#ifndef EBPFLB_NODEPORT_H
+#define EBPFLB_NODEPORT_H
+
+#include "ct.h"
+#include "hash.h"
+#include "lb.h"
+#include "nat.h"
+#include "pkt.h"
+#include "stats.h"
+
+enum np_verdict {
+	NP_PASS,  /* not ours: leave the packet alone */
+	NP_DROP,  /* ours, but must not be forwarded */
+	NP_XLATE, /* rewrite to *out, then let it continue */
+};
+
+/* Whether a LoadBalancer frontend with source ranges accepts this source. */
+static __always_inline bool src_range_allowed(__u32 svc_id, __be32 saddr)
+{
+	struct src_range4_key key = {
+		.prefixlen = SRC_RANGE_EXACT_PREFIXLEN,
+		.svc_id = bpf_htonl(svc_id),
+		.addr = saddr,
+	};
+
+	return ebpflb_srcrng4.lookup(&key) != NULL;
+}
+
+/* Reply direction: backend -> client, shown as frontend -> client. */
+static __always_inline void np4_reply(const struct pkt4 *pkt, struct rnat4_val *rnat, __u64 now,
+				      struct xlate4 *out)
+{
+	struct flow4 orig = {};
+	struct ct4_entry *ct;
+
+	rnat4_orig(&orig, rnat, pkt->flow.proto);
+	ct = ebpflb_ct4.lookup(&orig);
+	if (ct)
+		rnat->expires = ct_touch(ct, pkt, 1, now);
+	else /* conntrack entry evicted: keep answering the flow as long as it talks */
+		rnat->expires = now + ct_lifetime(pkt->flow.proto, CT_F_REPLY_SEEN);
+	out->saddr = rnat->frontend_addr;
+	out->sport = rnat->frontend_port;
+	out->daddr = rnat->client_addr;
+	out->dport = rnat->client_port;
+	stat_inc(STAT_NP_REPLY);
+}
+
+/* Start a flow: pick the backend, decide on SNAT, reserve the reply translation. */
+static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
+						    const struct lb4_svc_val *svc, __u32 ifindex,
+						    __u64 now, struct ct4_entry *ct)
+{
+	const struct flow4 *flow = &pkt->flow;
+	__u32 hash = flow4_hash(flow);
+	struct lb4_backend *backend;
+	enum snat_result reserved;
+	__be32 *nat_addr;
+	__u64 deadline;
+
+	backend = lb4_select_backend(svc, hash, &ct->backend_id);
+	if (!backend) {
+		stat_inc(STAT_NP_NO_BACKEND);
+		return NP_DROP;
+	}
+	ct->backend_addr = backend->addr;
+	ct->backend_port = backend->port;
+	ct->svc_id = svc->svc_id;
+	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
+	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
+		nat_addr = ebpflb_ifaddr4.lookup(&ifindex);
+		if (!nat_addr) {
+			stat_inc(STAT_SNAT_NO_ADDR);
+			return NP_DROP;
+		}
+		ct->flags |= CT_F_SNAT;
+		ct->nat_addr = *nat_addr;
+	}
+	deadline = now + ct_lifetime(flow->proto, ct->flags);
+	ct->expires = deadline;
+	ct->packets = 1;
+	ct->bytes = pkt->len;
+	if (ct->flags & CT_F_SNAT) {
+		reserved = snat4_reserve(ct, flow, hash, deadline);
+		if (reserved != SNAT_OK) {
+			stat_inc(reserved == SNAT_MAP_FULL ? STAT_RNAT_STORE_FAIL : STAT_SNAT_EXHAUSTED);
+			return NP_DROP;
+		}
+	} else if (rnat4_store_local(ct, flow, deadline) != 0) {
+		stat_inc(STAT_RNAT_STORE_FAIL);
+		return NP_DROP;
+	}
+	if (ebpflb_ct4.update((struct flow4 *)flow, ct) != 0) {
+		stat_inc(STAT_CT_CREATE_FAIL);
+		return NP_DROP;
+	}
+	stat_inc(STAT_NP_NEW_FLOW);
+	return NP_XLATE;
+}
+
+/* Record a packet of a known flow and keep its reply translation alive (one lookup).
+ * False when a SNATed flow's port reservation is no longer its own: the flow starts over. */
+static __always_inline bool np4_flow_continue(struct ct4_entry *ct, const struct pkt4 *pkt,
+					      __u64 now)
+{
+	struct flow4 key = {};
+	struct rnat4_val *rnat;
+	bool owned;
+
+	rnat4_key(&key, ct, &pkt->flow);
+	rnat = ebpflb_rnat4.lookup(&key);
+	owned = rnat && rnat4_owned_by(rnat, &pkt->flow);
+	if (!owned && (ct->flags & CT_F_SNAT))
+		return false;
+	ct_touch(ct, pkt, 0, now);
+	if (owned)
+		rnat->expires = ct->expires;
+	return true;
+}
+
+/* Ingress on a node interface. */
+static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32 ifindex,
+						   struct xlate4 *out)
+{
+	const struct flow4 *flow = &pkt->flow;
+	struct ct4_entry new_ct = {}, *ct;
+	struct lb4_svc_val *svc;
+	struct rnat4_val *rnat;
+	enum np_verdict verdict;
+	__u64 now;
+
+	if (pkt->fragment) {
+		stat_inc(STAT_FRAGMENT);
+		return NP_PASS;
+	}
+	now = bpf_ktime_get_ns();
+	/* Replies to SNATed flows come back to a port of the SNAT range: only those packets
+	 * pay for the reply-translation lookup. */
+	if (bpf_ntohs(flow->dport) >= EBPFLB_SNAT_PORT_MIN &&
+	    bpf_ntohs(flow->dport) <= EBPFLB_SNAT_PORT_MAX) {
+		rnat = ebpflb_rnat4.lookup((struct flow4 *)flow);
+		if (rnat && (rnat->flags & RNAT_F_SNAT)) {
+			np4_reply(pkt, rnat, now, out);
+			return NP_XLATE;
+		}
+	}
+	svc = lb4_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
+	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
+		return NP_PASS;
+	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range_allowed(svc->svc_id, flow->saddr)) {
+		stat_inc(STAT_SRC_RANGE_DROP);
+		return NP_DROP;
+	}
+	ct = ct4_lookup(flow, pkt, now);
+	if (ct && np4_flow_continue(ct, pkt, now)) {
+		stat_inc(STAT_NP_FWD);
+	} else {
+		verdict = np4_new_flow(pkt, svc, ifindex, now, &new_ct);
+		if (verdict != NP_XLATE)
+			return verdict;
+		ct = &new_ct;
+	}
+	out->daddr = ct->backend_addr;
+	out->dport = ct->backend_port;
+	out->saddr = (ct->flags & CT_F_SNAT) ? ct->nat_addr : flow->saddr;
+	out->sport = (ct->flags & CT_F_SNAT) ? ct->nat_port : flow->sport;
+	return NP_XLATE;
+}
+
+/* Egress on a node interface: replies of flows DNATed to a local backend. */
+static __always_inline enum np_verdict np4_egress(const struct pkt4 *pkt, struct xlate4 *out)
+{
+	struct rnat4_val *rnat;
+
+	if (pkt->fragment)
+		return NP_PASS;
+	rnat = ebpflb_rnat4.lookup((struct flow4 *)&pkt->flow);
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS;
+	np4_reply(pkt, rnat, bpf_ktime_get_ns(), out);
+	out->daddr = pkt->flow.daddr; /* the client, unchanged */
+	out->dport = pkt->flow.dport;
+	return NP_XLATE;
+}
+
+#endif /* EBPFLB_NODEPORT_H */

@@ -1,0 +1,206 @@
+"""`ebpflb bench compare|maglev|sync`: each sub-command's options, and what it runs.
+
+Every sub-command takes --quick (its short settings), --json (print the report as JSON),
+--save FILE (also write the JSON report) and --from-report FILE (render a saved report
+instead of measuring), measures into a typed record (ebpflb.bench.records) and prints it
+through one renderer (ebpflb.bench.render). `ebpflb bench` without a sub-command is
+`ebpflb bench compare` (with_default_subcommand), as the README's commands use it.
+Measuring modules are imported only when a sub-command runs, so --help and
+--from-report need neither bcc, numba nor root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from ebpflb.bench import settings as bench_settings
+from ebpflb.bench.plot import plot
+from ebpflb.bench.records import codec
+from ebpflb.bench.records.codec import Report
+from ebpflb.bench.records.compare import CompareRun
+from ebpflb.bench.render import render
+from ebpflb.bench.settings import (
+    COMPARE_QUICK,
+    MAGLEV_QUICK,
+    SYNC_QUICK,
+    CompareSettings,
+    MaglevSettings,
+    SyncSettings,
+)
+from ebpflb.errors import ConfigError
+
+SUBCOMMANDS = ("compare", "maglev", "sync")
+COMPARE = CompareSettings()
+SYNC = SyncSettings()
+
+
+def with_default_subcommand(argv: list[str]) -> list[str]:
+    """`ebpflb [--debug] bench [options]` means `ebpflb [--debug] bench compare [options]`."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("-"):
+            continue  # ebpflb's own options take no values
+        if arg != "bench":
+            return argv
+        rest = argv[i + 1 :]
+        if rest and rest[0] in (*SUBCOMMANDS, "-h", "--help"):
+            return argv
+        return [*argv[: i + 1], "compare", *rest]
+    return argv
+
+
+def _numbers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(n.replace("_", "")) for n in text.split(",") if n)
+    except ValueError as exc:
+        raise ConfigError(f"--services: comma-separated numbers, not {text!r}") from exc
+
+
+def _common(parser: argparse.ArgumentParser, quick: str) -> None:
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--save", type=Path, metavar="FILE", help="also write the JSON report")
+    parser.add_argument(
+        "--from-report",
+        type=Path,
+        metavar="FILE",
+        help="render a saved JSON report instead of measuring",
+    )
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`bench` and its sub-commands on ebpflb's sub-command parsers."""
+    bench = sub.add_parser(
+        "bench",
+        help="ebpflb vs kube-proxy's modes (compare, the default), Maglev tables (maglev),"
+        " the agent's control plane (sync)",
+        description="Without a sub-command: compare.",
+    )
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+
+    compare = bench_sub.add_parser(
+        "compare",
+        help="ebpflb vs kube-proxy's iptables and nftables modes, data and control plane"
+        " (root; builds and removes its own namespaces)",
+        description="For every N and mode, program N services in a network of namespaces of"
+        " its own, measure connect() latency, connection and NodePort request rates,"
+        " programming and update times and kernel memory, and print a table (see README,"
+        " 'Benchmark').",
+    )
+    _common(compare, "N=100,1000, fewer and shorter runs (about two minutes)")
+    compare.add_argument(
+        "--services",
+        help="numbers of services to measure at, comma-separated"
+        f" (default {','.join(map(str, COMPARE.services))})",
+    )
+    compare.add_argument(
+        "--modes",
+        default=",".join(COMPARE.modes),
+        help="modes to compare, comma-separated (default %(default)s)",
+    )
+    compare.add_argument("--endpoints", type=int, default=COMPARE.endpoints)
+    compare.add_argument(
+        "--kube-proxy-max-services",
+        type=int,
+        default=COMPARE.kube_proxy_max_services,
+        help="largest N for the kube-proxy modes (default %(default)s)",
+    )
+    compare.add_argument(
+        "--iptables-nft-max-services",
+        type=int,
+        default=COMPARE.iptables_nft_max_services,
+        help="largest N for iptables-nft, whose load grows quadratically (default %(default)s)",
+    )
+    compare.add_argument("--rounds", type=int, help=f"latency rounds (default {COMPARE.rounds})")
+    compare.add_argument("--batch", type=int, help=f"connects per batch (default {COMPARE.batch})")
+    compare.add_argument(
+        "--rate-seconds", type=float, metavar="S", help=f"default {COMPARE.rate_seconds}"
+    )
+    compare.add_argument("--no-xdp", action="store_true", help="skip the XDP NodePort run")
+    compare.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the figures")
+
+    maglev = bench_sub.add_parser("maglev", help="Maglev balance, disruption, memory, build time")
+    _common(maglev, "fewer repetitions")
+
+    sync = bench_sub.add_parser(
+        "sync",
+        help="the agent's start-up, first sync, updates and resync through the API, in detail"
+        " (root; own cgroup and pins, all removed)",
+    )
+    _common(sync, f"{SYNC_QUICK.services:,} services, a shorter resync period")
+    sync.add_argument("--services", type=int, help=f"default {SYNC.services}")
+    sync.add_argument(
+        "--endpoints", type=int, help=f"endpoints per service (default {SYNC.endpoints})"
+    )
+    sync.add_argument(
+        "--changes", type=int, help=f"single-slice changes timed (default {SYNC.changes})"
+    )
+
+
+def compare_settings(args: argparse.Namespace) -> CompareSettings:
+    """--quick's settings (or the defaults), then the options given explicitly."""
+    base = COMPARE_QUICK if args.quick else COMPARE
+    given: dict[str, Any] = {
+        "services": _numbers(args.services) if args.services is not None else None,
+        "rounds": args.rounds,
+        "batch": args.batch,
+        "rate_seconds": args.rate_seconds,
+    }
+    settings = dataclasses.replace(
+        base,
+        modes=bench_settings.parse_modes(args.modes),
+        endpoints=args.endpoints,
+        kube_proxy_max_services=args.kube_proxy_max_services,
+        iptables_nft_max_services=args.iptables_nft_max_services,
+        xdp=not args.no_xdp,
+        **{name: value for name, value in given.items() if value is not None},
+    )
+    settings.validate()
+    return settings
+
+
+def sync_settings(args: argparse.Namespace) -> SyncSettings:
+    base = SYNC_QUICK if args.quick else SYNC
+    given = {"services": args.services, "endpoints": args.endpoints, "changes": args.changes}
+    settings = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    settings.validate()
+    return settings
+
+
+def measure(args: argparse.Namespace) -> Report:
+    """Run the sub-command's benchmark; its record."""
+    if args.bench_command == "compare":
+        from ebpflb.bench.compare import run_compare
+
+        return run_compare(
+            compare_settings(args), progress=lambda line: print(line, file=sys.stderr)
+        )
+    if args.bench_command == "maglev":
+        from ebpflb.bench.maglev import run_maglev_bench
+
+        return run_maglev_bench(MAGLEV_QUICK if args.quick else MaglevSettings())
+    from ebpflb.bench.sync import run_sync_bench
+
+    return run_sync_bench(sync_settings(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.from_report is not None:
+        report = codec.load(args.from_report)
+        if args.bench_command != report.KIND:
+            raise ConfigError(
+                f"{args.from_report} is a {report.KIND} report:"
+                f" ebpflb bench {report.KIND} --from-report {args.from_report}"
+            )
+    else:
+        report = measure(args)
+    if args.save:
+        codec.save(report, args.save)
+    if getattr(args, "plot", None):
+        assert isinstance(report, CompareRun)
+        plot(report, args.plot)
+    print(codec.to_json(report) if args.json else render(report))
+    return 0

@@ -1,0 +1,261 @@
+"""kube-proxy's iptables proxier: the iptables-restore input of a full sync and of the
+partial sync after one endpoint change, and the single commands (nfacct counters, chains,
+jump rules) it runs before its first restore. Loaded with RESTORE_FLAGS through either
+backend of the iptables tool (iptables-legacy-restore, iptables-nft-restore).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ebpflb.bench.kubeproxy.naming import (
+    MASQ_MARK,
+    ServicePort,
+    changed,
+    ext_chain,
+    sep_chain,
+    service_ports,
+    svc_chain,
+)
+from ebpflb.bench.scenario import CLUSTER_CIDR, BenchService
+
+WAIT_FLAGS = ("-w", "5", "-W", "100000")
+RESTORE_FLAGS = (*WAIT_FLAGS, "--noflush", "--counters")
+NFACCT_INVALID = "ct_state_invalid_dropped_pkts"
+NFACCT_LOCALHOST_NODEPORT = "localhost_nps_accepted_pkts"
+NFACCT_COUNTERS = (NFACCT_INVALID, NFACCT_LOCALHOST_NODEPORT)
+LARGE_CLUSTER_ENDPOINTS = 1000  # above this many endpoints, per-endpoint comments go
+
+_CT_NEW = ("-m", "conntrack", "--ctstate", "NEW")
+IPTABLES_JUMPS: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
+    (
+        "filter",
+        "INPUT",
+        "KUBE-EXTERNAL-SERVICES",
+        "kubernetes externally-visible service portals",
+        _CT_NEW,
+    ),
+    (
+        "filter",
+        "FORWARD",
+        "KUBE-EXTERNAL-SERVICES",
+        "kubernetes externally-visible service portals",
+        _CT_NEW,
+    ),
+    ("filter", "INPUT", "KUBE-NODEPORTS", "kubernetes health check service ports", ()),
+    ("filter", "FORWARD", "KUBE-SERVICES", "kubernetes service portals", _CT_NEW),
+    ("filter", "OUTPUT", "KUBE-SERVICES", "kubernetes service portals", _CT_NEW),
+    ("filter", "FORWARD", "KUBE-FORWARD", "kubernetes forwarding rules", ()),
+    ("filter", "INPUT", "KUBE-PROXY-FIREWALL", "kubernetes load balancer firewall", _CT_NEW),
+    ("filter", "OUTPUT", "KUBE-PROXY-FIREWALL", "kubernetes load balancer firewall", _CT_NEW),
+    ("filter", "FORWARD", "KUBE-PROXY-FIREWALL", "kubernetes load balancer firewall", _CT_NEW),
+    ("nat", "OUTPUT", "KUBE-SERVICES", "kubernetes service portals", ()),
+    ("nat", "PREROUTING", "KUBE-SERVICES", "kubernetes service portals", ()),
+    ("nat", "POSTROUTING", "KUBE-POSTROUTING", "kubernetes postrouting rules", ()),
+    ("filter", "INPUT", "KUBE-FIREWALL", "", ()),
+    ("filter", "OUTPUT", "KUBE-FIREWALL", "", ()),
+)
+
+
+def setup_argv(binary: str = "iptables") -> list[list[str]]:
+    """The single iptables calls kube-proxy makes before its first restore, in order: the
+    canary chains of its monitor, then per jump EnsureChain (-N) and EnsureRule(Prepend)
+    (-I). Each chain is created once here; kube-proxy repeats -N and ignores "exists"."""
+    commands = [
+        [binary, *WAIT_FLAGS, "-N", "KUBE-PROXY-CANARY", "-t", t]
+        for t in ("mangle", "nat", "filter")
+    ]
+    created: set[tuple[str, str]] = set()
+    for table, source, target, comment, extra in IPTABLES_JUMPS:
+        if (table, target) not in created:
+            created.add((table, target))
+            commands.append([binary, *WAIT_FLAGS, "-N", target, "-t", table])
+        args = [*extra, *(("-m", "comment", "--comment", comment) if comment else ()), "-j", target]
+        commands.append([binary, *WAIT_FLAGS, "-I", source, "-t", table, *args])
+    return commands
+
+
+def _iptables_sync(
+    ports: list[ServicePort],
+    write: set[int] | None,
+    stale: list[str],
+    *,
+    total_endpoints: int,
+    nfacct: bool,
+    cluster_cidr: str,
+    mark: str,
+    random_fully: bool,
+) -> str:
+    """One syncProxyRules output. write: indexes whose SVC/EXT/SEP chains are written
+    (None = all, a full sync). stale: chains to flush and delete (-X). total_endpoints:
+    kube-proxy's count for large-cluster mode, which includes not-ready endpoints."""
+    large = total_endpoints > LARGE_CLUSTER_ENDPOINTS
+    q = '"'  # iptables-restore takes a quoted comment as one argument
+    filter_chains = [
+        ":KUBE-SERVICES - [0:0]",
+        ":KUBE-EXTERNAL-SERVICES - [0:0]",
+        ":KUBE-FORWARD - [0:0]",
+        ":KUBE-NODEPORTS - [0:0]",
+        ":KUBE-PROXY-FIREWALL - [0:0]",
+        ":KUBE-FIREWALL - [0:0]",
+    ]
+    filter_rules = [
+        '-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections"'
+        " -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT"
+        " -j DROP",
+        "-A KUBE-FORWARD -m conntrack --ctstate INVALID"
+        + (f" -m nfacct --nfacct-name {NFACCT_INVALID}" if nfacct else "")
+        + " -j DROP",
+        f'-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark'
+        f" {mark}/{mark} -j ACCEPT",
+        '-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack'
+        " --ctstate RELATED,ESTABLISHED -j ACCEPT",
+    ]
+    nat_chains = [
+        ":KUBE-SERVICES - [0:0]",
+        ":KUBE-NODEPORTS - [0:0]",
+        ":KUBE-POSTROUTING - [0:0]",
+        ":KUBE-MARK-MASQ - [0:0]",
+    ]
+    nat = [
+        f"-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN",
+        f"-A KUBE-POSTROUTING -j MARK --xor-mark {mark}",
+        '-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT"'
+        " -j MASQUERADE" + (" --random-fully" if random_fully else ""),
+        f"-A KUBE-MARK-MASQ -j MARK --or-mark {mark}",
+    ]
+    for i, p in enumerate(ports):
+        name, proto, svc, ext = p.port_name_string, p.protocol, svc_chain(p), ext_chain(p)
+        cluster_ip = (
+            f"-m comment --comment {q}{name} cluster IP{q} -m {proto} -p {proto}"
+            f" -d {p.cluster_ip} --dport {p.port}"
+        )
+        nat.append(f"-A KUBE-SERVICES {cluster_ip} -j {svc}")
+        if p.node_port is not None:
+            np_match = f"-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto}"
+            if nfacct:  # localhostNodePorts with its counter
+                nat.append(
+                    f"{np_match} -d 127.0.0.0/8 --dport {p.node_port}"
+                    f" -m nfacct --nfacct-name {NFACCT_LOCALHOST_NODEPORT} -j {ext}"
+                )
+            nat.append(f"{np_match} --dport {p.node_port} -j {ext}")
+        if write is not None and i not in write:
+            continue  # partial sync: this service's chains are unchanged
+        nat.append(f"-A {svc} {cluster_ip} ! -s {cluster_cidr} -j KUBE-MARK-MASQ")
+        if p.node_port is not None:  # externalTrafficPolicy Cluster
+            nat_chains.append(f":{ext} - [0:0]")
+            nat.append(
+                f"-A {ext} -m comment --comment {q}masquerade traffic for {name} external"
+                f" destinations{q} -j KUBE-MARK-MASQ"
+            )
+            nat.append(f"-A {ext} -j {svc}")
+        nat_chains.append(f":{svc} - [0:0]")
+        count = len(p.endpoints)
+        for e, ip in enumerate(p.endpoints):
+            comment = "" if large else f" -m comment --comment {q}{name} -> {ip}:{p.target_port}{q}"
+            statistic = (
+                f" -m statistic --mode random --probability {1.0 / (count - e):0.10f}"
+                if e < count - 1
+                else ""
+            )
+            nat.append(f"-A {svc}{comment}{statistic} -j {sep_chain(p, ip)}")
+        for ip in p.endpoints:
+            sep = sep_chain(p, ip)
+            nat_chains.append(f":{sep} - [0:0]")
+            comment = "" if large else f" -m comment --comment {name}"
+            nat.append(f"-A {sep}{comment} -s {ip} -j KUBE-MARK-MASQ")
+            nat.append(
+                f"-A {sep}{comment} -m {proto} -p {proto} -j DNAT --to-destination"
+                f" {ip}:{p.target_port}"
+            )
+    for chain in stale:  # a chain line flushes it; then it can go
+        nat_chains.append(f":{chain} - [0:0]")
+        nat.append(f"-X {chain}")
+    nat.append(
+        '-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be'
+        ' the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS'
+    )
+    return "\n".join(
+        [
+            "*filter",
+            *filter_chains,
+            *filter_rules,
+            "COMMIT",
+            "*nat",
+            *nat_chains,
+            *nat,
+            "COMMIT",
+            "",
+        ]
+    )
+
+
+def full_sync(
+    services: Sequence[BenchService | ServicePort],
+    *,
+    nfacct: bool = True,
+    cluster_cidr: str = CLUSTER_CIDR,
+    mark: str = MASQ_MARK,
+    random_fully: bool = True,
+) -> str:
+    """iptables-restore input of a full sync (filter and nat tables). Load it with
+    RESTORE_FLAGS after setup_argv(); nfacct=True needs the NFACCT_COUNTERS to
+    exist (create_nfacct_counters), as kube-proxy creates them first."""
+    ports = service_ports(services)
+    return _iptables_sync(
+        ports,
+        None,
+        [],
+        total_endpoints=sum(len(p.endpoints) for p in ports),
+        nfacct=nfacct,
+        cluster_cidr=cluster_cidr,
+        mark=mark,
+        random_fully=random_fully,
+    )
+
+
+def partial_sync(
+    services: Sequence[BenchService | ServicePort],
+    changed_index: int,
+    ready: int,
+    *,
+    cleanup: bool | None = None,
+    nfacct: bool = True,
+    cluster_cidr: str = CLUSTER_CIDR,
+    mark: str = MASQ_MARK,
+    random_fully: bool = True,
+) -> str:
+    """The partial sync (kube-proxy >= 1.26) after service changed_index kept only its first
+    `ready` endpoints: filter and the nat base chains rewritten whole, only that service's
+    SVC/EXT/SEP chains rewritten, its stale SEP chains flushed and deleted.
+
+    cleanup: whether stale chains are deleted in this sync. kube-proxy always does it below
+    LARGE_CLUSTER_ENDPOINTS; above, at most once per syncPeriod (30 s), so None (the
+    default) assumes the last cleanup was recent and keeps them there."""
+    before_ports = service_ports(services)
+    ports, before, after = changed(before_ports, changed_index, ready)
+    total = sum(len(p.endpoints) for p in before_ports)  # the not-ready one still counts
+    if cleanup is None:
+        cleanup = total <= LARGE_CLUSTER_ENDPOINTS
+    stale = [sep_chain(before, ip) for ip in before.endpoints[len(after.endpoints) :]]
+    return _iptables_sync(
+        ports,
+        {changed_index},
+        stale if cleanup else [],
+        total_endpoints=total,
+        nfacct=nfacct,
+        cluster_cidr=cluster_cidr,
+        mark=mark,
+        random_fully=random_fully,
+    )
+
+
+# nfacct: kube-proxy's nfacct.Ensure, for the counters the rules above name.
+
+
+def nfacct_argv(names: Iterable[str] = NFACCT_COUNTERS) -> list[list[str]]:
+    """The nfacct objects kube-proxy creates before its first sync (its iptables rules
+    match them where the kernel has xt_nfacct), as `nfacct add` commands (Debian package
+    nfacct) to run in the node's network namespace. An existing object is not an error
+    for kube-proxy; run these in a fresh namespace."""
+    return [["nfacct", "add", name] for name in names]

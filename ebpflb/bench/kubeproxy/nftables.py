@@ -1,0 +1,243 @@
+"""kube-proxy's nftables proxier: the nft -f transactions of its first (full) sync, of the
+O(changed) partial sync after one endpoint change, and of the later sync that deletes the
+stale endpoint chains, as knftables renders them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ebpflb.bench.kubeproxy.naming import (
+    MASQ_MARK,
+    ServicePort,
+    changed,
+    nft_endpoint_chain,
+    nft_external_chain,
+    nft_service_chain,
+    service_ports,
+)
+from ebpflb.bench.scenario import CLUSTER_CIDR, SERVICE_CIDR, BenchService
+
+NFT_TABLE = "ip kube-proxy"
+
+# nftablesBaseChains: name, type, hook, priority (knftables writes the number).
+NFT_BASE_CHAINS = (
+    ("filter-prerouting-pre-dnat", "filter", "prerouting", -110),  # dstnat - 10
+    ("filter-output-pre-dnat", "filter", "output", -110),
+    ("filter-input", "filter", "input", 0),
+    ("filter-forward", "filter", "forward", 0),
+    ("filter-output", "filter", "output", 0),
+    ("nat-prerouting", "nat", "prerouting", -100),  # dstnat
+    ("nat-output", "nat", "output", -100),
+    ("nat-postrouting", "nat", "postrouting", 100),  # srcnat
+)
+# nftablesJumpChains: (target, source base chain, extra match).
+NFT_JUMPS = (
+    ("nodeport-endpoints-check", "filter-input", "ct state new"),
+    ("service-endpoints-check", "filter-input", "ct state new"),
+    ("service-endpoints-check", "filter-forward", "ct state new"),
+    ("service-endpoints-check", "filter-output", "ct state new"),
+    ("firewall-check", "filter-prerouting-pre-dnat", "ct state new"),
+    ("firewall-check", "filter-output-pre-dnat", "ct state new"),
+    ("services", "nat-output", ""),
+    ("services", "nat-prerouting", ""),
+    ("masquerading", "nat-postrouting", ""),
+    ("cluster-ips-check", "filter-forward", "ct state new"),
+    ("cluster-ips-check", "filter-output", "ct state new"),
+)
+_VMAP_KEY = "type ipv4_addr . inet_proto . inet_service : verdict"
+_PORT_KEY = "type inet_proto . inet_service : verdict"
+
+
+class _Tx:
+    """A knftables transaction rendered as nft -f text."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+        self.created: set[str] = set()
+
+    def op(self, text: str) -> None:
+        self.statements.append(text)
+
+    def ensure_chain(self, chain: str) -> None:
+        """ensureChain: add and flush once per transaction."""
+        if chain in self.created:
+            return
+        self.created.add(chain)
+        self.op(f"add chain {NFT_TABLE} {chain}")
+        self.op(f"flush chain {NFT_TABLE} {chain}")
+
+    def rule(self, chain: str, rule: str, comment: str | None = None) -> None:
+        self.op(
+            f"add rule {NFT_TABLE} {chain} {rule}" + (f' comment "{comment}"' if comment else "")
+        )
+
+    def element(self, container: str, key: str, value: str | None = None) -> None:
+        self.op(
+            f"add element {NFT_TABLE} {container} {{ {key}" + (f" : {value} }}" if value else " }")
+        )
+
+    def add(self, kind: str, name: str, spec: str, comment: str) -> None:
+        """add set/map/chain with knftables' { spec ; comment "..." ; } body."""
+        spec = f"{spec} ; " if spec else ""
+        self.op(f'add {kind} {NFT_TABLE} {name} {{ {spec}comment "{comment}" ; }}')
+
+    def text(self) -> str:
+        return "\n".join([*self.statements, ""])
+
+
+def _nft_setup(tx: _Tx, *, node_ip: str | None, service_cidr: str, mark: str) -> None:
+    """setupNFTables, on kube-proxy's first sync (when it also add+deletes the base chains
+    so that changed priorities apply)."""
+    t = NFT_TABLE
+    tx.op(f'add table {t} {{ comment "rules for kube-proxy" ; }}')
+    for name, *_ in NFT_BASE_CHAINS:
+        tx.op(f"add chain {t} {name}")
+        tx.op(f"delete chain {t} {name}")
+    for name, kind, hook, priority in NFT_BASE_CHAINS:
+        tx.op(f"add chain {t} {name} {{ type {kind} hook {hook} priority {priority} ; }}")
+        tx.op(f"flush chain {t} {name}")
+    for target, source, extra in NFT_JUMPS:
+        tx.ensure_chain(target)
+        tx.rule(source, f"{extra} jump {target}".strip())
+    for chain in ("services", "cluster-ips-check", "masquerading", "mark-for-masquerade"):
+        tx.ensure_chain(chain)
+    tx.rule("mark-for-masquerade", f"mark set mark or {mark}")
+    tx.rule("masquerading", f"mark and {mark} == 0 return")
+    tx.rule("masquerading", f"mark set mark xor {mark}")
+    tx.rule("masquerading", "masquerade fully-random")
+    tx.add("set", "cluster-ips", "type ipv4_addr", "Active ClusterIPs")
+    tx.rule(
+        "cluster-ips-check",
+        "ip daddr @cluster-ips reject",
+        "Reject traffic to invalid ports of ClusterIPs",
+    )
+    tx.rule(
+        "cluster-ips-check",
+        f"ip daddr {{ {service_cidr} }} drop",
+        "Drop traffic to unallocated ClusterIPs",
+    )
+    tx.add("set", "nodeport-ips", "type ipv4_addr", "IPs that accept NodePort traffic")
+    if node_ip is None:  # --nodeport-addresses matching everything: fib daddr type local
+        tx.op(f"delete set {t} nodeport-ips")
+        nodeport_match = "ip daddr != 127.0.0.0/8"
+        services_nodeport = "fib daddr type local ip daddr != 127.0.0.0/8"
+    else:  # the default, "primary": the node's IP
+        tx.op(f"flush set {t} nodeport-ips")
+        tx.element("nodeport-ips", node_ip)
+        nodeport_match = services_nodeport = "ip daddr @nodeport-ips"
+    no_endpoints = "vmap to drop or reject packets to {} with no endpoints"
+    tx.add("map", "no-endpoint-services", _VMAP_KEY, no_endpoints.format("services"))
+    tx.add("map", "no-endpoint-nodeports", _PORT_KEY, no_endpoints.format("service nodeports"))
+    tx.add("chain", "reject-chain", "", "helper for @no-endpoint-services / @no-endpoint-nodeports")
+    tx.op(f"flush chain {t} reject-chain")
+    tx.rule("reject-chain", "reject")
+    tx.rule(
+        "service-endpoints-check", "ip daddr . meta l4proto . th dport vmap @no-endpoint-services"
+    )
+    tx.rule(
+        "nodeport-endpoints-check",
+        f"{nodeport_match} meta l4proto . th dport vmap @no-endpoint-nodeports",
+    )
+    firewall = "destinations that are subject to LoadBalancerSourceRanges"
+    tx.add("map", "firewall-ips", _VMAP_KEY, firewall)
+    tx.ensure_chain("firewall-check")
+    tx.rule("firewall-check", "ip daddr . meta l4proto . th dport vmap @firewall-ips")
+    tx.add("map", "service-ips", _VMAP_KEY, "ClusterIP, ExternalIP and LoadBalancer IP traffic")
+    tx.add("map", "service-nodeports", _PORT_KEY, "NodePort traffic")
+    tx.rule("services", "ip daddr . meta l4proto . th dport vmap @service-ips")
+    tx.rule("services", f"{services_nodeport} meta l4proto . th dport vmap @service-nodeports")
+    # nftElementStorage.reset: a full sync re-adds every element.
+    tx.op(f"flush set {t} cluster-ips")
+    for name in (
+        "service-ips",
+        "firewall-ips",
+        "no-endpoint-services",
+        "no-endpoint-nodeports",
+        "service-nodeports",
+    ):
+        tx.op(f"flush map {t} {name}")
+
+
+def _nft_service(
+    tx: _Tx, p: ServicePort, *, elements: bool, chains: bool, cluster_cidr: str
+) -> None:
+    """One service's part of syncProxyRules (Cluster traffic policies, >= 1 endpoint)."""
+    svc, ext = nft_service_chain(p), nft_external_chain(p)
+    endpoints = [(ip, nft_endpoint_chain(p, ip)) for ip in p.endpoints]
+    if chains:
+        for _ip, chain in endpoints:
+            tx.ensure_chain(chain)
+        tx.ensure_chain(svc)
+        if p.node_port is not None:
+            tx.ensure_chain(ext)
+    if elements:  # nftElementStorage.ensureElem adds only new or changed elements
+        tx.element("cluster-ips", p.cluster_ip)
+        tx.element("service-ips", f"{p.cluster_ip} . {p.protocol} . {p.port}", f"goto {svc}")
+        if p.node_port is not None:
+            tx.element("service-nodeports", f"{p.protocol} . {p.node_port}", f"goto {ext}")
+    if not chains:
+        return
+    tx.rule(svc, f"ip daddr {p.cluster_ip} ip saddr != {cluster_cidr} jump mark-for-masquerade")
+    if p.node_port is not None:  # externalTrafficPolicy Cluster: masquerade, then the service
+        tx.rule(ext, "jump mark-for-masquerade")
+        tx.rule(ext, f"goto {svc}")
+    vmap = " , ".join(f"{i} : goto {chain}" for i, (_ip, chain) in enumerate(endpoints))
+    tx.rule(svc, f"numgen random mod {len(endpoints)} vmap {{ {vmap} }}")
+    for ip, chain in endpoints:
+        tx.rule(chain, f"ip saddr {ip} jump mark-for-masquerade")
+        tx.rule(chain, f"meta l4proto {p.protocol} dnat to {ip}:{p.target_port}")
+
+
+def full_sync(
+    services: Sequence[BenchService | ServicePort],
+    *,
+    node_ip: str | None = None,
+    cluster_cidr: str = CLUSTER_CIDR,
+    service_cidr: str = str(SERVICE_CIDR),
+    mark: str = MASQ_MARK,
+) -> str:
+    """nft -f input of kube-proxy's first (full) sync: table ip kube-proxy, base chains,
+    sets and verdict maps, and every service's chains and elements.
+
+    node_ip: kube-proxy's default --nodeport-addresses "primary" puts the node's primary IP
+    in @nodeport-ips; None renders the match-all variant (fib daddr type local)."""
+    tx = _Tx()
+    _nft_setup(tx, node_ip=node_ip, service_cidr=service_cidr, mark=mark)
+    for p in service_ports(services):
+        _nft_service(tx, p, elements=True, chains=True, cluster_cidr=cluster_cidr)
+    return tx.text()
+
+
+def partial_sync(
+    services: Sequence[BenchService | ServicePort],
+    changed_index: int,
+    ready: int,
+    *,
+    cluster_cidr: str = CLUSTER_CIDR,
+) -> str:
+    """The partial-sync transaction after service changed_index kept only its first `ready`
+    endpoints: O(changed). Its service (and external) chain and remaining endpoint chains
+    are re-added, flushed and refilled; no map element changes (the service-ips and
+    service-nodeports verdicts still point at the same chains, and endpoint chains are only
+    referenced from the service chain's anonymous numgen vmap); the stale endpoint chains
+    are flushed. kube-proxy deletes them in a later sync, once they have been stale for a
+    second (kernels before 6.2 notice unreferenced chains late): stale_cleanup."""
+    _ports_after, before, after = changed(service_ports(services), changed_index, ready)
+    tx = _Tx()
+    _nft_service(tx, after, elements=False, chains=True, cluster_cidr=cluster_cidr)
+    for ip in before.endpoints[len(after.endpoints) :]:
+        tx.op(f"flush chain {NFT_TABLE} {nft_endpoint_chain(before, ip)}")
+    return tx.text()
+
+
+def stale_cleanup(
+    services: Sequence[BenchService | ServicePort], changed_index: int, ready: int
+) -> str:
+    """The separate transaction a later sync (>= 1 s after partial_sync) sends first:
+    deleting the stale endpoint chains."""
+    _ports_after, before, after = changed(service_ports(services), changed_index, ready)
+    return "".join(
+        f"delete chain {NFT_TABLE} {nft_endpoint_chain(before, ip)}\n"
+        for ip in before.endpoints[len(after.endpoints) :]
+    )

@@ -1,0 +1,434 @@
+"""What the C programs and the control plane must agree on, said once, in Python.
+
+bpf/lib/consts.h, structs.h and maps.h are the C side; this module is the Python side,
+and everything else in Python takes its numbers from here:
+
+- the ctypes mirror of every struct a map holds (field names, order, sizes), with the
+  fields C types __be16/__be32 (network byte order; layout.py converts them);
+- flags and counter indexes (families of ``#define PREFIX_NAME value``), and the few
+  fixed constants Python needs;
+- ``MAPS``: each pinned map's name, type, key and value structs, where its max_entries
+  comes from and its map flags: the loader's pin check (pins.py) and KernelMapSet read it;
+- ``DEFINES``: the -D flags that carry the configured sizes into the C code
+  (``Config.cflags()``), so a size exists once, as a Config field.
+
+tests/unit/test_contract.py parses the headers and fails on any constant, flag, counter,
+struct field or map that differs; tests/kernel/test_layout.py checks the same table against
+the types BCC generates and the maps the kernel pins.
+
+Over 400 lines on purpose: it is one table, read top to bottom like the three headers it
+mirrors; split, the contract would be scattered again.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from ebpflb.model import BackendFlags, Scope, SvcFlags
+
+if TYPE_CHECKING:
+    from ebpflb.config import Config
+
+CType: TypeAlias = "type[ct.Structure] | type[ct._SimpleCData[Any]]"
+
+# ---- fixed constants (consts.h) ------------------------------------------------------------
+
+SVC_NAME_LEN = 144  # EBPFLB_SVC_NAME_LEN: "namespace/name:port" + NUL in ebpflb_svcmeta
+MAX_IFACES = 64  # EBPFLB_MAX_IFACES: entries of ebpflb_ifaddr4
+STAT_MAX = 24  # entries of ebpflb_stats: the counters below, and room for new ones
+SLOTS_PER_ELEMENT = 2  # struct lb4_slot_pair: two Maglev slots per 8-byte array element
+# src_range4_key.prefixlen counts the service id's bits before the address prefix.
+SRC_RANGE_ID_PREFIXLEN = 32
+SRC_RANGE_EXACT_PREFIXLEN = SRC_RANGE_ID_PREFIXLEN + 32  # a lookup of one address
+
+# Map flags from uapi/linux/bpf.h that maps.h uses.
+BPF_F_NO_PREALLOC = 1 << 0
+BPF_F_MMAPABLE = 1 << 10
+MAP_FLAG_NAMES = {"BPF_F_NO_PREALLOC": BPF_F_NO_PREALLOC, "BPF_F_MMAPABLE": BPF_F_MMAPABLE}
+
+
+# ---- flags and counters -------------------------------------------------------------------
+# Scope, SvcFlags and BackendFlags live in ebpflb.model: every layer uses them.
+
+
+class CtFlags(enum.IntFlag):
+    """CT_F_*: ct4_entry.flags."""
+
+    NONE = 0
+    SNAT = 1 << 0
+    REPLY_SEEN = 1 << 1
+    CLOSING = 1 << 2
+    ESTABLISHED = 1 << 3
+
+
+class NatFlags(enum.IntFlag):
+    """RNAT_F_*: rnat4_val.flags."""
+
+    NONE = 0
+    SNAT = 1 << 0
+
+
+class Counter(enum.IntEnum):
+    """STAT_*: indexes of the per-CPU ebpflb_stats array. The lower-cased name is the
+    `event` label of ebpflb_datapath_events and the key in `maps dump`'s counters."""
+
+    CONNECT_XLATED = 0
+    SENDMSG_XLATED = 1
+    RECVMSG_XLATED = 2
+    PEER_XLATED = 3
+    NO_BACKEND = 4
+    SLOT_MISS = 5
+    REVSK_UPDATE_FAIL = 6
+    NP_NEW_FLOW = 7
+    NP_FWD = 8
+    NP_REPLY = 9
+    NP_NO_BACKEND = 10
+    SNAT_EXHAUSTED = 11
+    SRC_RANGE_DROP = 12
+    CT_CREATE_FAIL = 13
+    FRAGMENT = 14
+    FIB_FAIL = 15
+    SNAT_NO_ADDR = 16
+    RNAT_STORE_FAIL = 17
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+# C prefix -> the Python enum holding that family, member for member.
+FAMILIES: tuple[tuple[str, type[enum.IntEnum] | type[enum.IntFlag]], ...] = (
+    ("LB_SCOPE_", Scope),
+    ("SVC_F_", SvcFlags),
+    ("BE_F_", BackendFlags),
+    ("CT_F_", CtFlags),
+    ("RNAT_F_", NatFlags),
+    ("STAT_", Counter),
+)
+
+
+def c_constants() -> dict[str, int]:
+    """Every consts.h macro Python mirrors, by its C name (what the contract test compares)."""
+    found = {
+        "EBPFLB_SVC_NAME_LEN": SVC_NAME_LEN,
+        "EBPFLB_MAX_IFACES": MAX_IFACES,
+        "STAT_MAX": STAT_MAX,
+        "SRC_RANGE_ID_PREFIXLEN": SRC_RANGE_ID_PREFIXLEN,
+        "SRC_RANGE_EXACT_PREFIXLEN": SRC_RANGE_EXACT_PREFIXLEN,
+    }
+    for prefix, family in FAMILIES:
+        for name, member in family.__members__.items():
+            if isinstance(member, enum.IntFlag) and not member:
+                continue  # NONE: Python's empty set, no C macro
+            found[prefix + name] = int(member)
+    return found
+
+
+# ---- struct mirrors (structs.h) --------------------------------------------------------
+# `_network_order_` names the fields C types __be16/__be32.
+
+
+class Lb4SvcKey(ct.Structure):
+    """struct lb4_svc_key"""
+
+    _fields_ = [
+        ("addr", ct.c_uint32),
+        ("port", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("scope", ct.c_uint8),
+    ]
+    _network_order_ = ("addr", "port")
+
+
+class Lb4SvcVal(ct.Structure):
+    """struct lb4_svc_val"""
+
+    _fields_ = [
+        ("svc_id", ct.c_uint32),
+        ("table_off", ct.c_uint32),
+        ("table_size", ct.c_uint32),
+        ("backend_count", ct.c_uint16),
+        ("flags", ct.c_uint16),
+    ]
+    _network_order_ = ()
+
+
+class Lb4SlotPair(ct.Structure):
+    """struct lb4_slot_pair"""
+
+    _fields_ = [("backend_id", ct.c_uint32 * SLOTS_PER_ELEMENT)]
+    _network_order_ = ()
+
+
+class Lb4Backend(ct.Structure):
+    """struct lb4_backend"""
+
+    _fields_ = [
+        ("addr", ct.c_uint32),
+        ("port", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("flags", ct.c_uint8),
+    ]
+    _network_order_ = ("addr", "port")
+
+
+class Lb4SvcMeta(ct.Structure):
+    """struct lb4_svc_meta"""
+
+    _fields_ = [("name", ct.c_char * SVC_NAME_LEN)]
+    _network_order_ = ()
+
+
+class Lb4RevskKey(ct.Structure):
+    """struct lb4_revsk_key"""
+
+    _fields_ = [
+        ("cookie", ct.c_uint64),
+        ("addr", ct.c_uint32),
+        ("port", ct.c_uint16),
+        ("pad", ct.c_uint16),
+    ]
+    _network_order_ = ("addr", "port")
+
+
+class Lb4RevskVal(ct.Structure):
+    """struct lb4_revsk_val"""
+
+    _fields_ = [
+        ("addr", ct.c_uint32),
+        ("port", ct.c_uint16),
+        ("pad", ct.c_uint16),
+    ]
+    _network_order_ = ("addr", "port")
+
+
+class Flow4(ct.Structure):
+    """struct flow4"""
+
+    _fields_ = [
+        ("saddr", ct.c_uint32),
+        ("daddr", ct.c_uint32),
+        ("sport", ct.c_uint16),
+        ("dport", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("pad", ct.c_uint8 * 3),
+    ]
+    _network_order_ = ("saddr", "daddr", "sport", "dport")
+
+
+class Ct4Entry(ct.Structure):
+    """struct ct4_entry"""
+
+    _fields_ = [
+        ("backend_addr", ct.c_uint32),
+        ("backend_port", ct.c_uint16),
+        ("flags", ct.c_uint16),
+        ("nat_addr", ct.c_uint32),
+        ("nat_port", ct.c_uint16),
+        ("pad", ct.c_uint16),
+        ("svc_id", ct.c_uint32),
+        ("backend_id", ct.c_uint32),
+        ("expires", ct.c_uint64),
+        ("packets", ct.c_uint64),
+        ("bytes", ct.c_uint64),
+    ]
+    _network_order_ = ("backend_addr", "backend_port", "nat_addr", "nat_port")
+
+
+class Rnat4Val(ct.Structure):
+    """struct rnat4_val"""
+
+    _fields_ = [
+        ("client_addr", ct.c_uint32),
+        ("frontend_addr", ct.c_uint32),
+        ("client_port", ct.c_uint16),
+        ("frontend_port", ct.c_uint16),
+        ("flags", ct.c_uint16),
+        ("pad", ct.c_uint16),
+        ("expires", ct.c_uint64),
+    ]
+    _network_order_ = ("client_addr", "frontend_addr", "client_port", "frontend_port")
+
+
+class SrcRange4Key(ct.Structure):
+    """struct src_range4_key (svc_id is stored big-endian but typed __u32 in C: the LPM
+    trie matches bytes in order, so the id's most significant byte must come first)"""
+
+    _fields_ = [
+        ("prefixlen", ct.c_uint32),
+        ("svc_id", ct.c_uint32),
+        ("addr", ct.c_uint32),
+    ]
+    _network_order_ = ("addr",)
+
+
+STRUCTS: dict[str, type[ct.Structure]] = {
+    "lb4_svc_key": Lb4SvcKey,
+    "lb4_svc_val": Lb4SvcVal,
+    "lb4_slot_pair": Lb4SlotPair,
+    "lb4_backend": Lb4Backend,
+    "lb4_svc_meta": Lb4SvcMeta,
+    "lb4_revsk_key": Lb4RevskKey,
+    "lb4_revsk_val": Lb4RevskVal,
+    "flow4": Flow4,
+    "ct4_entry": Ct4Entry,
+    "rnat4_val": Rnat4Val,
+    "src_range4_key": SrcRange4Key,
+}
+
+
+# ---- sizes passed as -D flags (consts.h #ifndef defaults) --------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Define:
+    """One -D flag: a consts.h macro and the configuration value that sets it."""
+
+    macro: str
+    value: Callable[[Config], int | str]
+    literal: str = "{}"  # how the value is spelled in C
+
+    def flag(self, config: Config) -> str:
+        return f"-D{self.macro}={self.literal.format(self.value(config))}"
+
+
+PIN_DIR = Define("EBPFLB_PIN_DIR", lambda c: str(c.bpffs_dir), '"{}"')
+MAX_SERVICES = Define("EBPFLB_MAX_SERVICES", lambda c: c.max_services)
+MAX_BACKENDS = Define("EBPFLB_MAX_BACKENDS", lambda c: c.max_backends)
+SLOT_POOL_SIZE = Define("EBPFLB_SLOT_POOL_SIZE", lambda c: c.slot_pool_size)
+REV_SK_MAX = Define("EBPFLB_REV_SK_MAX", lambda c: c.rev_sk_max)
+CT_MAX = Define("EBPFLB_CT_MAX", lambda c: c.ct_max)
+RNAT_MAX = Define("EBPFLB_RNAT_MAX", lambda c: c.rnat_max)
+SRC_RANGE_MAX = Define("EBPFLB_SRC_RANGE_MAX", lambda c: c.src_range_max)
+
+DEFINES: tuple[Define, ...] = (
+    PIN_DIR,
+    MAX_SERVICES,
+    MAX_BACKENDS,
+    SLOT_POOL_SIZE,
+    REV_SK_MAX,
+    CT_MAX,
+    RNAT_MAX,
+    SRC_RANGE_MAX,
+    Define("EBPFLB_SNAT_PORT_MIN", lambda c: c.snat_port_min),
+    Define("EBPFLB_SNAT_PORT_MAX", lambda c: c.snat_port_max),
+    Define("EBPFLB_FLOW_HASH_SEED", lambda c: c.flow_hash_seed, "{}U"),
+    Define("EBPFLB_CT_TCP_TIMEOUT", lambda c: c.ct_tcp_timeout),
+    Define("EBPFLB_CT_TCP_SYN_TIMEOUT", lambda c: c.ct_tcp_syn_timeout),
+    Define("EBPFLB_CT_TCP_CLOSE_TIMEOUT", lambda c: c.ct_tcp_close_timeout),
+    Define("EBPFLB_CT_UDP_TIMEOUT", lambda c: c.ct_udp_timeout),
+)
+# Set from the kernel feature probe (loader.Features), not from the configuration.
+HAVE_SET_RETVAL = "EBPFLB_HAVE_SET_RETVAL"
+FEATURE_MACROS = (HAVE_SET_RETVAL,)
+
+
+def cflags(config: Config) -> list[str]:
+    """The -D flags that size the maps and place the pins."""
+    return [define.flag(config) for define in DEFINES]
+
+
+# ---- the maps (maps.h) ------------------------------------------------------------------
+
+
+class MapName(enum.StrEnum):
+    """Pinned map names; also the file names under the bpffs directory."""
+
+    SERVICES = "ebpflb_svc4"
+    BACKENDS = "ebpflb_be4"
+    SLOTS = "ebpflb_slots"
+    SERVICE_META = "ebpflb_svcmeta"
+    REVERSE_SOCK = "ebpflb_revsk4"
+    STATS = "ebpflb_stats"
+    CONNTRACK = "ebpflb_ct4"
+    REPLY_NAT = "ebpflb_rnat4"
+    SOURCE_RANGES = "ebpflb_srcrng4"
+    IFACE_ADDRS = "ebpflb_ifaddr4"
+
+
+class MapType(enum.IntEnum):
+    """BPF_MAP_TYPE_* (uapi/linux/bpf.h) of the maps ebpflb pins."""
+
+    HASH = 1
+    ARRAY = 2
+    PERCPU_ARRAY = 6
+    LRU_HASH = 9
+    LPM_TRIE = 11
+
+    @property
+    def c_name(self) -> str:
+        """As BCC's BPF_TABLE spells it."""
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class MapLayout:
+    """What the kernel reports of a map (BPF_OBJ_GET_INFO_BY_FD), to compare with a pin."""
+
+    type: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    flags: int
+
+
+@dataclass(frozen=True, slots=True)
+class MapSpec:
+    name: MapName
+    type: MapType
+    key: CType
+    value: CType
+    # The -D size its max_entries follows (divided by `per_entry`), or a fixed number.
+    size: Define | int
+    per_entry: int = 1
+    flags: int = 0
+
+    def max_entries(self, config: Config) -> int:
+        if isinstance(self.size, int):
+            return self.size
+        return int(self.size.value(config)) // self.per_entry
+
+    def layout(self, config: Config) -> MapLayout:
+        return MapLayout(
+            int(self.type),
+            ct.sizeof(self.key),
+            ct.sizeof(self.value),
+            self.max_entries(config),
+            self.flags,
+        )
+
+
+MAPS: dict[MapName, MapSpec] = {
+    spec.name: spec
+    for spec in (
+        MapSpec(MapName.SERVICES, MapType.HASH, Lb4SvcKey, Lb4SvcVal, MAX_SERVICES),
+        MapSpec(MapName.BACKENDS, MapType.HASH, ct.c_uint32, Lb4Backend, MAX_BACKENDS),
+        MapSpec(
+            MapName.SLOTS,
+            MapType.ARRAY,
+            ct.c_uint32,
+            Lb4SlotPair,
+            SLOT_POOL_SIZE,
+            per_entry=SLOTS_PER_ELEMENT,
+            flags=BPF_F_MMAPABLE,
+        ),
+        MapSpec(MapName.SERVICE_META, MapType.HASH, ct.c_uint32, Lb4SvcMeta, MAX_SERVICES),
+        MapSpec(MapName.REVERSE_SOCK, MapType.LRU_HASH, Lb4RevskKey, Lb4RevskVal, REV_SK_MAX),
+        MapSpec(MapName.CONNTRACK, MapType.LRU_HASH, Flow4, Ct4Entry, CT_MAX),
+        MapSpec(MapName.REPLY_NAT, MapType.HASH, Flow4, Rnat4Val, RNAT_MAX),
+        MapSpec(
+            MapName.SOURCE_RANGES,
+            MapType.LPM_TRIE,
+            SrcRange4Key,
+            ct.c_uint8,
+            SRC_RANGE_MAX,
+            flags=BPF_F_NO_PREALLOC,
+        ),
+        MapSpec(MapName.IFACE_ADDRS, MapType.HASH, ct.c_uint32, ct.c_uint32, MAX_IFACES),
+        MapSpec(MapName.STATS, MapType.PERCPU_ARRAY, ct.c_uint32, ct.c_uint64, STAT_MAX),
+    )
+}

@@ -1,0 +1,177 @@
+"""Raw element reads and writes on one map fd, in as few syscalls as the kernel allows.
+
+Many writes go in one BPF_MAP_UPDATE_BATCH and a whole map is read with
+BPF_MAP_LOOKUP_BATCH (kernel 5.6+); where the kernel or a map type lacks them, found out
+on first use, one syscall per element instead. Keys and values are contiguous byte
+buffers laid out as the kernel wants them; what they mean is codecs.py's business.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from bcc.libbcc import lib
+
+from ebpflb.errors import MapError
+
+BPF_ANY = 0
+# What a batch command answers where it does not exist: EINVAL before 5.6 (unknown
+# command), ENOTSUPP (524, kernel-internal) or EOPNOTSUPP for a map type without it.
+_BATCH_UNSUPPORTED = frozenset({errno.EINVAL, errno.EOPNOTSUPP, 524})
+# Elements per BPF_MAP_LOOKUP_BATCH: a hash map answers ENOSPC if one bucket holds more.
+LOOKUP_CHUNK = 4096
+
+
+def errno_error(what: str, err: int | None = None) -> MapError:
+    """MapError for a failed libbcc call (errno from ctypes unless given)."""
+    err = ct.get_errno() if err is None else err
+    return MapError(f"{what}: {os.strerror(err)}")
+
+
+class ElementIO:
+    """Element writes and whole-map reads on one map fd, batched where the kernel can.
+
+    Buffers are addresses of contiguous key and value arrays; the caller keeps them alive.
+    `batched` turns False the first time the kernel refuses a batch command that the
+    same element then passes alone (a kernel before 5.6, or a map type without batches).
+    """
+
+    def __init__(self, fd: int, name: str, key_size: int, value_size: int) -> None:
+        self.fd = fd
+        self.name = name
+        self.key_size = key_size
+        self.value_size = value_size
+        self.batched = True
+
+    def update(
+        self,
+        keys: int,
+        values: int,
+        count: int,
+        resume: Callable[[int], int] = lambda index: index + 1,
+    ) -> dict[int, int]:
+        """Write `count` elements in order; the errno of each one that failed, by index.
+        After element i fails, writing goes on at `resume(i)`."""
+        errors: dict[int, int] = {}
+        start = 0
+        while start < count:
+            unsupported = False
+            if self.batched:
+                done, err = self._update_batch(keys, values, start, count - start)
+                if not err:
+                    break
+                start += done  # the kernel wrote these before the failing one
+                unsupported = not done and err in _BATCH_UNSUPPORTED
+            # Element `start` failed in a batch (or batches are off): alone, it says why.
+            err = self._update_one(keys, values, start)
+            if not err:
+                self.batched = self.batched and not unsupported
+                start += 1
+                continue
+            errors[start] = err
+            start = resume(start)
+        return errors
+
+    def _update_batch(self, keys: int, values: int, start: int, count: int) -> tuple[int, int]:
+        """(elements written, errno of the one that failed or 0)."""
+        done = ct.c_uint32(count)
+        key, value = self._key(keys, start), self._value(values, start)
+        if lib.bpf_update_batch(self.fd, key, value, ct.byref(done)) == 0:
+            return done.value, 0
+        err = ct.get_errno()
+        # A failing batch reports how many elements it wrote before the failure; a kernel
+        # that refuses the command outright (5.10 for an LPM trie) leaves the count as it
+        # was asked, which would read as "all written" and skip past the end.
+        return (0 if done.value >= count else done.value), err
+
+    def _update_one(self, keys: int, values: int, index: int) -> int:
+        """errno of writing one element, or 0."""
+        key, value = self._key(keys, index), self._value(values, index)
+        return 0 if lib.bpf_update_elem(self.fd, key, value, BPF_ANY) == 0 else ct.get_errno()
+
+    def read_all(self, key_type: Any, value_type: Any) -> tuple[bytes, bytes, int]:
+        """Every key and value (keys laid out contiguously, values likewise, count): one
+        BPF_MAP_LOOKUP_BATCH per LOOKUP_CHUNK elements, else a walk with get_next_key."""
+        found = self._lookup_all() if self.batched else None
+        if found is None:
+            pairs = list(raw_items(self.fd, key_type, value_type))
+            found = (
+                b"".join(bytes(k) for k, _ in pairs),
+                b"".join(bytes(v) for _, v in pairs),
+                len(pairs),
+            )
+        return found
+
+    def _lookup_all(self) -> tuple[bytes, bytes, int] | None:
+        """read_all with BPF_MAP_LOOKUP_BATCH; None when the kernel has none for this map."""
+        keys = ct.create_string_buffer(LOOKUP_CHUNK * self.key_size)
+        values = ct.create_string_buffer(LOOKUP_CHUNK * self.value_size)
+        # Where a batch ends is opaque: a bucket number (u32) for a hash map, the last key
+        # for other map types. Room for either.
+        size = max(self.key_size, 8)
+        position, next_position = ct.create_string_buffer(size), ct.create_string_buffer(size)
+        key_chunks: list[bytes] = []
+        value_chunks: list[bytes] = []
+        total = 0
+        while True:
+            count = ct.c_uint32(LOOKUP_CHUNK)
+            res = lib.bpf_lookup_batch(
+                self.fd,
+                ct.cast(position, ct.POINTER(ct.c_uint32)) if total else None,
+                ct.cast(next_position, ct.POINTER(ct.c_uint32)),
+                ct.addressof(keys),
+                ct.addressof(values),
+                ct.byref(count),
+            )
+            err = ct.get_errno() if res < 0 else 0
+            if res < 0 and err != errno.ENOENT:  # ENOENT: the last elements are in
+                if not total and err in _BATCH_UNSUPPORTED:
+                    self.batched = False
+                    return None
+                raise errno_error(f"batch lookup in {self.name}", err)
+            key_chunks.append(keys.raw[: count.value * self.key_size])
+            value_chunks.append(values.raw[: count.value * self.value_size])
+            total += count.value
+            if res < 0 or not count.value:
+                return b"".join(key_chunks), b"".join(value_chunks), total
+            ct.memmove(position, next_position, size)
+
+    def _key(self, base: int, index: int) -> ct.c_void_p:
+        return ct.c_void_p(base + index * self.key_size)
+
+    def _value(self, base: int, index: int) -> ct.c_void_p:
+        return ct.c_void_p(base + index * self.value_size)
+
+
+def raw_keys(fd: int, key_type: Any) -> Iterator[Any]:
+    """Every key of a hash map, as ctypes values (a snapshot walk with get_next_key)."""
+    key = key_type()
+    if lib.bpf_get_first_key(fd, ct.byref(key), ct.sizeof(key)) < 0:
+        return
+    while True:
+        yield key
+        next_key = key_type()
+        if lib.bpf_get_next_key(fd, ct.byref(key), ct.byref(next_key)) < 0:
+            return
+        key = next_key
+
+
+def raw_items(fd: int, key_type: Any, value_type: Any) -> Iterator[tuple[Any, Any]]:
+    """Every (key, value) of a hash map, as ctypes values; keys deleted meanwhile skipped."""
+    for raw_key in raw_keys(fd, key_type):
+        raw_value = value_type()
+        if lib.bpf_lookup_elem(fd, ct.byref(raw_key), ct.byref(raw_value)) == 0:
+            yield raw_key, raw_value
+
+
+def delete(fd: int, key: Any, what: str) -> bool:
+    """Delete one key (a ctypes value); False when it was not there (not an error)."""
+    if lib.bpf_delete_elem(fd, ct.byref(key)) == 0:
+        return True
+    if ct.get_errno() == errno.ENOENT:
+        return False
+    raise errno_error(f"delete {what}")

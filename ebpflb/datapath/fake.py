@@ -1,0 +1,140 @@
+"""The MapSet over dicts: the reconciler's, the agent's and `maps dump`'s unit tests run
+against it. Same capacity limits as the kernel maps (a full map fails the same way), and
+keys whose writes fail on demand, so error paths are tested without a kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ebpflb.datapath.contract import Counter, MapName
+from ebpflb.datapath.maps import (
+    SLOTS_PER_ELEMENT,
+    BackendEntry,
+    ConntrackEntry,
+    Flow,
+    NatEntry,
+    ServiceEntry,
+    SlotArray,
+    SlotWrite,
+    SourceRange,
+    slot_pairs,
+    write_one,
+)
+from ebpflb.errors import MapError, MapFullError
+from ebpflb.model import Frontend
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class FakeMap(Generic[K, V]):
+    """Dict-backed KeyValueMap with a capacity, like a BPF hash map."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.data: dict[K, V] = {}
+        self.writes = 0
+        self.deletes = 0
+        self.batches = 0  # put_many calls
+        self.failing: set[K] = set()  # keys whose writes fail (tests inject errors)
+
+    def get(self, key: K) -> V | None:
+        return self.data.get(key)
+
+    def put(self, key: K, value: V) -> None:
+        if key in self.failing:
+            raise MapError(f"update {self.name}[{key}]: injected failure")
+        if key not in self.data and len(self.data) >= self.capacity:
+            raise MapFullError(self.name, self.capacity, str(key))
+        self.data[key] = value
+        self.writes += 1
+
+    def put_many(self, items: Sequence[tuple[K, V]]) -> dict[int, MapError]:
+        self.batches += 1
+        failures: dict[int, MapError] = {}
+        for index, (key, value) in enumerate(items):
+            try:
+                self.put(key, value)
+            except MapError as exc:
+                failures[index] = exc
+        return failures
+
+    def delete(self, key: K) -> bool:
+        self.deletes += 1
+        return self.data.pop(key, None) is not None
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        return iter(list(self.data.items()))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class FakeSlotPool:
+    """An array of slots, written in whole pairs like the kernel's."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.array: SlotArray = np.zeros(capacity, dtype=np.uint32)
+        self.slots_written = 0
+        self.batches = 0  # write_many calls
+        self.failing: set[int] = set()  # table offsets whose writes fail (tests)
+
+    def write(
+        self, offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None = None
+    ) -> None:
+        write_one(self, SlotWrite(offset, table, changed))
+
+    def write_many(self, writes: Sequence[SlotWrite]) -> dict[int, MapError]:
+        self.batches += 1
+        failures: dict[int, MapError] = {}
+        pairs = self.array.reshape(-1, SLOTS_PER_ELEMENT)
+        for index, write in enumerate(writes):
+            keys, values = slot_pairs(write.offset, write.table, write.changed)
+            if len(keys) and (int(keys.max()) >= len(pairs) or write.offset in self.failing):
+                failures[index] = MapError(
+                    f"{self.name}: cannot write {len(write.table)} slots at {write.offset}"
+                )
+                continue
+            pairs[keys] = values.reshape(-1, SLOTS_PER_ELEMENT)
+            self.slots_written += len(values)
+        return failures
+
+    def read(self, offset: int, count: int) -> SlotArray:
+        return self.array[offset : offset + count].copy()
+
+
+class FakeMapSet:
+    """All maps in memory; the reconciler's unit tests run against it."""
+
+    def __init__(
+        self,
+        max_services: int = 1024,
+        max_backends: int = 1024,
+        slot_pool_size: int = 1 << 20,
+        src_range_max: int = 1024,
+        ct_max: int = 1024,
+        rnat_max: int = 1024,
+    ) -> None:
+        self.services: FakeMap[Frontend, ServiceEntry] = FakeMap(
+            MapName.SERVICES.value, max_services
+        )
+        self.backends: FakeMap[int, BackendEntry] = FakeMap(MapName.BACKENDS.value, max_backends)
+        self.service_meta: FakeMap[int, str] = FakeMap(MapName.SERVICE_META.value, max_services)
+        self.slots = FakeSlotPool(MapName.SLOTS.value, slot_pool_size)
+        self.source_ranges: FakeMap[SourceRange, int] = FakeMap(
+            MapName.SOURCE_RANGES.value, src_range_max
+        )
+        self.conntrack: FakeMap[Flow, ConntrackEntry] = FakeMap(MapName.CONNTRACK.value, ct_max)
+        self.reply_nat: FakeMap[Flow, NatEntry] = FakeMap(MapName.REPLY_NAT.value, rnat_max)
+        self.stats: dict[Counter, int] = {}  # what the programs would have counted
+
+    def counters(self) -> dict[str, int]:
+        return {counter.label: self.stats.get(counter, 0) for counter in Counter}

@@ -1,0 +1,124 @@
+"""The pin directory: bpffs mounted, each pinned map checked against the contract's layout
+for this configuration, and the pins removed again by `ebpflb cleanup`.
+
+BCC opens any map pinned at a name it declares, whatever its shape, so the loader drops a
+pin whose layout changed (a size flag or an upgrade) before compiling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import stat
+from pathlib import Path
+
+from ebpflb.config import Config
+from ebpflb.datapath import bpfsys, contract
+from ebpflb.datapath.contract import MapLayout, MapName
+from ebpflb.datapath.mounts import is_bpffs
+from ebpflb.errors import KernelSetupError
+
+log = logging.getLogger(__name__)
+
+
+def ensure_bpffs(pin_dir: Path) -> None:
+    """Create the pin directory; mount bpffs at /sys/fs/bpf if nothing is mounted there."""
+    if not any(is_bpffs(p) for p in (pin_dir, *pin_dir.parents)):
+        default = Path("/sys/fs/bpf")
+        if default not in (pin_dir, *pin_dir.parents):
+            raise KernelSetupError(f"{pin_dir} is not on a bpf filesystem")
+        rc = os.system("mount -t bpf bpf /sys/fs/bpf")
+        if rc != 0:
+            raise KernelSetupError("bpffs is not mounted at /sys/fs/bpf and mounting it failed")
+        log.info("mounted bpffs at /sys/fs/bpf")
+    try:
+        pin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KernelSetupError(f"cannot create pin directory {pin_dir}: {exc.strerror}") from exc
+    restrict_pin_dir(pin_dir)
+
+
+def restrict_pin_dir(pin_dir: Path) -> None:
+    """Make the pin directory this agent's alone: 0700, and every pin in it 0600.
+
+    A pin is the map itself: whoever may open it may send any Service anywhere. The kernel
+    creates pins 0600 already, but bpffs's root is world-writable (1777), so another user
+    could have made the directory first and could then swap the pins: such a directory, or
+    a symlink in its place, is refused."""
+    info = os.lstat(pin_dir)
+    if not stat.S_ISDIR(info.st_mode):
+        raise KernelSetupError(f"{pin_dir} is not a directory (a symlink?): remove it")
+    if info.st_uid != os.geteuid():
+        raise KernelSetupError(
+            f"{pin_dir} belongs to uid {info.st_uid}, not to this agent (uid {os.geteuid()}),"
+            " so its owner could replace the pins: remove it and start again"
+        )
+    os.chmod(pin_dir, 0o700)
+    for entry in os.scandir(pin_dir):  # pins a previous agent (or an older ebpflb) left
+        if entry.is_file(follow_symlinks=False):
+            os.chmod(entry.path, 0o600)
+
+
+def expected_map_layout(config: Config) -> dict[str, MapLayout]:
+    """Type, key and value sizes, max entries and flags of every pinned map."""
+    return {name.value: spec.layout(config) for name, spec in contract.MAPS.items()}
+
+
+def pinned_layout(path: Path) -> MapLayout | None:
+    """What the kernel says of the map pinned at `path`; None when nothing is there."""
+    try:
+        fd = bpfsys.obj_get(str(path))
+    except bpfsys.BpfError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+    try:
+        info = bpfsys.map_info(fd, path.name)
+    finally:
+        os.close(fd)
+    return MapLayout(info.type, info.key_size, info.value_size, info.max_entries, info.flags)
+
+
+def drop_incompatible(config: Config) -> list[str]:
+    """Unpin maps whose layout differs from this configuration (a size change or upgrade).
+
+    BCC would otherwise reuse a pinned map of any shape. The service, backend and slot maps
+    are rebuilt from the desired state right after start; a dropped reverse-translation map
+    only costs getpeername() on sockets connected before the restart.
+    """
+    dropped = []
+    for name, expected in expected_map_layout(config).items():
+        path = config.bpffs_dir / name
+        actual = pinned_layout(path)
+        if actual is None or actual == expected:
+            continue
+        log.warning(
+            "pinned map %s has layout %s, config wants %s: recreating it", path, actual, expected
+        )
+        try:
+            path.unlink()
+        except OSError as exc:
+            raise KernelSetupError(f"cannot remove the stale pin {path}: {exc.strerror}") from exc
+        dropped.append(name)
+    return dropped
+
+
+def remove_pins(bpffs_dir: Path) -> int:
+    """Unpin every ebpflb map under `bpffs_dir` and the directory if it is then empty; the
+    number of pins removed."""
+    removed = 0
+    if not bpffs_dir.exists():
+        return 0
+    for name in MapName:
+        pin = bpffs_dir / name.value
+        if pin.exists():
+            try:
+                pin.unlink()
+            except OSError as exc:
+                raise KernelSetupError(f"cannot remove pin {pin}: {exc.strerror}") from exc
+            removed += 1
+    with contextlib.suppress(OSError):  # not empty: somebody else's pins, keep them
+        bpffs_dir.rmdir()
+    return removed

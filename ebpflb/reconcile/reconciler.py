@@ -1,0 +1,265 @@
+"""The Reconciler strings the parts together: restore, claims, removals, plan, write
+steps, accounting, collection of unused backends.
+
+It remembers what it has written (checked against the pinned maps at start and at every
+full resync, and relearned from them where they differ, so it is the kernel's truth and
+not a belief), diffs the desired state against it, and writes only the difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ebpflb import maglev
+from ebpflb.datapath.maps import MapSet, SourceRange
+from ebpflb.desired import DesiredFrontend
+from ebpflb.metrics import Metrics
+from ebpflb.model import Frontend, NamespacedName
+from ebpflb.reconcile import restore
+from ebpflb.reconcile.backends import Backends
+from ebpflb.reconcile.plan import Planner, claims
+from ebpflb.reconcile.report import LOG_EACH_MAX, Reporter
+from ebpflb.reconcile.result import ApplyResult
+from ebpflb.reconcile.space import Space
+from ebpflb.reconcile.state import Leftovers, MapContents, Realized, RealizedState
+from ebpflb.reconcile.write import Outcome, Writer
+
+
+class Reconciler:
+    def __init__(
+        self,
+        maps: MapSet,
+        *,
+        hash_seed: str = maglev.DEFAULT_HASH_SEED,
+        max_table_size: int = maglev.DEFAULT_MAX_TABLE_SIZE,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.maps = maps
+        self.hash_seed = hash_seed
+        self.max_table_size = max_table_size
+        self.metrics = metrics
+        self.state = RealizedState()
+        self.backends = Backends(maps.backends.name, maps.backends.capacity)
+        self.space = Space(maps)
+        self.leftovers = Leftovers()
+        # Frontends that failed at their last attempt: owner and message (report.Reporter).
+        self._last_errors: dict[Frontend, tuple[NamespacedName, str]] = {}
+        # An apply raised part-way (a bug, or an error no step expects): what is known may
+        # no longer be what the maps hold, so it is relearned before the next apply.
+        self._suspect = False
+
+    @property
+    def realized(self) -> dict[Frontend, Realized]:
+        """Every frontend as it is in the maps."""
+        return self.state.frontends
+
+    def restore(self) -> None:
+        """Relearn the realized state and the allocators from what the maps hold (see
+        ebpflb.reconcile.restore)."""
+        contents = MapContents.read(self.maps)
+        if not self._suspect and restore.as_written(
+            contents, self.maps, self.state, self.backends, self.space, self.leftovers
+        ):
+            return
+        self.state, self.backends, self.space, self.leftovers = restore.rebuild(
+            contents, self.maps, self.state, self.backends.entries, self.space.quarantined
+        )
+        self._suspect = False
+
+    def apply(
+        self,
+        desired: Mapping[NamespacedName, Mapping[Frontend, DesiredFrontend]],
+        *,
+        full: bool = False,
+    ) -> ApplyResult:
+        """Make the maps hold `desired`.
+
+        Incremental (full=False): only the services listed are touched; a service mapped to
+        no frontends is removed. Full: `desired` is everything, any other frontend in the
+        maps goes, and every table not known to be as written is compared slot by slot
+        (drift repair). A frontend that cannot be programmed fails alone: it is in
+        `result.failed` and `result.errors`, and the next apply that lists it retries it.
+        """
+        if self._suspect:
+            self.restore()
+        self._suspect = True  # until this apply has finished
+        result = self._apply(desired, full=full)
+        self._suspect = False
+        return result
+
+    def _apply(
+        self,
+        desired: Mapping[NamespacedName, Mapping[Frontend, DesiredFrontend]],
+        *,
+        full: bool,
+    ) -> ApplyResult:
+        result = ApplyResult()
+        report = Reporter(self.metrics, result, self._last_errors)
+        self.space.start_apply()
+        wanted = claims(desired, self.state, report)
+
+        # Removals first: they free capacity the additions may need.
+        if full:
+            for frontend in self.leftovers.stray:
+                if frontend not in wanted:
+                    self.maps.services.delete(frontend)
+                    result.count_write(self.maps.services.name)
+            self.leftovers.stray = []
+        candidates = (
+            list(self.state.frontends)
+            if full
+            else [f for owner in desired for f in self.state.owned_by(owner)]
+        )
+        gone = [f for f in candidates if f not in wanted]
+        report.verbose_removals = len(gone) <= LOG_EACH_MAX
+        for frontend in gone:
+            self._remove(frontend, result, report)
+
+        planner = Planner(
+            self.state,
+            self.backends,
+            self.space,
+            report,
+            max_table_size=self.max_table_size,
+            slots_map=self.maps.slots.name,
+        )
+        outcomes = [Outcome(plan) for plan in planner.plan_all(wanted, desired, result)]
+        writer = Writer(self.maps, self.backends, self.space, self.hash_seed)
+        writer.write_all(outcomes, result)
+        report.set_verbose(len(outcomes) <= LOG_EACH_MAX)
+        failed = 0
+        for outcome in outcomes:
+            if outcome.failure is None:
+                self._account(outcome, result, report)
+            else:
+                failed += 1
+                self._give_up(outcome, planner, writer, report)
+        report.unlogged_failures()
+        if not report.verbose or not report.verbose_removals:
+            report.summary(len(outcomes) + len(gone), failed)
+
+        if full:
+            self._remove_leftovers(result)
+        self.backends.collect(self.maps.backends, result)
+        self._note_failures(report, desired, full=full)
+        self._update_gauges()
+        return result
+
+    # ---- after writing -------------------------------------------------------------------
+
+    def _account(self, outcome: Outcome, result: ApplyResult, report: Reporter) -> None:
+        """Update references, quarantine a replaced range, record and log the change."""
+        plan, entry = outcome.plan, outcome.entry
+        current = plan.current
+        assert entry is not None
+        moved = current is not None and current.entry.table_size and not plan.reuse
+        if moved and current is not None and current.owns_range:
+            self.space.retire(current.entry.table_off, current.entry.table_size)
+            if plan.size and self.metrics:
+                self.metrics.table_resizes.inc()
+        old_ids = current.backend_ids if current is not None else ()
+        stored = outcome.table
+        table_ids, digest, written = stored if stored is not None else ((), b"", 0)
+        self.backends.reference(table_ids, old_ids)
+        self.state.set(
+            plan.frontend,
+            Realized(entry, plan.name, plan.owner, table_ids, digest, True, plan.want, plan.ranges),
+        )
+        result.slots_written += written
+        if self.metrics and written:
+            self.metrics.slots_written.inc(written)
+        if current is None:
+            result.added += 1
+        elif current.entry != entry or written or current.ranges != plan.ranges:
+            result.updated += 1
+        else:
+            result.unchanged += 1
+            return
+        if report.log_changes:
+            report.changed(outcome, old_ids, self.backends)
+
+    def _give_up(
+        self, outcome: Outcome, planner: Planner, writer: Writer, report: Reporter
+    ) -> None:
+        """A frontend that failed part-way: undo what it took, and report it."""
+        plan, stored = outcome.plan, outcome.table
+        current = plan.current
+        if plan.reuse and stored is not None and stored.written and current is not None:
+            # Its table was rewritten in place before a later step failed: record the
+            # table the pool now holds, and leave the rest to be retried.
+            self.backends.reference(stored.ids, current.backend_ids)
+            self.state.set(
+                plan.frontend,
+                Realized(
+                    current.entry,
+                    current.name,
+                    current.owner,
+                    stored.ids,
+                    stored.digest,
+                    current.owns_range,
+                    None,
+                    current.ranges,
+                ),
+            )
+        writer.take_back_ranges(outcome)
+        planner.give_back(plan)
+        assert outcome.failure is not None
+        report.failed(plan.name, plan.frontend, plan.owner, outcome.failure)
+
+    def _remove(self, frontend: Frontend, result: ApplyResult, report: Reporter) -> None:
+        realized = self.state.frontends[frontend]
+        svc_id = realized.entry.svc_id
+        self.maps.services.delete(frontend)
+        self.maps.service_meta.delete(svc_id)
+        result.count_write(self.maps.services.name)
+        result.count_write(self.maps.service_meta.name)
+        for network in realized.ranges:
+            self.maps.source_ranges.delete(SourceRange(svc_id, network))
+            self.space.range_count -= 1
+            result.count_write(self.maps.source_ranges.name)
+        self.space.svc_ids.release(svc_id)
+        if realized.entry.table_size and realized.owns_range:
+            self.space.retire(realized.entry.table_off, realized.entry.table_size)
+        for backend_id in realized.backend_ids:
+            self.backends.unref(backend_id)
+        self.state.drop(frontend)
+        result.removed += 1
+        report.removed(realized.name, frontend)
+
+    def _remove_leftovers(self, result: ApplyResult) -> None:
+        """Metadata and source ranges of service ids no entry uses (found by restore)."""
+        svc_ids = self.space.svc_ids
+        for svc_id in self.leftovers.metas:
+            if svc_id not in svc_ids:  # not taken again by this apply
+                self.maps.service_meta.delete(svc_id)
+                result.count_write(self.maps.service_meta.name)
+        self.leftovers.metas = []
+        for source_range in self.leftovers.ranges:
+            if source_range.svc_id not in svc_ids:
+                self.maps.source_ranges.delete(source_range)
+                self.space.range_count -= 1
+                result.count_write(self.maps.source_ranges.name)
+        self.leftovers.ranges = []
+
+    def _note_failures(
+        self,
+        report: Reporter,
+        desired: Mapping[NamespacedName, object],
+        *,
+        full: bool,
+    ) -> None:
+        """The frontends failing now: this apply's failures, and earlier ones it did not
+        look at (of services it was not given)."""
+        for frontend, (owner, _) in list(self._last_errors.items()):
+            if full or owner in desired:
+                del self._last_errors[frontend]
+        self._last_errors.update(report.failures)
+
+    def _update_gauges(self) -> None:
+        if not self.metrics:
+            return
+        self.metrics.frontends.set(len(self.state))
+        self.metrics.backends.set(len(self.backends))
+        self.metrics.slots_used.set(self.space.slots.used)
+        self.metrics.undersized_tables.set(self.state.undersized)
+        self.metrics.frontends_failed.set(len(self._last_errors))

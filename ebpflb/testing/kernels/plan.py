@@ -1,0 +1,84 @@
+"""Which kernel tests a guest runs, what it is told, and how long it may take.
+
+Every test in tests/kernel/ runs on every kernel unless EXCLUDED names it with the reason it
+cannot run there; "slow" is not such a reason.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ebpflb.testing.kernels.guest import Plan
+from ebpflb.testing.kernels.initramfs import RESULTS_MOUNT
+
+KERNEL_TESTS = "tests/kernel"
+# Multiplies AgentProcess's waits (ebpflb/testing/agentproc.py): under emulation an agent
+# start (imports ~10 s, numba ~15 s, the feature probe ~8 s, socket-LB ~26 s and NodePort
+# ~35-70 s of BCC compiling) takes 1-2.5 minutes where the host takes ~1.5 s.
+TIMEOUT_SCALE = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Exclusion:
+    """A test (node id or prefix) left out on some kernel lines, and why."""
+
+    nodeid: str
+    kernel_lines: frozenset[str]  # kernel lines it is left out on
+    reason: str
+
+
+EXCLUDED: Sequence[Exclusion] = ()
+
+
+def excluded_on(line: str, exclusions: Sequence[Exclusion] = EXCLUDED) -> list[Exclusion]:
+    return [e for e in exclusions if line in e.kernel_lines]
+
+
+def guest_plan(
+    repo: str,
+    line: str,
+    selection: Sequence[str] = (KERNEL_TESTS,),
+    exclusions: Sequence[Exclusion] = EXCLUDED,
+    probe: list[str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> Plan:
+    """The plan.json for one kernel: pytest on `selection`, writing JUnit to the results
+    share and nothing into the checkout (no bytecode, no .pytest_cache)."""
+    args = [
+        "-v",  # a line per test: progress on the console of a run that takes many minutes
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        f"junit_suite_name=kernel-{line}",
+        f"--junitxml={RESULTS_MOUNT}/junit.xml",
+        "--durations=15",
+        "-rfE",
+        "--color=no",
+    ]
+    for exclusion in excluded_on(line, exclusions):
+        args += ["--deselect", exclusion.nodeid]
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": "/tmp",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "NUMBA_CACHE_DIR": "/tmp/numba-cache",
+        "EBPFLB_TEST_TIMEOUT_SCALE": str(TIMEOUT_SCALE),
+        "EBPFLB_REQUIRE_KERNEL": "1",
+        **(extra_env or {}),
+    }
+    return Plan(repo=repo, pytest_args=[*args, *selection], env=env, probe=probe)
+
+
+def guest_script(repo: str) -> str:
+    """guest.sh, run by the init inside the chroot: the venv's Python with the guest module."""
+    return (
+        "#!/bin/sh\n"
+        "# ebpflb kernel matrix: runs inside the guest (see ebpflb/testing/kernels/guest.py)\n"
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        "export PYTHONDONTWRITEBYTECODE=1 HOME=/tmp\n"
+        f"cd {shlex.quote(repo)} || exit 2\n"
+        f"exec {shlex.quote(repo + '/.venv/bin/python')} -m ebpflb.testing.kernels.guest "
+        f"{RESULTS_MOUNT}\n"
+    )
