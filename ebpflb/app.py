@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from ebpflb import maglev
 from ebpflb.agent import Agent
 from ebpflb.clock import RealClock
-from ebpflb.config import Config
+from ebpflb.config import Config, place_snat_ports
 from ebpflb.datapath import loader, netdev
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
@@ -142,6 +142,8 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         signal.signal(signal.SIGTERM, on_signal)
 
     interfaces = netdev.interfaces(config.interfaces) if config.interfaces != () else []
+    if interfaces:
+        config = place_snat_ports(config, netdev.ephemeral_port_range())
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     registry.register(StatusCollector(status.phases, status.frontend_changes))

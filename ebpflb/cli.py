@@ -10,6 +10,7 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ebpflb import __version__, configfile, privileges
 from ebpflb.bench import command as bench_command
@@ -173,9 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--snat-port-range",
         type=_port_range,
-        default=(DEFAULTS.snat_port_min, DEFAULTS.snat_port_max),
+        default=None,
         metavar="MIN-MAX",
-        help="source ports for masqueraded NodePort flows (default 32768-65535)",
+        help="source ports for masqueraded NodePort flows, outside the node's"
+        " net.ipv4.ip_local_port_range (default: the ports above it)",
     )
     run.add_argument(
         "--xdp",
@@ -234,6 +236,12 @@ def _interfaces(text: str) -> tuple[str, ...]:
     return tuple(name for name in text.split(",") if name)
 
 
+def _snat_ports(given: tuple[int, int] | None) -> dict[str, Any]:
+    if given is None:
+        return {}
+    return {"snat_port_min": given[0], "snat_port_max": given[1], "snat_port_auto": False}
+
+
 def _port_range(text: str) -> tuple[int, int]:
     low, sep, high = text.partition("-")
     if not sep or not low.isdigit() or not high.isdigit():
@@ -258,8 +266,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         node_name=node_name(args.node_name),
         interfaces=args.interfaces,
         xdp=args.xdp,
-        snat_port_min=args.snat_port_range[0],
-        snat_port_max=args.snat_port_range[1],
+        **_snat_ports(args.snat_port_range),
         **{field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS},
     )
     if args.manifests is not None and args.kubeconfig is not None:

@@ -8,6 +8,7 @@ Changing a size changes the pinned maps' layout, which the loader detects and ha
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 from dataclasses import dataclass
@@ -55,8 +56,11 @@ class Config:
     ct_max: int = 262144
     rnat_max: int = 262144
     src_range_max: int = 16384
-    snat_port_min: int = 32768
+    # Source ports of masqueraded NodePort flows. Unless given (snat_port_auto False), the
+    # agent places them above the node's ephemeral ports: see place_snat_ports.
+    snat_port_min: int = 61000
     snat_port_max: int = 65535
+    snat_port_auto: bool = True
     ct_tcp_timeout: int = 21600
     ct_tcp_syn_timeout: int = 60
     ct_tcp_close_timeout: int = 10
@@ -200,3 +204,34 @@ def parse_bind_address(address: str, flag: str) -> tuple[str, int]:
     elif ":" in host:
         raise ConfigError(f"{flag} {address!r}: write an IPv6 address as [ADDRESS]:PORT")
     return host or "0.0.0.0", int(port)
+
+
+MIN_SNAT_PORTS = 1024  # fewer would exhaust under an ordinary burst of flows to one backend
+
+
+def place_snat_ports(config: Config, ephemeral: tuple[int, int]) -> Config:
+    """The SNAT port range, kept apart from `ephemeral` (the node's
+    net.ipv4.ip_local_port_range, where its own sockets' ports come from).
+
+    A reply to a host connection whose port lies in the SNAT range would be taken for the
+    reply of a masqueraded flow that once used that port towards the same backend, and
+    translated away from the socket waiting for it. Not given: the ports above the
+    ephemeral range. Given and overlapping: refused, naming both ranges.
+    """
+    low, high = ephemeral
+    if config.snat_port_auto:
+        if 65535 - high < MIN_SNAT_PORTS:
+            raise ConfigError(
+                f"net.ipv4.ip_local_port_range {low}-{high} leaves {65535 - high} ports above"
+                f" it for SNAT (at least {MIN_SNAT_PORTS} needed): narrow the ephemeral range"
+                " or give --snat-port-range outside it"
+            )
+        return dataclasses.replace(config, snat_port_min=high + 1, snat_port_max=65535)
+    if config.snat_port_min <= high and low <= config.snat_port_max:
+        raise ConfigError(
+            f"snat-port-range {config.snat_port_min}-{config.snat_port_max} overlaps the"
+            f" node's ephemeral ports (net.ipv4.ip_local_port_range {low}-{high}): replies to"
+            " the node's own connections would be taken for SNAT replies; choose a range"
+            " outside it"
+        )
+    return config

@@ -52,6 +52,14 @@ def all_links() -> list[Interface]:
         ]
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+    """This network namespace's net.ipv4.ip_local_port_range: the ports the kernel picks
+    for sockets that do not bind one."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = f.read().split()
+    return int(low), int(high)
+
+
 def interfaces(names: tuple[str, ...] | None = None) -> list[Interface]:
     """The named interfaces, or (names=None) every non-loopback interface with a
     global-scope IPv4 address: "the interfaces holding the node's addresses"."""

@@ -27,7 +27,7 @@ NODE1, NODE2 = "192.168.100.1", "192.168.100.2"
 CLIENT, OUTSIDER = "192.168.100.100", "192.168.100.200"
 LB_IP, EXTERNAL_IP = "192.168.100.50", "192.168.100.60"
 PODS = {"node1": {"pod11": 11, "pod12": 12}, "node2": {"pod21": 21, "pod22": 22}}
-SNAT_RANGE = "40000-40063"  # node1: 64 ports per backend, for the exhaustion test
+SNAT_RANGE = "61000-61063"  # node1: 64 ports per backend (exhaustion test), above ephemeral
 
 
 def slice_yaml(name: str, service: str, ports: str, pods: list[tuple[str, str, str]]) -> str:
