@@ -19,6 +19,9 @@ reads the JSON shape anyway. For the same reason requests go through the client'
 ApiClient (configuration, authentication, TLS, errors) but not its generated API classes,
 whose import and argument validation alone take a third of a second at start. Time and
 randomness are injected, so tests run the backoff without sleeping.
+
+Over 400 lines on purpose: the reflector (list, watch, relist on 410, backoff) is one state
+machine per kind, and this is the only module allowed to import `kubernetes`.
 """
 
 from __future__ import annotations

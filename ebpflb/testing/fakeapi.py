@@ -18,6 +18,9 @@ failures with ``fail_next`` (5xx answers), ``delay_next`` (slow answers), ``paus
 requests until ``resume``), ``drop_watches`` (cut open streams without a final chunk) and
 ``compact(expire_watches=True)`` (an ERROR 410 inside open streams). Everything it starts
 stops in ``close()``.
+
+Over 400 lines on purpose: lists, pages, watch streams, bookmarks and compaction all read
+and write one event log; split, each part would reach into the others' state.
 """
 
 from __future__ import annotations
