@@ -4,24 +4,21 @@ sync results, never its log text.
 `ebpflb run` serves /readyz (200 once the first full sync is done, 503 before) on its
 health address and /status (JSON) and /metrics (Prometheus text) on its metrics address.
 The bench gives the agent both addresses on 127.0.0.1 of the agent's network namespace
-and reads them from a thread that enters that namespace for the request (Endpoints).
+and reads them with sockets made inside that namespace (Endpoints, ebpflb.testing.nshttp).
 AgentStatus is the part of /status the bench uses; keys the agent adds are ignored.
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import json
-import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ebpflb.bench.records.agent import AgentStartup, Listing
-from ebpflb.bench.topology import thread_in_netns
 from ebpflb.errors import EbpflbError
+from ebpflb.testing.nshttp import http_get
 
 
 class AgentError(EbpflbError):
@@ -94,27 +91,10 @@ class Endpoints:
     netns: str | None = None
     timeout: float = 5.0
 
-    @contextlib.contextmanager
-    def _connection(self, address: str) -> Iterator[http.client.HTTPConnection]:
-        host, _, port = address.rpartition(":")
-        # The socket is made (at connect) inside the agent's namespace and stays there.
-        with thread_in_netns(self.netns) if self.netns else contextlib.nullcontext():
-            conn = http.client.HTTPConnection(host, int(port), timeout=self.timeout)
-            try:
-                conn.connect()
-            except BaseException:
-                conn.close()
-                raise
-        try:
-            yield conn
-        finally:
-            conn.close()
-
     def get(self, address: str, path: str) -> tuple[int, bytes]:
-        with self._connection(address) as conn:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            return response.status, response.read()
+        host, _, port = address.rpartition(":")
+        code, _, body = http_get(host, int(port), path, netns=self.netns, timeout=self.timeout)
+        return code, body
 
     def ready(self) -> bool:
         """/readyz answers 200; False while it says 503 or nothing listens yet."""
@@ -175,13 +155,6 @@ class Endpoints:
                 return last
             time.sleep(poll)
         return None
-
-
-def free_port(netns: str | None) -> int:
-    """A TCP port free on 127.0.0.1 of `netns` (for the agent's servers)."""
-    with thread_in_netns(netns) if netns else contextlib.nullcontext(), socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def startup(status: AgentStatus, spawned_at: float, cpu_s_at_synced: float) -> AgentStartup:

@@ -22,13 +22,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ebpflb.bench.agent import AgentError, Endpoints, free_port, startup
+from ebpflb.bench.agent import AgentError, Endpoints, startup
 from ebpflb.bench.measure.changes import ChangeTiming, change_latencies
 from ebpflb.bench.measure.cost import process_cpu_seconds, process_memory
 from ebpflb.bench.records.agent import AgentStartup, MapSizes, ProcessMemory
 from ebpflb.bench.scenario import BenchService, objects
-from ebpflb.bench.topology import thread_in_netns
 from ebpflb.errors import EbpflbError
+from ebpflb.testing.nshttp import free_ports, thread_in_netns
 
 if TYPE_CHECKING:
     from ebpflb.testing.agentproc import AgentProcess
@@ -139,10 +139,9 @@ def running_agent(
             own_cgroup = Cgroup.create(f"ebpflb-bench-{tag}")
             cgroup = own_cgroup.path
         sizes = map_sizes(len(services), services[0].endpoint_count)
+        health_port, metrics_port = free_ports(2, netns)
         endpoints = Endpoints(
-            health=f"127.0.0.1:{free_port(netns)}",
-            metrics=f"127.0.0.1:{free_port(netns)}",
-            netns=netns,
+            health=f"127.0.0.1:{health_port}", metrics=f"127.0.0.1:{metrics_port}", netns=netns
         )
         argv = [
             "--kubeconfig",

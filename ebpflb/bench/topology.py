@@ -22,11 +22,8 @@ ebpflb in the same run.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import subprocess
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ebpflb.bench import scenario
@@ -37,24 +34,6 @@ EXTERNAL_IP = "10.240.0.2"
 NODE_BACKEND_IP = "10.250.0.1"
 BACKENDS_IP = "10.250.0.2"
 NODE_INTERFACES = ("eth0", "eth1")  # external side, backend side
-CLONE_NEWNET = 0x40000000
-
-
-@contextlib.contextmanager
-def thread_in_netns(netns: str) -> Iterator[None]:
-    """Run the calling thread in `netns` for the block (setns(2) is per thread; Python
-    3.11 has no os.setns). Sockets created inside stay in that namespace afterwards, and
-    threads started inside inherit it: that is how the fake API server listens on the
-    node's loopback, where the agent can reach it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open("/proc/thread-self/ns/net") as home, open(f"/run/netns/{netns}") as target:
-        if libc.setns(target.fileno(), CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns into {netns}")
-        try:
-            yield
-        finally:
-            if libc.setns(home.fileno(), CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back")
 
 
 @dataclass

@@ -1,22 +1,45 @@
-"""HTTP from this process to servers inside a network namespace (an agent started with
+"""Sockets and HTTP from this process into a network namespace (an agent started with
 nsenter listens on its namespace's loopback).
 
 A socket belongs to the network namespace it was created in, whichever thread uses it
-afterwards. So a short-lived thread enters /run/netns/NAME with setns(2) (per thread;
-Python 3.11 has no os.setns), creates the socket and ends; the caller's thread never
-changes namespace.
+afterwards; setns(2) is per thread (Python 3.11 has no os.setns). `socket_in_netns` makes
+the socket in a short-lived thread, so the caller's thread never changes namespace;
+`thread_in_netns` moves the calling thread for a block, for servers whose threads must
+start inside (they inherit the namespace).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import http.client
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 CLONE_NEWNET = 0x40000000
+
+
+@contextlib.contextmanager
+def thread_in_netns(netns: str) -> Iterator[None]:
+    """Run the calling thread in `netns` for the block, then back in its own. Sockets
+    created inside stay in that namespace afterwards, and threads started inside inherit
+    it (that is how a fake API server listens on a node's loopback)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/thread-self/ns/net") as home, open(f"/run/netns/{netns}") as target:
+        _setns(libc, target.fileno(), netns)
+        try:
+            yield
+        finally:
+            _setns(libc, home.fileno(), "this thread's namespace")
+
+
+def _setns(libc: ctypes.CDLL, fd: int, what: str) -> None:
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"setns into {what}: {os.strerror(errno)}")
 
 
 def socket_in_netns(netns: str | None, kind: int = socket.SOCK_STREAM) -> socket.socket:
@@ -28,12 +51,8 @@ def socket_in_netns(netns: str | None, kind: int = socket.SOCK_STREAM) -> socket
 
     def create() -> None:
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            with open(f"/run/netns/{netns}") as target:
-                if libc.setns(target.fileno(), CLONE_NEWNET) != 0:
-                    errno = ctypes.get_errno()
-                    raise OSError(errno, f"setns into {netns}: {os.strerror(errno)}")
-            made.append(socket.socket(socket.AF_INET, kind))
+            with thread_in_netns(netns):
+                made.append(socket.socket(socket.AF_INET, kind))
         except BaseException as exc:  # handed to the caller's thread
             failed.append(exc)
 

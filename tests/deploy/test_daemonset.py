@@ -42,10 +42,10 @@ import yaml
 
 from ebpflb.bench.kubeproxy import iptables
 from ebpflb.bench.scenario import bench_services
-from ebpflb.bench.topology import thread_in_netns
 from ebpflb.testing import fakeapi
 from ebpflb.testing.agentproc import cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Cluster
+from ebpflb.testing.nshttp import thread_in_netns
 from tests.deploy import podtemplate
 from tests.factories import endpoint, endpoint_slice, service
 
