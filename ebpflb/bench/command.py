@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,10 @@ def measure(args: argparse.Namespace) -> Report:
     return run_sync_bench(sync_settings(args))
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.from_report is not None:
         report = codec.load(args.from_report)
@@ -196,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
                 f" ebpflb bench {report.KIND} --from-report {args.from_report}"
             )
     else:
+        # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the namespaces, servers,
+        # cgroups and pins the run made are removed by its own teardown.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         report = measure(args)
     if args.save:
         codec.save(report, args.save)
