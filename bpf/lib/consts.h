@@ -62,9 +62,10 @@
 /* Interfaces the tc/xdp programs are attached to (ebpflb_ifaddr4). */
 #define EBPFLB_MAX_IFACES 64
 
-/* SNAT source ports, host order, inclusive. Above the NodePort range, as Cilium does. */
+/* SNAT source ports, host order, inclusive: by default above Linux's ephemeral ports
+ * (net.ipv4.ip_local_port_range 32768-60999); the agent places them (config.py). */
 #ifndef EBPFLB_SNAT_PORT_MIN
-#define EBPFLB_SNAT_PORT_MIN 32768
+#define EBPFLB_SNAT_PORT_MIN 61000
 #endif
 #ifndef EBPFLB_SNAT_PORT_MAX
 #define EBPFLB_SNAT_PORT_MAX 65535
