@@ -29,11 +29,13 @@ from ebpflb.agent import Agent
 from ebpflb.clock import RealClock
 from ebpflb.config import Config
 from ebpflb.datapath import loader, netdev
+from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import ExternalIPPolicy, NodeView
 from ebpflb.healthcheck import HealthCheckServers
 from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
+from ebpflb.observe.fill import MapFillCollector, agent_fill
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
 from ebpflb.observe.status import AgentStatus, Phase, process_start_time
@@ -183,10 +185,14 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             status.phase_done(Phase.ATTACHED)
             maglev.warm_up()
             registry.register(DatapathCollector(maps.counters))
-            for pinned, info in maps.map_infos().items():
-                metrics.map_capacity.labels(pinned).set(info.max_entries)
             agent.housekeeping = maps.expire_flows
             agent.use_maps(maps)
+            max_entries = {MapName(n): info.max_entries for n, info in maps.map_infos().items()}
+            registry.register(
+                MapFillCollector(
+                    lambda: agent_fill(agent.reconciler, max_entries, maps.count_entries)
+                )
+            )
 
             def wake_on_stop() -> None:
                 stop.wait()

@@ -48,9 +48,7 @@ class Metrics:
             "Slots of the pool owned by Maglev tables.",
             registry=registry,
         )
-        self.map_capacity = Gauge(
-            "ebpflb_map_capacity", "max_entries of each BPF map.", ["map"], registry=registry
-        )
+        # ebpflb_map_capacity, _entries and _fill_ratio: observe.fill.MapFillCollector.
         self.map_errors = Counter(
             "ebpflb_map_errors_total",
             "Frontends not programmed, by the map or limit they hit and the reason: full (no"

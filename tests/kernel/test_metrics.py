@@ -1,0 +1,108 @@
+"""kube-proxy's metrics and the map fill levels on a real agent, scraped over HTTP:
+network programming latency from a slice's trigger-time annotation set a known time ago,
+and the reverse-socket map's entries moving with real connections."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from ebpflb.config import Config
+from ebpflb.testing.agentproc import AgentProcess
+from ebpflb.testing.netns import Cgroup, Topology
+from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends, wait_until
+
+pytestmark = pytest.mark.kernel
+
+WEB = "10.96.0.10:80"
+IPV4 = {"ip_family": "IPv4"}
+PROGRAMMING = "kubeproxy_network_programming_duration_seconds"
+AGO = 3.0  # seconds: how old the trigger time is when the slice is written
+
+
+def entries(agent: AgentProcess, map_name: str) -> float | None:
+    return agent.metrics().value("ebpflb_map_entries", map=map_name)
+
+
+def test_fill_levels_and_kube_proxy_sync_metrics(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+) -> None:
+    agent = start_agent("--manifests", str(manifests))
+    scrape = agent.metrics()
+    defaults = Config()
+    assert scrape.value("ebpflb_map_entries", map="ebpflb_svc4") == 3
+    assert scrape.value("ebpflb_map_capacity", map="ebpflb_svc4") == defaults.max_services
+    # web (TCP 8080) and dns (UDP 5353) on the same three pods: six backends.
+    assert scrape.value("ebpflb_map_entries", map="ebpflb_be4") == 2 * len(PODS)
+    assert scrape.value("ebpflb_map_capacity", map="ebpflb_slots") == defaults.slot_pool_size
+    ct = scrape.value("ebpflb_map_capacity", map="ebpflb_ct4")
+    assert ct == defaults.ct_max and scrape.value("ebpflb_map_entries", map="ebpflb_ct4") == 0
+    # The first sync was a full one, and succeeded.
+    assert scrape.value("kubeproxy_sync_full_proxy_rules_duration_seconds_count", **IPV4) == 1
+    synced = scrape.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds", **IPV4)
+    assert synced is not None and time.time() - 60 < synced <= time.time()
+
+    before = entries(agent, "ebpflb_revsk4")
+    assert before is not None
+    counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 40, cgroup))
+    assert set(counts) == set(PODS)
+    # One reverse-translation entry per connected socket (getpeername shows the VIP).
+    assert entries(agent, "ebpflb_revsk4") == before + 40
+    ratio = agent.metrics().value("ebpflb_map_fill_ratio", map="ebpflb_revsk4")
+    capacity = agent.metrics().value("ebpflb_map_capacity", map="ebpflb_revsk4")
+    assert capacity and ratio == pytest.approx((before + 40) / capacity)
+
+
+def rfc3339(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).isoformat().replace("+00:00", "Z")
+
+
+def test_network_programming_duration_from_the_trigger_time(
+    manifests: Path, start_agent: AgentFactory, bpffs: Path
+) -> None:
+    agent = start_agent("--manifests", str(manifests))
+    status = agent.status()
+    # Trigger times from before the agent started are not observed (kube-proxy's rule):
+    # make sure `AGO` seconds back is after it (it started before compiling).
+    started = status["process_start"] + status["phases"]["socket_lb_compiled"]
+    while time.time() - AGO <= started:
+        time.sleep(0.1)
+    scrape = agent.metrics()
+    count = scrape.value(f"{PROGRAMMING}_count", **IPV4)
+    total = scrape.value(f"{PROGRAMMING}_sum", **IPV4)
+    changes = scrape.value("kubeproxy_sync_proxy_rules_endpoint_changes_total")
+    partial = scrape.value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", **IPV4)
+    assert count == 0 and total == 0 and changes is not None and partial is not None
+
+    web = manifests / "web.yaml"
+    text = web.read_text()
+    trigger = time.time() - AGO
+    annotated = text.replace(
+        "  name: web-abc12\n",
+        "  name: web-abc12\n  annotations:\n"
+        f'    endpoints.kubernetes.io/last-change-trigger-time: "{rfc3339(trigger)}"\n',
+    ).replace(
+        '  - addresses: ["10.244.1.13"]\n    conditions: {ready: true}',
+        '  - addresses: ["10.244.1.13"]\n    conditions: {ready: false}',
+    )
+    assert annotated.count("last-change-trigger-time") == 1 and "ready: false" in annotated
+    web.write_text(annotated)
+    wait_backends(bpffs, "10.96.0.10:80/TCP", {"10.244.1.11:8080", "10.244.1.12:8080"})
+
+    def observed() -> bool:
+        return agent.metrics().value(f"{PROGRAMMING}_count", **IPV4) == 1
+
+    wait_until(observed, "the programming latency observed", timeout=10)
+    latest = time.time() - trigger  # the most the latency can be
+    scrape = agent.metrics()
+    latency = scrape.value(f"{PROGRAMMING}_sum", **IPV4)
+    assert latency is not None and AGO < latency <= latest
+    assert scrape.value("kubeproxy_sync_proxy_rules_endpoint_changes_total") == changes + 1
+    moved = scrape.value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", **IPV4)
+    assert moved is not None and moved >= partial + 1
+    assert scrape.value("kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 0
+    queued = scrape.value("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", **IPV4)
+    assert queued is not None and trigger < queued < time.time()
