@@ -26,6 +26,7 @@ examples:
   ebpflb run --manifests examples/                 # program the Services in examples/
   ebpflb maps dump                                 # what the pinned maps hold
   ebpflb maps dump --json --tables                 # ... with every Maglev slot
+  ebpflb maps dump --service default/web           # ... of one service only
   ebpflb bench --quick --plot bench.png             # ebpflb vs kube-proxy, ~2 minutes
   ebpflb bench                                     # the full run (under 15 minutes)
   ebpflb bench compare --from-report report.json   # ... its tables again, from a saved run
@@ -225,6 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --json: every Maglev slot's backend, in slot order",
     )
+    dump.add_argument(
+        "--service",
+        metavar="NS/NAME",
+        help="only this service's frontends (every port and address), and their backends,"
+        " conntrack and NAT entries",
+    )
+    dump.add_argument(
+        "--frontend",
+        metavar="VIP:PORT/PROTO",
+        help="only this frontend (e.g. 10.96.0.10:80/TCP) and its backends and flows",
+    )
 
     bench_command.add_parser(sub)
     return parser
@@ -302,8 +314,9 @@ def cmd_maps_dump(args: argparse.Namespace) -> int:
     from ebpflb.datapath import dump
     from ebpflb.datapath.kernel import KernelMapSet
 
+    select = dump.Selection.parse(args.service, args.frontend)
     with KernelMapSet(args.bpffs) as maps:
-        report = dump.collect(maps, tables=args.tables, flows=args.flows)
+        report = dump.collect(maps, tables=args.tables, flows=args.flows, select=select)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
