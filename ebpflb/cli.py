@@ -24,6 +24,7 @@ examples:
   ebpflb run                                       # in a pod: the cluster's Services
   ebpflb run --kubeconfig ~/.kube/config           # ... from outside the cluster
   ebpflb run --manifests examples/                 # program the Services in examples/
+  ebpflb status                                    # the agent's state (or the pins')
   ebpflb maps dump                                 # what the pinned maps hold
   ebpflb maps dump --json --tables                 # ... with every Maglev slot
   ebpflb maps dump --service default/web           # ... of one service only
@@ -238,6 +239,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="only this frontend (e.g. 10.96.0.10:80/TCP) and its backends and flows",
     )
 
+    status = sub.add_parser(
+        "status",
+        help="what the agent is doing (its /status and /metrics); from the pins when it does"
+        " not answer",
+    )
+    _add_config_arg(status)
+    _add_datapath_args(status, cgroup=False)
+    status.add_argument(
+        "--metrics-bind-address",
+        default=DEFAULTS.metrics_bind_address,
+        metavar="HOST:PORT",
+        help="where the agent serves /status and /metrics (default %(default)s)",
+    )
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--timeout", type=float, default=2.0, metavar="S", help="seconds to wait for the agent"
+    )
+
     bench_command.add_parser(sub)
     return parser
 
@@ -324,6 +343,18 @@ def cmd_maps_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Exit status 0 when the agent answers, 1 when it does not (the pins are shown)."""
+    from ebpflb import statuscmd
+
+    document = statuscmd.gather(args.metrics_bind_address, args.bpffs, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        print(statuscmd.render_text(document))
+    return 0 if document["agent"]["answering"] else 1
+
+
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
@@ -360,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "run": cmd_run,
         "cleanup": cmd_cleanup,
         "maps": cmd_maps_dump,
+        "status": cmd_status,
         "bench": bench_command.run,
     }[args.command]
     try:

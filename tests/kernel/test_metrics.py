@@ -1,9 +1,13 @@
 """kube-proxy's metrics and the map fill levels on a real agent, scraped over HTTP:
 network programming latency from a slice's trigger-time annotation set a known time ago,
-and the reverse-socket map's entries moving with real connections."""
+the reverse-socket map's entries moving with real connections, and `ebpflb status` with
+the agent up and, after it stopped, from the pins."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ebpflb.config import Config
+from ebpflb.datapath.contract import MapName
 from ebpflb.testing.agentproc import AgentProcess
 from ebpflb.testing.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends, wait_until
@@ -106,3 +111,52 @@ def test_network_programming_duration_from_the_trigger_time(
     assert scrape.value("kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 0
     queued = scrape.value("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", **IPV4)
     assert queued is not None and trigger < queued < time.time()
+
+
+def ebpflb_status(agent: AgentProcess, bpffs: Path, *extra: str) -> tuple[int, str]:
+    assert agent.metrics_address is not None
+    done = subprocess.run(
+        [sys.executable, "-m", "ebpflb", "status", "--metrics-bind-address",
+         agent.metrics_address, "--bpffs", str(bpffs), *extra],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return done.returncode, done.stdout
+
+
+def test_status_from_the_agent_and_from_the_pins_once_it_is_gone(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory, bpffs: Path
+) -> None:
+    agent = start_agent("--manifests", str(manifests))
+    served_by(topology.requests(topology.node_ns, "tcp", WEB, 10, cgroup))
+    code, text = ebpflb_status(agent, bpffs)
+    print(f"$ ebpflb status\n{text}")  # shown with -s: the README's example
+    assert code == 0, text
+    assert f"answering on {agent.metrics_address}: ready, healthy" in text
+    assert "frontends   3 programmed" in text
+    code, out = ebpflb_status(agent, bpffs, "--json")
+    document = json.loads(out)
+    assert code == 0 and document["agent"]["answering"] and document["maps_from"] == "agent"
+    assert document["status"]["frontends"] == 3
+    assert document["maps"]["ebpflb_svc4"]["entries"] == 3
+    assert document["maps"]["ebpflb_revsk4"]["entries"] >= 10
+    assert set(document["maps"]) == {name.value for name in MapName}
+
+    assert agent.stop() == 0  # the datapath stays: programs attached, maps pinned
+    code, text = ebpflb_status(agent, bpffs)
+    print(f"$ ebpflb status   # the agent stopped\n{text}")
+    assert code == 1, text
+    assert f"NOT answering on {agent.metrics_address}: Connection refused" in text
+    assert f"what the maps pinned under {bpffs} hold" in text
+    assert "frontends   3 of 3 services, 1 refusing (no usable endpoint)" in text
+    code, out = ebpflb_status(agent, bpffs, "--json")
+    document = json.loads(out)
+    assert code == 1 and document["maps_from"] == "pins" and document["status"] is None
+    pins = document["pins"]
+    assert (pins["frontends"], pins["services"], pins["backends"]) == (3, 3, 6)
+    assert pins["counters"]["connect_xlated"] >= 10
+    maps = document["maps"]
+    assert set(maps) == {name.value for name in MapName}
+    assert maps["ebpflb_svc4"]["entries"] == 3 and maps["ebpflb_be4"]["entries"] == 6
+    assert maps["ebpflb_svcmeta"]["entries"] == 3
+    assert maps["ebpflb_revsk4"]["entries"] >= 10  # counted in the kernel
+    assert maps["ebpflb_slots"]["entries"] == pins["slots_used"] > 0
