@@ -65,7 +65,9 @@ def kubernetes_source(kubeconfig: Path | None = None) -> SourceFactory:
     return lambda sink: KubernetesSource(sink, api)
 
 
-def _serve(config: Config, registry: CollectorRegistry, status: AgentStatus) -> list[HttpServer]:
+def _serve(
+    config: Config, registry: CollectorRegistry, status: AgentStatus, metrics: Metrics
+) -> list[HttpServer]:
     """The health and metrics servers, each unless its address is empty."""
     servers = []
     try:
@@ -73,7 +75,7 @@ def _serve(config: Config, registry: CollectorRegistry, status: AgentStatus) -> 
             servers.append(
                 HttpServer(
                     config.healthz_bind_address,
-                    health_routes(status.health),
+                    health_routes(status.health, metrics.kube_proxy.health_answered),
                     flag="healthz-bind-address",
                 )
             )
@@ -163,7 +165,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     nodeport: loader.NodePortLB | None = None
     servers: list[HttpServer] = []
     try:
-        servers = _serve(config, registry, status)  # a taken port fails before any work
+        servers = _serve(config, registry, status, metrics)  # a taken port fails before any work
         source.start()  # listing, while the programs compile
         features = loader.probe_features()
         socket_lb = loader.SocketLB(config, features)

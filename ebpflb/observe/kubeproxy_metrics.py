@@ -24,6 +24,7 @@ What each one measures here (the agent feeds them; see ebpflb.agent):
 - sync_proxy_rules_no_local_endpoints_total{traffic_policy}: service ports whose internal
   (internalTrafficPolicy: Local) or external (externalTrafficPolicy: Local, NodePort or
   LoadBalancer or external IPs) traffic has no local endpoint on this node.
+- proxy_healthz_total{code}, proxy_livez_total{code}: answers of the health server.
 """
 
 from __future__ import annotations
@@ -122,6 +123,18 @@ class KubeProxyMetrics:
             ["ip_family", "traffic_policy"],
             registry=registry,
         )
+        self.healthz = Counter(
+            "kubeproxy_proxy_healthz_total",
+            "Cumulative proxy healthz HTTP status",
+            ["code"],
+            registry=registry,
+        )
+        self.livez = Counter(
+            "kubeproxy_proxy_livez_total",
+            "Cumulative proxy livez HTTP status",
+            ["code"],
+            registry=registry,
+        )
         for metric in (
             self.sync_duration,
             self.sync_full_duration,
@@ -150,6 +163,11 @@ class KubeProxyMetrics:
         histogram = self.network_programming.labels(IP_FAMILY)
         for seconds in latencies:
             histogram.observe(seconds)
+
+    def health_answered(self, path: str, status: int) -> None:
+        """One /healthz or /livez answer (kube-proxy counts them by HTTP status)."""
+        counter = self.healthz if path == "/healthz" else self.livez
+        counter.labels(str(status)).inc()
 
     def set_no_local_endpoints(self, internal: int, external: int) -> None:
         self.no_local_endpoints.labels(IP_FAMILY, "internal").set(internal)

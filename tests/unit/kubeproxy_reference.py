@@ -10,8 +10,7 @@ Sources, read 2026-11-30:
 
 Only the metrics that mean something for ebpflb are listed; left out: the iptables and
 nftables rule counts and restore/cleanup failures, conntrack reconciler, nfacct packet
-counters (no iptables, no conntrack entries to reconcile), proxy_healthz_total and
-proxy_livez_total (not done yet).
+counters (no iptables, no conntrack entries to reconcile).
 
 Each entry: name as exposed (a counter with its _total), type, label names, buckets
 (histograms, without +Inf).
@@ -73,6 +72,8 @@ KUBE_PROXY_METRICS = (
     Definition("kubeproxy_sync_proxy_rules_endpoint_changes_total", "counter", ()),
     Definition("kubeproxy_sync_proxy_rules_service_changes_pending", "gauge", ()),
     Definition("kubeproxy_sync_proxy_rules_service_changes_total", "counter", ()),
+    Definition("kubeproxy_proxy_healthz_total", "counter", ("code",)),
+    Definition("kubeproxy_proxy_livez_total", "counter", ("code",)),
     Definition(
         "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
         "gauge",

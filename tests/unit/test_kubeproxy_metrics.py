@@ -16,7 +16,11 @@ from tests.unit.kubeproxy_reference import KUBE_PROXY_METRICS, Definition
 
 def exposed() -> dict[str, tuple[str, list[Sample]]]:
     """Every family /metrics shows, by each of its sample names: (type, samples)."""
-    text = generate_latest(Metrics(CollectorRegistry()).registry).decode()
+    metrics = Metrics(CollectorRegistry())
+    # Series labelled by HTTP status exist once a probe was answered.
+    metrics.kube_proxy.health_answered("/healthz", 200)
+    metrics.kube_proxy.health_answered("/livez", 503)
+    text = generate_latest(metrics.registry).decode()
     found: dict[str, tuple[str, list[Sample]]] = {}
     for family in text_string_to_metric_families(text):
         found[family.name] = (family.type, family.samples)
