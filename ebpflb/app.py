@@ -35,7 +35,7 @@ from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import ExternalIPPolicy, NodeView
 from ebpflb.healthcheck import HealthCheckServers
 from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
-from ebpflb.observe.fill import MapFillCollector, agent_fill
+from ebpflb.observe.fill import CachedCounts, MapFillCollector, agent_fill
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
 from ebpflb.observe.status import AgentStatus, Phase, process_start_time
@@ -190,10 +190,9 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             agent.housekeeping = maps.expire_flows
             agent.use_maps(maps)
             max_entries = {MapName(n): info.max_entries for n, info in maps.map_infos().items()}
+            counts = CachedCounts(maps.count_entries, clock)
             registry.register(
-                MapFillCollector(
-                    lambda: agent_fill(agent.reconciler, max_entries, maps.count_entries)
-                )
+                MapFillCollector(lambda: agent_fill(agent.reconciler, max_entries, counts))
             )
 
             def wake_on_stop() -> None:

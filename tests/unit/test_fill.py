@@ -15,7 +15,7 @@ from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import AddrPort, ConntrackEntry, CtFlags, Flow
 from ebpflb.metrics import Metrics
 from ebpflb.model import Proto
-from ebpflb.observe.fill import MapFill, MapFillCollector, agent_fill, pins_fill
+from ebpflb.observe.fill import CachedCounts, MapFill, MapFillCollector, agent_fill, pins_fill
 from ebpflb.sources.base import Kind
 from tests.factories import endpoint_slice, service
 
@@ -123,3 +123,20 @@ def test_pins_alone_count_every_hash_map() -> None:
     assert levels["ebpflb_slots"] == MapFill("ebpflb_slots", 509, 4096)
     assert levels["ebpflb_be4"].entries == 3
     assert levels["ebpflb_revsk4"] == MapFill("ebpflb_revsk4", 17, 4096)
+
+
+def test_kernel_counts_are_reused_for_a_while() -> None:
+    clock = FakeClock()
+    calls: list[MapName] = []
+
+    def count(name: MapName) -> int:
+        calls.append(name)
+        return len(calls)
+
+    counts = CachedCounts(count, clock, max_age=10)
+    assert counts(MapName.CONNTRACK) == 1
+    clock.advance(9.9)
+    assert counts(MapName.CONNTRACK) == 1  # reused
+    assert counts(MapName.REPLY_NAT) == 2  # each map its own
+    clock.advance(0.1)
+    assert counts(MapName.CONNTRACK) == 3  # counted again
