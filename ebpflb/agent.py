@@ -165,7 +165,8 @@ class Agent:
             if translation.skipped == "addressType IPv6":
                 self.metrics.ipv6_skipped.inc()
             pending = self.slices.update(translation)
-            self.proxy_sync.slice_event()
+            if translation.skipped is None:  # kube-proxy's IPv4 tracker sees IPv4 slices only
+                self.proxy_sync.slice_event()
         if self.status is not None:
             self.status.object_accepted(kind.value, str(translation.ref))
         if pending:

@@ -236,3 +236,10 @@ def test_services_with_a_local_policy_and_no_local_endpoint_are_counted(h: Harne
     h.sync()
     assert h.value(gauge, {**IPV4, "traffic_policy": "external"}) == 0
     assert h.value(gauge, {**IPV4, "traffic_policy": "internal"}) == 1
+
+
+def test_ipv6_slices_are_not_ipv4_endpoint_changes(h: Harness) -> None:
+    h.start()
+    v6 = endpoint_slice("web-v6", address_type="IPv6", endpoints=[endpoint("fd00::1")])
+    h.agent.object_updated(Kind.ENDPOINT_SLICE, v6)
+    assert h.value("kubeproxy_sync_proxy_rules_endpoint_changes_total", {}) == 1  # the start's
