@@ -8,6 +8,7 @@ the pins), `render_text` turns the document into a few readable lines and a map 
     {"agent": {"address", "answering", "error"},
      "status": the agent's /status document, or null,
      "kube_proxy": {figures from kube-proxy's metrics}, or null,
+     "datapath": {event: count} (ebpflb_datapath_events_total; only from the agent),
      "maps": {"<pinned map>": {"entries", "capacity", "ratio"}},
      "maps_from": "agent" | "pins" | null,
      "pins": {"dir", "frontends", "services", "backends", "slots_used", "counters",
@@ -26,6 +27,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ebpflb.datapath.contract import MapName
 from ebpflb.errors import EbpflbError
 from ebpflb.observe.fill import MapFill, pins_fill
 
@@ -91,6 +93,7 @@ def gather(address: str, bpffs: Path, *, timeout: float = 2.0) -> dict[str, Any]
             samples = metric_samples(metrics)
             document["kube_proxy"] = kube_proxy_figures(samples)
             document["maps"] = fill_from_metrics(samples)
+            document["datapath"] = datapath_counters(samples)
             document["maps_from"] = "agent"
             return document
     else:
@@ -135,16 +138,26 @@ def fill_from_metrics(
         target = {"ebpflb_map_entries": entries, "ebpflb_map_capacity": capacity}.get(name)
         if target is not None:
             target[dict(labels)["map"]] = value
+    order = {name.value: i for i, name in enumerate(MapName)}  # as the pins list them
     return {
         name: MapFill(name, int(entries[name]), int(capacity.get(name, 0))).to_json()
-        for name in sorted(entries)
+        for name in sorted(entries, key=lambda n: (order.get(n, len(order)), n))
+    }
+
+
+def datapath_counters(
+    samples: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
+) -> dict[str, int]:
+    return {
+        dict(labels)["event"]: int(value)
+        for (name, labels), value in samples.items()
+        if name == "ebpflb_datapath_events_total"
     }
 
 
 def read_pins(bpffs: Path) -> tuple[dict[str, Any], list[MapFill]]:
     """What the pinned maps hold, without an agent: counts and fill levels."""
     from ebpflb.datapath import dump  # the datapath adapter: BCC's libbpf bindings
-    from ebpflb.datapath.contract import MapName
     from ebpflb.datapath.kernel import KernelMapSet
 
     with KernelMapSet(bpffs) as maps:
@@ -188,6 +201,7 @@ def render_text(document: Mapping[str, Any], *, now: float | None = None) -> str
     status = document.get("status")
     if agent["answering"] and status is not None:
         lines += _agent_lines(agent["address"], status, document.get("kube_proxy") or {}, now)
+        lines += _counter_lines(document.get("datapath") or {})
     else:
         lines += _pins_lines(agent, document.get("pins") or {})
     maps = document.get("maps") or {}
@@ -305,7 +319,11 @@ def _pins_lines(agent: Mapping[str, Any], pins: Mapping[str, Any]) -> list[str]:
         + (f", {refusing} refusing (no usable endpoint)" if refusing else "")
     )
     lines.append(f"backends    {pins['backends']:,}; Maglev slots in use: {pins['slots_used']:,}")
-    counted = {k: v for k, v in sorted((pins.get("counters") or {}).items()) if v}
-    if counted:
-        lines.append("datapath    " + ", ".join(f"{k}={v:,}" for k, v in counted.items()))
-    return lines
+    return lines + _counter_lines(pins.get("counters") or {})
+
+
+def _counter_lines(counters: Mapping[str, int]) -> list[str]:
+    counted = {k: v for k, v in sorted(counters.items()) if v}
+    if not counted:
+        return []
+    return ["datapath    " + ", ".join(f"{k}={v:,}" for k, v in counted.items())]

@@ -12,7 +12,8 @@ Computed when asked (a scrape), cheaply:
   262,144-entry conntrack map on the 2-core VM. A count is reused for COUNT_MAX_AGE
   seconds (`CachedCounts`), so frequent scrapers cost no more;
 - the slot pool is an array: its "entries" are the Maglev slots tables use, of the pool's
-  slots (not its 8-byte elements); the per-CPU counter array's are the counters in use.
+  slots (not its 8-byte elements). The per-CPU counter array has no fill level (its
+  indexes are fixed at compile time): it is left out.
 
 Without an agent (`ebpflb status` from the pins) every figure is read from the maps.
 """
@@ -27,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ebpflb.clock import Clock
-from ebpflb.datapath.contract import SLOTS_PER_ELEMENT, Counter, MapName
+from ebpflb.datapath.contract import SLOTS_PER_ELEMENT, MapName
 from ebpflb.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,10 @@ class CachedCounts:
         return known[1]
 
 
+# The per-CPU counter array: its indexes are fixed when it is compiled, it never fills up.
+NO_FILL_LEVEL = (MapName.STATS,)
+
+
 @dataclass(frozen=True, slots=True)
 class MapFill:
     map: str
@@ -96,7 +101,6 @@ def agent_fill(
         MapName.BACKENDS: len(reconciler.backends),
         MapName.SLOTS: reconciler.space.slots.used,
         MapName.SOURCE_RANGES: reconciler.space.range_count,
-        MapName.STATS: len(Counter),
     }
     return _levels(max_entries, lambda name: known[name] if name in known else count(name))
 
@@ -105,14 +109,14 @@ def pins_fill(
     max_entries: Mapping[MapName, int], count: Callable[[MapName], int], slots_used: int
 ) -> list[MapFill]:
     """Every map's fill level from the pins alone (no agent): `count` for every hash map."""
-    known = {MapName.SLOTS: slots_used, MapName.STATS: len(Counter)}
+    known = {MapName.SLOTS: slots_used}
     return _levels(max_entries, lambda name: known[name] if name in known else count(name))
 
 
 def _levels(max_entries: Mapping[MapName, int], entries: Callable[[MapName], int]) -> list[MapFill]:
     levels = []
     for name in MapName:
-        if name not in max_entries:
+        if name not in max_entries or name in NO_FILL_LEVEL:
             continue
         capacity = capacity_of(name, max_entries[name])
         levels.append(MapFill(name.value, entries(name), capacity))
