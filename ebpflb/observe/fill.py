@@ -5,15 +5,15 @@ Computed when asked (a scrape), cheaply:
 
 - maps the control plane alone writes (frontends, service metadata, backends, the slot
   pool, source ranges): from what the reconciler knows, O(1);
-- maps the programs write (conntrack, reply NAT and SNAT reservations, the reverse-socket
-  LRU, interface addresses): counted in the kernel, exactly, with batched lookups
-  (`KernelMapSet.count_entries`: 4096 elements per syscall, bounded by the map's size;
-  nothing decoded): 0.8 ms for 1,000 entries, 17 ms for 65,536, 79 ms for a full
-  262,144-entry conntrack map on the 2-core VM. A count is reused for COUNT_MAX_AGE
-  seconds (`CachedCounts`), so frequent scrapers cost no more;
+- every other hash, LRU or LPM map (those the programs write: conntrack, reply NAT and
+  SNAT reservations, the reverse-socket LRU, interface addresses): counted in the kernel,
+  exactly, with batched lookups (`KernelMapSet.count_entries`: 4096 elements per
+  syscall, bounded by the map's size; nothing decoded): 0.8 ms for 1,000 entries, 17 ms
+  for 65,536, 79 ms for a full 262,144-entry conntrack map on the 2-core VM. A count is
+  reused for COUNT_MAX_AGE seconds (`CachedCounts`), so frequent scrapers cost no more;
 - the slot pool is an array: its "entries" are the Maglev slots tables use, of the pool's
-  slots (not its 8-byte elements). The per-CPU counter array has no fill level (its
-  indexes are fixed at compile time): it is left out.
+  slots (not its 8-byte elements). Other arrays (counters by a fixed index) have no
+  fill level: they are left out.
 
 Without an agent (`ebpflb status` from the pins) every figure is read from the maps.
 """
@@ -28,19 +28,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ebpflb.clock import Clock
-from ebpflb.datapath.contract import SLOTS_PER_ELEMENT, MapName
+from ebpflb.datapath.contract import MAPS, SLOTS_PER_ELEMENT, MapName, MapType
 from ebpflb.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
-
-# Maps whose entries only the datapath's programs create: counted in the kernel.
-DATAPATH_WRITTEN = (
-    MapName.CONNTRACK,
-    MapName.REPLY_NAT,
-    MapName.REVERSE_SOCK,
-    MapName.IFACE_ADDRS,
-)
-
 
 COUNT_MAX_AGE = 10.0  # seconds a kernel count is reused
 
@@ -63,10 +54,6 @@ class CachedCounts:
             known = (now, self._count(name))
             self._known[name] = known
         return known[1]
-
-
-# The per-CPU counter array: its indexes are fixed when it is compiled, it never fills up.
-NO_FILL_LEVEL = (MapName.STATS,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +100,21 @@ def pins_fill(
     return _levels(max_entries, lambda name: known[name] if name in known else count(name))
 
 
+def has_fill_level(name: MapName) -> bool:
+    """Hash, LRU and LPM maps fill up; an array (counters by fixed index) does not, except
+    the slot pool, whose tables take room."""
+    return name is MapName.SLOTS or MAPS[name].type not in _ARRAYS
+
+
+_ARRAYS = (MapType.ARRAY, MapType.PERCPU_ARRAY)
+
+
 def _levels(max_entries: Mapping[MapName, int], entries: Callable[[MapName], int]) -> list[MapFill]:
     levels = []
     for name in MapName:
-        if name not in max_entries or name in NO_FILL_LEVEL:
-            continue
-        capacity = capacity_of(name, max_entries[name])
-        levels.append(MapFill(name.value, entries(name), capacity))
+        if name in max_entries and has_fill_level(name):
+            capacity = capacity_of(name, max_entries[name])
+            levels.append(MapFill(name.value, entries(name), capacity))
     return levels
 
 

@@ -10,12 +10,19 @@ from prometheus_client import CollectorRegistry
 from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
-from ebpflb.datapath.contract import STAT_MAX, MapName
+from ebpflb.datapath.contract import MAPS, STAT_MAX, MapName, MapType
 from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import AddrPort, ConntrackEntry, CtFlags, Flow
 from ebpflb.metrics import Metrics
 from ebpflb.model import Proto
-from ebpflb.observe.fill import CachedCounts, MapFill, MapFillCollector, agent_fill, pins_fill
+from ebpflb.observe.fill import (
+    CachedCounts,
+    MapFill,
+    MapFillCollector,
+    agent_fill,
+    has_fill_level,
+    pins_fill,
+)
 from ebpflb.sources.base import Kind
 from tests.factories import endpoint_slice, service
 
@@ -140,3 +147,13 @@ def test_kernel_counts_are_reused_for_a_while() -> None:
     assert counts(MapName.REPLY_NAT) == 2  # each map its own
     clock.advance(0.1)
     assert counts(MapName.CONNTRACK) == 3  # counted again
+
+
+def test_every_hash_map_has_a_fill_level_and_no_counter_array() -> None:
+    """A map added to the contract gets a fill level if it can fill up (counted in the
+    kernel unless the reconciler knows it): arrays of counters by index cannot."""
+    for name, spec in MAPS.items():
+        assert has_fill_level(name) == (
+            name is MapName.SLOTS or spec.type not in (MapType.ARRAY, MapType.PERCPU_ARRAY)
+        )
+    assert not has_fill_level(MapName.STATS) and has_fill_level(MapName.CONNTRACK)
