@@ -9,6 +9,7 @@ the pins), `render_text` turns the document into a few readable lines and a map 
      "status": the agent's /status document, or null,
      "kube_proxy": {figures from kube-proxy's metrics}, or null,
      "datapath": {event: count} (ebpflb_datapath_events_total; only from the agent),
+     "source": {kind or "manifests": {event: count}} (ebpflb_source_events_total; idem),
      "maps": {"<pinned map>": {"entries", "capacity", "ratio"}},
      "maps_from": "agent" | "pins" | null,
      "pins": {"dir", "frontends", "services", "backends", "slots_used", "counters",
@@ -94,6 +95,7 @@ def gather(address: str, bpffs: Path, *, timeout: float = 2.0) -> dict[str, Any]
             document["kube_proxy"] = kube_proxy_figures(samples)
             document["maps"] = fill_from_metrics(samples)
             document["datapath"] = datapath_counters(samples)
+            document["source"] = source_counters(samples)
             document["maps_from"] = "agent"
             return document
     else:
@@ -143,6 +145,18 @@ def fill_from_metrics(
         name: MapFill(name, int(entries[name]), int(capacity.get(name, 0))).to_json()
         for name in sorted(entries, key=lambda n: (order.get(n, len(order)), n))
     }
+
+
+def source_counters(
+    samples: Mapping[tuple[str, frozenset[tuple[str, str]]], float],
+) -> dict[str, dict[str, int]]:
+    """ebpflb_source_events_total by source (a kind, or manifests) and event."""
+    found: dict[str, dict[str, int]] = {}
+    for (name, labels), value in samples.items():
+        if name == "ebpflb_source_events_total":
+            label = dict(labels)
+            found.setdefault(label["source"], {})[label["event"]] = int(value)
+    return {source: dict(sorted(events.items())) for source, events in sorted(found.items())}
 
 
 def datapath_counters(
@@ -201,6 +215,9 @@ def render_text(document: Mapping[str, Any], *, now: float | None = None) -> str
     status = document.get("status")
     if agent["answering"] and status is not None:
         lines += _agent_lines(agent["address"], status, document.get("kube_proxy") or {}, now)
+        for source, events in (document.get("source") or {}).items():
+            shown = ", ".join(f"{event}={count:,}" for event, count in events.items())
+            lines.append(f"source      {source}: {shown}")
         lines += _counter_lines(document.get("datapath") or {})
     else:
         lines += _pins_lines(agent, document.get("pins") or {})

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from ebpflb import statuscmd
 from ebpflb.clock import FakeClock
-from ebpflb.metrics import DatapathCollector, Metrics
+from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector
 from ebpflb.observe.fill import MapFill, MapFillCollector
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, metrics_routes
@@ -34,6 +34,7 @@ def agent_server() -> Iterator[HttpServer]:
     metrics = Metrics(registry)
     metrics.kube_proxy.programmed([1.5, 2.5])
     registry.register(DatapathCollector(lambda: {"connect_xlated": 5, "fragment": 0}))
+    registry.register(SourceCollector(lambda: {"Service": {"lists": 1, "relists": 2}}))
     registry.register(
         MapFillCollector(lambda: [MapFill("ebpflb_svc4", 3, 65536), MapFill("ebpflb_ct4", 0, 8)])
     )
@@ -72,7 +73,10 @@ def test_an_answering_agent_is_read_over_http(agent_server: HttpServer, tmp_path
     assert document["kube_proxy"]["programming_count"] == 2
     assert document["kube_proxy"]["programming_seconds"] == 4.0
     assert document["datapath"] == {"connect_xlated": 5, "fragment": 0}
-    assert "datapath    connect_xlated=5\n" in statuscmd.render_text(document)
+    assert document["source"] == {"Service": {"lists": 1, "relists": 2}}
+    text = statuscmd.render_text(document)
+    assert "datapath    connect_xlated=5\n" in text
+    assert "source      Service: lists=1, relists=2\n" in text
 
 
 def test_an_agent_that_does_not_answer_falls_back_to_the_pins(tmp_path: Path) -> None:
