@@ -16,6 +16,7 @@ import pytest
 
 from ebpflb.config import Config
 from ebpflb.datapath.contract import MapName
+from ebpflb.observe.fill import has_fill_level
 from ebpflb.testing.agentproc import AgentProcess
 from ebpflb.testing.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends, wait_until
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.kernel
 WEB = "10.96.0.10:80"
 IPV4 = {"ip_family": "IPv4"}
 PROGRAMMING = "kubeproxy_network_programming_duration_seconds"
-# Every pinned map has a fill level but the per-CPU counters (fixed indexes).
-ALL_MAPS = {name.value for name in MapName} - {"ebpflb_stats"}
+# Every pinned map has a fill level but arrays of counters (fixed indexes).
+ALL_MAPS = {name.value for name in MapName if has_fill_level(name)}
 AGO = 3.0  # seconds: how old the trigger time is when the slice is written
 
 
