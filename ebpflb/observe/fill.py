@@ -103,7 +103,8 @@ def pins_fill(
 def has_fill_level(name: MapName) -> bool:
     """Hash, LRU and LPM maps fill up; an array (counters by fixed index) does not, except
     the slot pool, whose tables take room."""
-    return name is MapName.SLOTS or MAPS[name].type not in _ARRAYS
+    spec = MAPS.get(name)
+    return name is MapName.SLOTS or (spec is not None and spec.type not in _ARRAYS)
 
 
 _ARRAYS = (MapType.ARRAY, MapType.PERCPU_ARRAY)
