@@ -30,6 +30,7 @@ from ebpflb.errors import Fault, InvalidObjectError
 from ebpflb.healthcheck import HealthCheckServers, HealthTarget
 from ebpflb.metrics import Metrics
 from ebpflb.model import Frontend, NamespacedName, TrafficPolicy
+from ebpflb.observe.proxysync import ProxySyncRecorder
 from ebpflb.observe.status import AgentStatus, SyncRecord, SyncRecordKind
 from ebpflb.reconcile import ApplyResult, Reconciler
 from ebpflb.runner import BoundedFrequencyRunner, SyncKind
@@ -92,8 +93,13 @@ class Agent:
             config.node_name, external_ips=ExternalIPPolicy(config.external_ip_cidrs)
         )
         self.metrics = metrics
+        self._clock = clock or RealClock()
         self.services = ServiceTracker()
-        self.slices = EndpointSliceTracker()
+        # Trigger times from before the agent started were programmed by someone else.
+        self.slices = EndpointSliceTracker(start_time=self._clock.wall())
+        self.proxy_sync = ProxySyncRecorder(
+            metrics.kube_proxy, self.services, self.slices, self._clock, self.node.name
+        )
         self._reconciler: Reconciler | None = None
         self._desired: dict[NamespacedName, dict[Frontend, DesiredFrontend]] = {}
         self._enable_lock = threading.Lock()
@@ -103,7 +109,7 @@ class Agent:
             min_interval=config.min_sync_period,
             max_interval=config.max_sync_period,
             retry_interval=config.retry_period,
-            clock=clock or RealClock(),
+            clock=self._clock,
         )
         self._listed: set[Kind] = set()
         self._retry: set[NamespacedName] = set()
@@ -159,6 +165,8 @@ class Agent:
             if translation.skipped == "addressType IPv6":
                 self.metrics.ipv6_skipped.inc()
             pending = self.slices.update(translation)
+            if translation.skipped is None:  # kube-proxy's IPv4 tracker sees IPv4 slices only
+                self.proxy_sync.slice_event()
         if self.status is not None:
             self.status.object_accepted(kind.value, str(translation.ref))
         if pending:
@@ -194,7 +202,9 @@ class Agent:
                 address,
             )
         self.metrics.external_ips_refused.inc(len(refused))
-        return self.services.update(translation)
+        pending = self.services.update(translation)
+        self.proxy_sync.service_event()
+        return pending
 
     def object_invalid(self, error: InvalidObjectError) -> None:
         """Log and count a rejected object (or manifest document); nothing else changes."""
@@ -214,7 +224,12 @@ class Agent:
         if self.status is not None:
             self.status.object_accepted(kind.value, str(ref))
         tracker = self.services if kind is Kind.SERVICE else self.slices
-        if tracker.delete(ref):
+        pending = tracker.delete(ref)
+        if kind is Kind.SERVICE:
+            self.proxy_sync.service_event()
+        else:
+            self.proxy_sync.slice_event()
+        if pending:
             self._changed()
 
     def initial_list_done(self, kind: Kind) -> None:
@@ -236,6 +251,7 @@ class Agent:
         self.metrics.pending_changes.set(self.services.pending() + self.slices.pending())
         if self.status is not None:
             self.status.change_queued()  # kube-proxy's QueuedUpdate
+        self.proxy_sync.queued()
         self.runner.request()
 
     # ---- sync ----------------------------------------------------------------------------
@@ -245,15 +261,18 @@ class Agent:
             return self._sync_unpaused(kind)
 
     def _sync_unpaused(self, kind: SyncKind) -> bool:
-        started = time.monotonic()
+        started = self._clock.now()
         first = not self.synced.is_set()  # the first sync to complete
         if self.status is not None:
             self.status.sync_started()
+        self.proxy_sync.taking_changes()
         changed = self.services.take_changes() | self.slices.take_changes() | self._retry
         self._retry = set()
         self.metrics.pending_changes.set(0)
+        self.proxy_sync.changes_taken()
         try:
             result = self._apply(kind, changed)
+            self.proxy_sync.written(result.failed if result is not None else ())
         except BaseException:
             # Nothing given to a sync that raised is lost: its services are retried (the
             # runner schedules the retry), and a full resync or first sync is done again.
@@ -263,7 +282,7 @@ class Agent:
             raise
         if self.health is not None:
             self.health.sync(dict(self._health_targets.values()))
-        elapsed = time.monotonic() - started
+        elapsed = self._clock.now() - started
         if result is not None:
             # A frontend that could not be programmed failed alone: its service is retried
             # at the next sync, and is "pending" until then.
@@ -272,6 +291,7 @@ class Agent:
         ok = not self._retry
         self.metrics.sync_duration.labels(kind.value).observe(elapsed)
         self.metrics.syncs.labels(kind.value, "ok" if ok else "error").inc()
+        self.proxy_sync.sync_done(elapsed, full=first or kind is SyncKind.FULL, ok=ok)
         if self.status is not None:
             self._record_sync(first, kind, elapsed, result, ok)
         if not self.synced.is_set():
@@ -350,6 +370,7 @@ class Agent:
                 self._desired.pop(ref, None)
             wanted[ref] = frontends
             self._health_target(ref, state)
+            self.proxy_sync.refreshed(ref, state)
         return wanted
 
     def _full_resync(self) -> ApplyResult:

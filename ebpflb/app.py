@@ -29,11 +29,13 @@ from ebpflb.agent import Agent
 from ebpflb.clock import RealClock
 from ebpflb.config import Config, place_snat_ports
 from ebpflb.datapath import loader, netdev
+from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import ExternalIPPolicy, NodeView
 from ebpflb.healthcheck import HealthCheckServers
 from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
+from ebpflb.observe.fill import CachedCounts, MapFillCollector, agent_fill
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
 from ebpflb.observe.status import AgentStatus, Phase, process_start_time
@@ -63,7 +65,9 @@ def kubernetes_source(kubeconfig: Path | None = None) -> SourceFactory:
     return lambda sink: KubernetesSource(sink, api)
 
 
-def _serve(config: Config, registry: CollectorRegistry, status: AgentStatus) -> list[HttpServer]:
+def _serve(
+    config: Config, registry: CollectorRegistry, status: AgentStatus, metrics: Metrics
+) -> list[HttpServer]:
     """The health and metrics servers, each unless its address is empty."""
     servers = []
     try:
@@ -71,7 +75,7 @@ def _serve(config: Config, registry: CollectorRegistry, status: AgentStatus) -> 
             servers.append(
                 HttpServer(
                     config.healthz_bind_address,
-                    health_routes(status.health),
+                    health_routes(status.health, metrics.kube_proxy.health_answered),
                     flag="healthz-bind-address",
                 )
             )
@@ -163,7 +167,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     nodeport: loader.NodePortLB | None = None
     servers: list[HttpServer] = []
     try:
-        servers = _serve(config, registry, status)  # a taken port fails before any work
+        servers = _serve(config, registry, status, metrics)  # a taken port fails before any work
         source.start()  # listing, while the programs compile
         features = loader.probe_features()
         socket_lb = loader.SocketLB(config, features)
@@ -185,10 +189,13 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             status.phase_done(Phase.ATTACHED)
             maglev.warm_up()
             registry.register(DatapathCollector(maps.counters))
-            for pinned, info in maps.map_infos().items():
-                metrics.map_capacity.labels(pinned).set(info.max_entries)
             agent.housekeeping = maps.expire_flows
             agent.use_maps(maps)
+            max_entries = {MapName(n): info.max_entries for n, info in maps.map_infos().items()}
+            counts = CachedCounts(maps.count_entries, clock)
+            registry.register(
+                MapFillCollector(lambda: agent_fill(agent.reconciler, max_entries, counts))
+            )
 
             def wake_on_stop() -> None:
                 stop.wait()

@@ -25,8 +25,10 @@ examples:
   ebpflb run                                       # in a pod: the cluster's Services
   ebpflb run --kubeconfig ~/.kube/config           # ... from outside the cluster
   ebpflb run --manifests examples/                 # program the Services in examples/
+  ebpflb status                                    # the agent's state (or the pins')
   ebpflb maps dump                                 # what the pinned maps hold
   ebpflb maps dump --json --tables                 # ... with every Maglev slot
+  ebpflb maps dump --service default/web           # ... of one service only
   ebpflb bench --quick --plot bench.png             # ebpflb vs kube-proxy, ~2 minutes
   ebpflb bench                                     # the full run (under 15 minutes)
   ebpflb bench compare --from-report report.json   # ... its tables again, from a saved run
@@ -227,6 +229,35 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --json: every Maglev slot's backend, in slot order",
     )
+    dump.add_argument(
+        "--service",
+        metavar="NS/NAME",
+        help="only this service's frontends (every port and address), and their backends,"
+        " conntrack and NAT entries",
+    )
+    dump.add_argument(
+        "--frontend",
+        metavar="VIP:PORT/PROTO",
+        help="only this frontend (e.g. 10.96.0.10:80/TCP) and its backends and flows",
+    )
+
+    status = sub.add_parser(
+        "status",
+        help="what the agent is doing (its /status and /metrics); from the pins when it does"
+        " not answer",
+    )
+    _add_config_arg(status)
+    _add_datapath_args(status, cgroup=False)
+    status.add_argument(
+        "--metrics-bind-address",
+        default=DEFAULTS.metrics_bind_address,
+        metavar="HOST:PORT",
+        help="where the agent serves /status and /metrics (default %(default)s)",
+    )
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--timeout", type=float, default=2.0, metavar="S", help="seconds to wait for the agent"
+    )
 
     bench_command.add_parser(sub)
     return parser
@@ -309,13 +340,26 @@ def cmd_maps_dump(args: argparse.Namespace) -> int:
     from ebpflb.datapath import dump
     from ebpflb.datapath.kernel import KernelMapSet
 
+    select = dump.Selection.parse(args.service, args.frontend)
     with KernelMapSet(args.bpffs) as maps:
-        report = dump.collect(maps, tables=args.tables, flows=args.flows)
+        report = dump.collect(maps, tables=args.tables, flows=args.flows, select=select)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(dump.render_text(report))
     return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Exit status 0 when the agent answers, 1 when it does not (the pins are shown)."""
+    from ebpflb import statuscmd
+
+    document = statuscmd.gather(args.metrics_bind_address, args.bpffs, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        print(statuscmd.render_text(document))
+    return 0 if document["agent"]["answering"] else 1
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -354,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         "run": cmd_run,
         "cleanup": cmd_cleanup,
         "maps": cmd_maps_dump,
+        "status": cmd_status,
         "bench": bench_command.run,
     }[args.command]
     try:

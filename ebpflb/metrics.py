@@ -14,12 +14,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ebpflb.observe.kubeproxy_metrics import KubeProxyMetrics
+
 log = logging.getLogger(__name__)
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self.kube_proxy = KubeProxyMetrics(registry)  # kube-proxy's names, for its dashboards
         self.sync_duration = Histogram(
             "ebpflb_sync_duration_seconds",
             "Time to apply one sync to the BPF maps.",
@@ -45,9 +48,7 @@ class Metrics:
             "Slots of the pool owned by Maglev tables.",
             registry=registry,
         )
-        self.map_capacity = Gauge(
-            "ebpflb_map_capacity", "max_entries of each BPF map.", ["map"], registry=registry
-        )
+        # ebpflb_map_capacity, _entries and _fill_ratio: observe.fill.MapFillCollector.
         self.map_errors = Counter(
             "ebpflb_map_errors_total",
             "Frontends not programmed, by the map or limit they hit and the reason: full (no"

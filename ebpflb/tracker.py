@@ -95,12 +95,21 @@ class ServiceTracker(_ChangeLog[PortMap]):
 
 
 class EndpointSliceTracker(_ChangeLog[tuple[SliceTranslation, ...]]):
-    """EndpointSlices grouped by the Service they belong to (kube-proxy's slice cache)."""
+    """EndpointSlices grouped by the Service they belong to (kube-proxy's slice cache).
 
-    def __init__(self) -> None:
+    Also kube-proxy's EndpointsChangeTracker bookkeeping for its metrics: the slice updates
+    that changed something since the last sync (endpoint changes pending), and per Service
+    the last-change-trigger-time of each such update (network programming latency), those
+    up to `start_time` (unix) excepted: they were programmed before this tracker existed.
+    """
+
+    def __init__(self, start_time: float = float("-inf")) -> None:
         super().__init__()
+        self.start_time = start_time
         self._slices: dict[NamespacedName, SliceTranslation] = {}
         self._by_service: dict[NamespacedName, dict[NamespacedName, SliceTranslation]] = {}
+        self._trigger_times: dict[NamespacedName, list[float]] = {}
+        self._updates = 0  # slice updates that changed something, since the last sync
 
     def update(self, translation: SliceTranslation) -> bool:
         with self._lock:
@@ -109,6 +118,13 @@ class EndpointSliceTracker(_ChangeLog[tuple[SliceTranslation, ...]]):
                 self._change(old.service, old.ref, None)  # label moved to another service
             self._slices[translation.ref] = translation
             self._change(translation.service, translation.ref, translation)
+            if old != translation:  # trigger times aside (not compared)
+                self._updates += 1
+                when = translation.trigger_time
+                if when is not None and when > self.start_time:
+                    self._trigger_times.setdefault(translation.service, []).append(when)
+            if translation.service not in self._previous:  # no change left to program
+                self._trigger_times.pop(translation.service, None)
             return bool(self._previous)
 
     def delete(self, ref: NamespacedName) -> bool:
@@ -116,7 +132,28 @@ class EndpointSliceTracker(_ChangeLog[tuple[SliceTranslation, ...]]):
             old = self._slices.pop(ref, None)
             if old is not None:
                 self._change(old.service, ref, None)
+                self._updates += 1
+                # kube-proxy too: a deletion's trigger time is that of the last update.
+                self._trigger_times.pop(old.service, None)
             return bool(self._previous)
+
+    def take_changes(self) -> set[NamespacedName]:
+        with self._lock:
+            self._updates = 0
+        return super().take_changes()
+
+    def pending_updates(self) -> int:
+        """Slice updates and deletions that changed something since the last sync."""
+        with self._lock:
+            return self._updates
+
+    def take_trigger_times(self) -> dict[NamespacedName, list[float]]:
+        """The trigger times recorded since the last call, by Service (call it before
+        take_changes: a time recorded in between is then observed a sync late, never
+        before its change is programmed)."""
+        with self._lock:
+            times, self._trigger_times = self._trigger_times, {}
+            return times
 
     def _change(
         self, service: NamespacedName, ref: NamespacedName, new: SliceTranslation | None

@@ -11,9 +11,11 @@ listed, never the reason to drop a Service's other ports.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from ipaddress import IPv4Address
 from typing import Any
 
@@ -31,6 +33,9 @@ from ebpflb.model import (
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+# Set by the EndpointSlice controller to when the change it writes was triggered (RFC 3339).
+TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+_RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)")
 
 Obj = Mapping[str, Any]
 
@@ -85,6 +90,10 @@ class SliceTranslation:
     ports: tuple[SlicePort, ...] = ()
     endpoints: tuple[SliceEndpoint, ...] = ()
     skipped: str | None = None
+    # Unix time of its last-change-trigger-time annotation, None without a valid one. Not
+    # part of what the slice means (compare=False): a slice differing only here programs
+    # nothing new, as in kube-proxy's endpoint slice cache.
+    trigger_time: float | None = field(default=None, compare=False)
 
 
 def object_ref(obj: Obj) -> NamespacedName:
@@ -267,6 +276,7 @@ def translate_slice(obj: Obj) -> SliceTranslation:
     if not service_name:
         r.fail("metadata.labels", f"has no {SERVICE_NAME_LABEL} label", Fault.MISSING)
     service = NamespacedName(ref.namespace, shared(service_name))
+    trigger_time = _trigger_time(r, meta)
     address_type = r.string(obj.get("addressType"), "addressType")
     if not address_type:
         r.fail("addressType", "is missing", Fault.MISSING)
@@ -345,7 +355,24 @@ def translate_slice(obj: Obj) -> SliceTranslation:
         )
     if not ipv4:
         return SliceTranslation(ref, service, skipped=f"addressType {address_type}")
-    return SliceTranslation(ref, service, tuple(ports), tuple(endpoints))
+    return SliceTranslation(ref, service, tuple(ports), tuple(endpoints), None, trigger_time)
+
+
+def parse_trigger_time(text: str) -> float | None:
+    """An RFC 3339 time (the controller writes Go's RFC3339Nano) as unix time; None when it
+    is not one: kube-proxy ignores such a value (getLastChangeTriggerTime), the slice stays."""
+    if not _RFC3339.fullmatch(text):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def _trigger_time(r: Reader, meta: Mapping[Any, Any]) -> float | None:
+    annotations = r.mapping(meta.get("annotations"), "metadata.annotations")
+    value = annotations.get(TRIGGER_TIME_ANNOTATION)
+    return parse_trigger_time(value) if isinstance(value, str) else None
 
 
 def endpoints_for_port(

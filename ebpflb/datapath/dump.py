@@ -10,32 +10,111 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from ipaddress import IPv4Network
-from typing import Any
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ebpflb.datapath.contract import CtFlags, NatFlags
-from ebpflb.datapath.maps import BackendEntry, ConntrackEntry, Flow, MapSet, NatEntry
-from ebpflb.model import BackendFlags, SvcFlags
+from ebpflb.datapath.maps import (
+    AddrPort,
+    BackendEntry,
+    ConntrackEntry,
+    Flow,
+    MapSet,
+    NatEntry,
+    ServiceEntry,
+)
+from ebpflb.errors import ConfigError
+from ebpflb.model import BackendFlags, Frontend, NamespacedName, Proto, SvcFlags
 
 FLOWS = 100  # conntrack and NAT entries shown by default
 _TYPE_FLAGS = SvcFlags.CLUSTER_IP | SvcFlags.EXTERNAL  # shown as the type
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """`maps dump --service NS/NAME` / `--frontend VIP:PORT/PROTO`: the frontends of one
+    service (every port, every address), or one frontend (both scopes); then only the
+    backends, source ranges, conntrack and NAT entries of those frontends."""
+
+    service: NamespacedName | None = None
+    frontend: tuple[IPv4Address, int, Proto] | None = None
+
+    @classmethod
+    def parse(cls, service: str | None = None, frontend: str | None = None) -> Selection:
+        """ConfigError naming the flag for a malformed value."""
+        name = None
+        if service is not None:
+            namespace, sep, rest = service.partition("/")
+            if not sep or not namespace or not rest or "/" in rest:
+                raise ConfigError(f"--service {service!r}: not NAMESPACE/NAME")
+            name = NamespacedName(namespace, rest)
+        where = None
+        if frontend is not None:
+            address, _, tail = frontend.rpartition(":")
+            port, _, proto = tail.partition("/")
+            try:
+                where = (IPv4Address(address), int(port), Proto.parse(proto or "TCP"))
+            except ValueError:
+                raise ConfigError(f"--frontend {frontend!r}: not VIP:PORT/PROTO") from None
+            if not 0 < where[1] < 65536:
+                raise ConfigError(f"--frontend {frontend!r}: port not in 1-65535")
+        return cls(name, where)
+
+    @property
+    def everything(self) -> bool:
+        return self.service is None and self.frontend is None
+
+    def wants(self, frontend: Frontend, service_name: str) -> bool:
+        """`service_name`: the frontend's metadata, "namespace/name:port"."""
+        if self.frontend is not None and self.frontend != (
+            frontend.address,
+            frontend.port,
+            frontend.protocol,
+        ):
+            return False
+        return self.service is None or service_name.startswith(f"{self.service}:")
 
 
 def collect(
-    maps: MapSet, *, tables: bool = False, flows: int = FLOWS, now_ns: int | None = None
+    maps: MapSet,
+    *,
+    tables: bool = False,
+    flows: int = FLOWS,
+    now_ns: int | None = None,
+    select: Selection = Selection(),
 ) -> dict[str, Any]:
     """The JSON document `maps dump --json` prints. `flows`: conntrack and NAT entries at
-    most (0: none); `now_ns`: CLOCK_MONOTONIC now, for their remaining lifetimes."""
+    most (0: none); `now_ns`: CLOCK_MONOTONIC now, for their remaining lifetimes; `select`:
+    one service's or frontend's rows only (then no datapath-wide counters)."""
     now = time.monotonic_ns() if now_ns is None else now_ns
     backends: dict[int, BackendEntry] = dict(maps.backends.items())
     ranges: dict[int, list[IPv4Network]] = {}
     for source_range, _ in maps.source_ranges.items():
         ranges.setdefault(source_range.svc_id, []).append(source_range.network)
-    services = _services(maps, backends, ranges, tables=tables)
+    metas = dict(maps.service_meta.items())
+    entries = [
+        (frontend, entry)
+        for frontend, entry in sorted(maps.services.items())
+        if select.everything or select.wants(frontend, metas.get(entry.svc_id, ""))
+    ]
+    services = _services(maps, entries, metas, backends, ranges, tables=tables)
+    conntrack: Iterable[tuple[Flow, ConntrackEntry]] = maps.conntrack.items()
+    nat: Iterable[tuple[Flow, NatEntry]] = maps.reply_nat.items()
+    if not select.everything:
+        used = {be["id"] for s in services for be in s["backends"]}
+        backends = {i: be for i, be in backends.items() if i in used}
+        svc_ids = {entry.svc_id for _, entry in entries}
+        conntrack = (row for row in conntrack if row[1].svc_id in svc_ids)
+        # A reply translation names the frontend its client used (not the service).
+        addresses = {(AddrPort(f.address, f.port), f.protocol) for f, _ in entries}
+        nat = (row for row in nat if (row[1].frontend, row[0].protocol) in addresses)
     slots_used = sum(s["maglev"]["table_size"] for s in services)
-    return {
+    report: dict[str, Any] = {
         "services": services,
         "backends": [
             {"id": backend_id, "address": str(be.backend), "protocol": be.backend.protocol.name}
@@ -53,26 +132,38 @@ def collect(
         },
         "counters": maps.counters(),
         "conntrack": [
-            _conntrack_row(flow, entry, now)
-            for flow, entry in sorted(itertools.islice(maps.conntrack.items(), flows))
+            _conntrack_row(flow, entry, now) for flow, entry in sorted(_first(conntrack, flows))
         ],
-        "nat": [
-            _nat_row(flow, entry, now)
-            for flow, entry in sorted(itertools.islice(maps.reply_nat.items(), flows))
-        ],
+        "nat": [_nat_row(flow, entry, now) for flow, entry in sorted(_first(nat, flows))],
     }
+    if not select.everything:
+        del report["counters"]  # the datapath's, not this service's
+        report["selection"] = {
+            "service": str(select.service) if select.service else None,
+            "frontend": (
+                f"{select.frontend[0]}:{select.frontend[1]}/{select.frontend[2].name}"
+                if select.frontend
+                else None
+            ),
+        }
+    return report
+
+
+def _first(rows: Iterable[T], count: int) -> Iterator[T]:
+    return itertools.islice(rows, count)
 
 
 def _services(
     maps: MapSet,
+    entries: list[tuple[Frontend, ServiceEntry]],
+    metas: dict[int, str],
     backends: dict[int, BackendEntry],
     ranges: dict[int, list[IPv4Network]],
     *,
     tables: bool,
 ) -> list[dict[str, Any]]:
-    metas = dict(maps.service_meta.items())
     services = []
-    for frontend, entry in sorted(maps.services.items()):
+    for frontend, entry in entries:
         table = maps.slots.read(entry.table_off, entry.table_size) if entry.table_size else None
         counts: Counter[int] = Counter(table.tolist()) if table is not None else Counter()
         listed = []
@@ -183,6 +274,10 @@ def render_text(report: dict[str, Any]) -> str:
         f"{summary['slots_used']} of {summary['slot_pool_size']} slots used "
         f"({summary['slot_memory_bytes'] / 1024:.1f} KiB)"
     )
+    selection = report.get("selection")
+    if selection:
+        only = [f"{k} {v}" for k, v in selection.items() if v]
+        lines.append(f"(only {' and '.join(only)}: datapath counters left out)")
     counted = {k: v for k, v in sorted(report.get("counters", {}).items()) if v}
     if counted:
         lines.append("datapath: " + ", ".join(f"{k}={v}" for k, v in counted.items()))

@@ -175,3 +175,54 @@ def delete(fd: int, key: Any, what: str) -> bool:
     if ct.get_errno() == errno.ENOENT:
         return False
     raise errno_error(f"delete {what}")
+
+
+def count_entries(io: ElementIO, limit: int) -> int:
+    """How many elements the map holds, at most `limit` (its max_entries: a bound, since the
+    programs keep inserting meanwhile). Exact, by BPF_MAP_LOOKUP_BATCH in chunks of
+    LOOKUP_CHUNK into one reused buffer: the kernel has no keys-only batch and no element
+    count for user space, so values are copied too, and nothing is decoded or kept. Without
+    batches (before 5.6, or an LPM trie), one get_next_key per element."""
+    if io.batched:
+        counted = _count_batched(io, limit)
+        if counted is not None:
+            return counted
+    key = ct.create_string_buffer(max(io.key_size, 1))
+    next_key = ct.create_string_buffer(max(io.key_size, 1))
+    if lib.bpf_get_first_key(io.fd, key, io.key_size) < 0:
+        return 0
+    total = 1
+    while total < limit and lib.bpf_get_next_key(io.fd, key, next_key) == 0:
+        key, next_key = next_key, key
+        total += 1
+    return total
+
+
+def _count_batched(io: ElementIO, limit: int) -> int | None:
+    keys = ct.create_string_buffer(LOOKUP_CHUNK * io.key_size)
+    values = ct.create_string_buffer(LOOKUP_CHUNK * io.value_size)
+    size = max(io.key_size, 8)  # a batch's position: see ElementIO._lookup_all
+    position, next_position = ct.create_string_buffer(size), ct.create_string_buffer(size)
+    total = 0
+    first = True
+    while total < limit:
+        count = ct.c_uint32(LOOKUP_CHUNK)
+        res = lib.bpf_lookup_batch(
+            io.fd,
+            None if first else ct.cast(position, ct.POINTER(ct.c_uint32)),
+            ct.cast(next_position, ct.POINTER(ct.c_uint32)),
+            ct.addressof(keys),
+            ct.addressof(values),
+            ct.byref(count),
+        )
+        err = ct.get_errno() if res < 0 else 0
+        if res < 0 and err != errno.ENOENT:
+            if first and err in _BATCH_UNSUPPORTED:
+                return None
+            raise errno_error(f"batch lookup in {io.name}", err)
+        total += count.value
+        if res < 0 or not count.value:
+            break
+        first = False
+        ct.memmove(position, next_position, size)
+    return min(total, limit)

@@ -28,6 +28,7 @@ from ebpflb.datapath.elementio import (
     BPF_ANY,
     LOOKUP_CHUNK,
     ElementIO,
+    count_entries,
     delete,
     errno_error,
     raw_keys,
@@ -210,6 +211,13 @@ class KernelMapSet:
 
     def map_infos(self) -> dict[str, bpfsys.MapInfo]:
         return {m.value: p.info for m, p in self._pins.items()}
+
+    def count_entries(self, name: MapName) -> int:
+        """Elements in a hash, LRU or LPM map now, at most its max_entries (see
+        elementio.count_entries: exact, in batches of 4096)."""
+        pinned = self._pins[name]
+        io = ElementIO(pinned.fd, pinned.name, pinned.info.key_size, pinned.info.value_size)
+        return count_entries(io, pinned.capacity)
 
     def close(self) -> None:
         if hasattr(self, "slots"):

@@ -28,6 +28,7 @@ from prometheus_client.exposition import choose_encoder
 from ebpflb.config import parse_bind_address
 from ebpflb.errors import ConfigError
 from ebpflb.observe.health import (
+    HealthSnapshot,
     ProxyHealth,
     healthz_response,
     livez_response,
@@ -138,14 +139,28 @@ def _kube_proxy_json(answer: tuple[int, bytes]) -> Response:
     return Response(status, JSON, body, {"X-Content-Type-Options": "nosniff"})
 
 
-def health_routes(health: ProxyHealth) -> dict[str, Route]:
+def health_routes(
+    health: ProxyHealth, answered: Callable[[str, int], object] | None = None
+) -> dict[str, Route]:
+    """`answered(path, status)` is told of every /healthz and /livez answer (kube-proxy
+    counts them: kubeproxy_proxy_healthz_total, kubeproxy_proxy_livez_total)."""
+
     def readyz(_headers: Mapping[str, str]) -> Response:
         status, body = readyz_response(health.snapshot())
         return Response(status, TEXT, body)
 
+    def counted(path: str, respond: Callable[[HealthSnapshot], tuple[int, bytes]]) -> Route:
+        def route(_headers: Mapping[str, str]) -> Response:
+            response = _kube_proxy_json(respond(health.snapshot()))
+            if answered is not None:
+                answered(path, response.status)
+            return response
+
+        return route
+
     return {
-        "/healthz": lambda _headers: _kube_proxy_json(healthz_response(health.snapshot())),
-        "/livez": lambda _headers: _kube_proxy_json(livez_response(health.snapshot())),
+        "/healthz": counted("/healthz", healthz_response),
+        "/livez": counted("/livez", livez_response),
         "/readyz": readyz,
     }
 

@@ -21,6 +21,7 @@ from ebpflb.datapath.maps import (
     ServiceEntry,
     SourceRange,
 )
+from ebpflb.errors import ConfigError
 from ebpflb.model import Backend, BackendFlags, Frontend, Proto, SvcFlags
 
 NOW = 5_000_000_000_000  # CLOCK_MONOTONIC ns, injected
@@ -79,9 +80,7 @@ def filled_maps() -> FakeMapSet:
     )
     maps.reply_nat.put(
         Flow(AddrPort(web.address, web.port), AddrPort(ip("198.51.100.8"), 5000), Proto.TCP),
-        NatEntry(
-            AddrPort(ip("198.51.100.8"), 5000), frontend, NatFlags.NONE, NOW - 1_500_000_000
-        ),
+        NatEntry(AddrPort(ip("198.51.100.8"), 5000), frontend, NatFlags.NONE, NOW - 1_500_000_000),
     )
     maps.stats[Counter.NP_NEW_FLOW] = 2
     maps.stats[Counter.SNAT_EXHAUSTED] = 1
@@ -203,3 +202,54 @@ def test_text_of_empty_maps() -> None:
         "",
         "0 frontends, 0 backends, 0 of 64 slots used (0.0 KiB)",
     ]
+
+
+def test_a_service_selection_keeps_only_its_rows_in_every_section(maps: FakeMapSet) -> None:
+    select = dump.Selection.parse(service="default/web")
+    report = dump.collect(maps, now_ns=NOW, select=select)
+    assert [s["frontend"] for s in report["services"]] == [
+        "10.96.0.10:80/TCP",
+        "203.0.113.1:80/TCP",
+    ]
+    assert [b["address"] for b in report["backends"]] == ["10.244.1.11:8080", "10.244.2.21:8080"]
+    assert len(report["conntrack"]) == 1 and len(report["nat"]) == 2  # all web's (the LB IP)
+    assert "counters" not in report  # datapath-wide, not the service's
+    assert report["selection"] == {"service": "default/web", "frontend": None}
+    assert report["summary"]["frontends"] == 2
+
+    dns = dump.collect(maps, now_ns=NOW, select=dump.Selection.parse(service="x/dns"))
+    assert [s["service"] for s in dns["services"]] == ["x/dns:dns"]
+    assert dns["backends"] == [] and dns["conntrack"] == [] and dns["nat"] == []
+    # A name that only starts like another service's is another service.
+    assert dump.collect(maps, select=dump.Selection.parse(service="default/we"))["services"] == []
+
+
+def test_a_frontend_selection_keeps_that_frontend_and_its_flows(maps: FakeMapSet) -> None:
+    cluster_ip = dump.collect(
+        maps, now_ns=NOW, select=dump.Selection.parse(frontend="10.96.0.10:80/TCP")
+    )
+    assert [s["frontend"] for s in cluster_ip["services"]] == ["10.96.0.10:80/TCP"]
+    assert len(cluster_ip["backends"]) == 2
+    assert cluster_ip["conntrack"] == [] and cluster_ip["nat"] == []  # socket-LB: no flows
+    lb = dump.collect(maps, now_ns=NOW, select=dump.Selection.parse(frontend="203.0.113.1:80/TCP"))
+    assert [s["frontend"] for s in lb["services"]] == ["203.0.113.1:80/TCP"]
+    assert [f["svc_id"] for f in lb["conntrack"]] == [8] and len(lb["nat"]) == 2
+    udp = dump.collect(maps, select=dump.Selection.parse(frontend="203.0.113.1:80/UDP"))
+    assert udp["services"] == [] and udp["nat"] == []
+
+
+def test_a_selection_renders_as_text_saying_so(maps: FakeMapSet) -> None:
+    text = dump.render_text(dump.collect(maps, now_ns=NOW, select=dump.Selection.parse("x/dns")))
+    assert text.splitlines()[1].startswith("10.96.0.99:53/UDP  x/dns:dns  ClusterIP")
+    assert "(only service x/dns: datapath counters left out)" in text
+    assert "datapath:" not in text and "CONNTRACK" not in text
+
+
+@pytest.mark.parametrize(
+    ("service", "frontend"),
+    [("web", None), ("a/b/c", None), (None, "10.96.0.10"), (None, "10.96.0.10:x/TCP"),
+     (None, "10.96.0.10:80/SCTP"), (None, "10.96.0.10:0/TCP"), (None, "web:80/TCP")],
+)  # fmt: skip
+def test_a_malformed_selection_names_the_flag(service: str | None, frontend: str | None) -> None:
+    with pytest.raises(ConfigError, match="--service" if service else "--frontend"):
+        dump.Selection.parse(service, frontend)

@@ -170,3 +170,30 @@ def test_ipv6_loopback_is_served() -> None:
         connection.close()
     finally:
         server.close()
+
+
+def test_health_answers_are_counted_by_status_as_kube_proxy_does(status: AgentStatus) -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    server = HttpServer(
+        "127.0.0.1:0",
+        health_routes(status.health, metrics.kube_proxy.health_answered),
+        flag="healthz-bind-address",
+        poll_interval=0.05,
+    )
+    try:
+        assert get(server, "/healthz")[0] == 503  # no sync yet
+        status.sync_started()
+        status.health.sync_finished(ok=True)
+        for path in ("/healthz", "/healthz", "/livez", "/readyz"):
+            get(server, path)
+    finally:
+        server.close()
+
+    def count(name: str, code: str) -> float | None:
+        return registry.get_sample_value(name, {"code": code})
+
+    assert count("kubeproxy_proxy_healthz_total", "503") == 1
+    assert count("kubeproxy_proxy_healthz_total", "200") == 2
+    assert count("kubeproxy_proxy_livez_total", "200") == 1
+    assert count("kubeproxy_proxy_livez_total", "503") is None  # /readyz is not counted
