@@ -33,6 +33,7 @@ from ebpflb.datapath.elementio import (
     raw_keys,
 )
 from ebpflb.datapath.slotpool import KernelSlotPool
+from ebpflb.datapath.svcstats import KernelServiceCounters
 from ebpflb.errors import MapError, MapFullError, NoPinsError
 
 K = TypeVar("K")
@@ -161,12 +162,14 @@ class KernelMapSet:
         self.backends = KernelMap(pins[MapName.BACKENDS], codecs.U32, codecs.BACKEND)
         self.service_meta = KernelMap(pins[MapName.SERVICE_META], codecs.U32, codecs.META)
         self.slots = KernelSlotPool(pins[MapName.SLOTS])
-        self.source_ranges = KernelMap(
-            pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8
-        )
+        self.source_ranges = KernelMap(pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8)
         self.conntrack = KernelMap(pins[MapName.CONNTRACK], codecs.FLOW, codecs.CONNTRACK)
         self.reply_nat = KernelMap(pins[MapName.REPLY_NAT], codecs.FLOW, codecs.NAT)
         self._ncpus = len(get_possible_cpus())
+        stats = pins[MapName.SERVICE_STATS]
+        self.service_counters = KernelServiceCounters(
+            stats.fd, stats.name, stats.capacity, self._ncpus
+        )
 
     def counters(self) -> dict[str, int]:
         pinned = self._pins[MapName.STATS]
