@@ -37,6 +37,7 @@ from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCo
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
 from ebpflb.observe.status import AgentStatus, Phase, process_start_time
+from ebpflb.observe.svccounters import ServiceCounterCollector
 from ebpflb.sources.base import ObjectSink, Source
 from ebpflb.sources.manifests import ManifestSource
 
@@ -183,6 +184,13 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             status.phase_done(Phase.ATTACHED)
             maglev.warm_up()
             registry.register(DatapathCollector(maps.counters))
+            registry.register(
+                ServiceCounterCollector(
+                    maps.service_counters,
+                    lambda: agent.reconciler.realized,
+                    per_service=config.per_service_metrics,
+                )
+            )
             for pinned, info in maps.map_infos().items():
                 metrics.map_capacity.labels(pinned).set(info.max_entries)
             agent.housekeeping = maps.expire_flows

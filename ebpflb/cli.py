@@ -120,6 +120,13 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         " externalIP captures that address's traffic); none by default, like the"
         " DenyServiceExternalIPs admission plugin; 0.0.0.0/0 allows all, like kube-proxy",
     ),
+    (
+        "--per-service-metrics",
+        "per_service_metrics",
+        configfile.parse_bool,
+        "true: datapath counters per frontend (ebpflb_service_*, one series each); false:"
+        " only their totals, for very large clusters",
+    ),
 )
 
 
