@@ -233,8 +233,56 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --json: every Maglev slot's backend, in slot order",
     )
 
+    _add_explain_parser(sub)
     bench_command.add_parser(sub)
     return parser
+
+
+def _add_explain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    explain = sub.add_parser(
+        "explain",
+        help="what the datapath does with a connection or packet, from the pinned maps",
+        description="Mirror the datapath's decisions for CLIENT -> VIP:PORT/PROTO from the"
+        " pinned maps (read only; the agent may be down): frontend, table slot, backend,"
+        " NAT, or why it is refused or dropped.",
+    )
+    _add_config_arg(explain)
+    explain.add_argument("client", metavar="CLIENT", help="IP or IP:PORT of the client")
+    explain.add_argument("target", metavar="VIP:PORT[/PROTO]", help="what it connects to")
+    _add_datapath_args(explain, cgroup=False)
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    side = explain.add_mutually_exclusive_group()
+    side.add_argument(
+        "--from-outside",
+        action="store_true",
+        help="a packet arriving on a node interface (tc/XDP); default: a connect() or"
+        " sendmsg() on this node or in a pod (socket-LB)",
+    )
+    side.add_argument(
+        "--ingress",
+        metavar="IFACE",
+        help="like --from-outside, arriving on IFACE (its node address is the SNAT source)",
+    )
+    explain.add_argument(
+        "--sendmsg",
+        action="store_true",
+        help="UDP sent with sendto() on an unconnected socket (default: connect())",
+    )
+    explain.add_argument(
+        "--socket-cookie", type=int, metavar="N", help="with --sendmsg: the socket's cookie"
+    )
+    explain.add_argument(
+        "--hash-seed",
+        default=DEFAULTS.hash_seed,
+        help="the agent's --hash-seed (the NodePort flow hash derives from it)",
+    )
+    explain.add_argument(
+        "--snat-port-range",
+        type=_port_range,
+        default=(DEFAULTS.snat_port_min, DEFAULTS.snat_port_max),
+        metavar="MIN-MAX",
+        help="the agent's --snat-port-range",
+    )
 
 
 def _interfaces(text: str) -> tuple[str, ...]:
@@ -318,6 +366,30 @@ def cmd_maps_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ebpflb.datapath.kernel import KernelMapSet
+    from ebpflb.explain import explain
+    from ebpflb.explain.engine import Settings
+    from ebpflb.explain.model import parse_query
+    from ebpflb.explain.render import render_text
+
+    query = parse_query(
+        args.client,
+        args.target,
+        outside=args.from_outside or args.ingress is not None,
+        ingress=args.ingress,
+        sendmsg=args.sendmsg,
+        socket_cookie=args.socket_cookie,
+    )
+    low, high = args.snat_port_range
+    seed = Config(hash_seed=args.hash_seed).flow_hash_seed
+    settings = Settings(seed, low, high, socket.if_nametoindex)
+    with KernelMapSet(args.bpffs) as maps:
+        result = explain(maps, query, settings)
+    print(json.dumps(result.to_json(), indent=2) if args.json else render_text(result))
+    return 0
+
+
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
@@ -354,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         "run": cmd_run,
         "cleanup": cmd_cleanup,
         "maps": cmd_maps_dump,
+        "explain": cmd_explain,
         "bench": bench_command.run,
     }[args.command]
     try:

@@ -6,6 +6,7 @@ keys whose writes fail on demand, so error paths are tested without a kernel.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from ipaddress import IPv4Address
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -163,7 +164,11 @@ class FakeMapSet:
         self.conntrack: FakeMap[Flow, ConntrackEntry] = FakeMap(MapName.CONNTRACK.value, ct_max)
         self.reply_nat: FakeMap[Flow, NatEntry] = FakeMap(MapName.REPLY_NAT.value, rnat_max)
         self.stats: dict[Counter, int] = {}  # what the programs would have counted
+        self.iface_addrs: dict[int, IPv4Address] = {}
         self.service_counters = FakeServiceCounters(MapName.SERVICE_STATS.value, max_services + 1)
+
+    def interface_addresses(self) -> dict[int, IPv4Address]:
+        return dict(self.iface_addrs)
 
     def counters(self) -> dict[str, int]:
         return {counter.label: self.stats.get(counter, 0) for counter in Counter}

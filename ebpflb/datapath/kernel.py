@@ -30,6 +30,7 @@ from ebpflb.datapath.elementio import (
     ElementIO,
     delete,
     errno_error,
+    raw_items,
     raw_keys,
 )
 from ebpflb.datapath.slotpool import KernelSlotPool
@@ -210,6 +211,13 @@ class KernelMapSet:
             value = ct.c_uint32(layout.addr_to_be32(address))
             if lib.bpf_update_elem(pinned.fd, ct.byref(key), ct.byref(value), BPF_ANY) < 0:
                 raise errno_error(f"update {pinned.name}[{ifindex}]")
+
+    def interface_addresses(self) -> dict[int, IPv4Address]:
+        pinned = self._pins[MapName.IFACE_ADDRS]
+        return {
+            int(k.value): layout.be32_to_addr(int(v.value))
+            for k, v in raw_items(pinned.fd, ct.c_uint32, ct.c_uint32)
+        }
 
     def map_infos(self) -> dict[str, bpfsys.MapInfo]:
         return {m.value: p.info for m, p in self._pins.items()}

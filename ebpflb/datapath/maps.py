@@ -282,6 +282,10 @@ class MapSet(Protocol):
     @property
     def service_counters(self) -> ServiceCounterMap: ...
 
+    def interface_addresses(self) -> dict[int, IPv4Address]:
+        """ifindex -> the node address SNAT uses on that interface (ebpflb_ifaddr4)."""
+        ...
+
     def counters(self) -> dict[str, int]:
         """Datapath event counters summed over CPUs, by Counter.label (STAT_* in C)."""
         ...
