@@ -26,6 +26,8 @@ examples:
   ebpflb run --manifests examples/                 # program the Services in examples/
   ebpflb maps dump                                 # what the pinned maps hold
   ebpflb maps dump --json --tables                 # ... with every Maglev slot
+  ebpflb explain 10.244.1.5 10.96.0.10:80/TCP      # what socket-LB does with that connect()
+  ebpflb explain 203.0.113.7:41000 192.168.1.1:30080/TCP --ingress eth0   # ... a NodePort packet
   ebpflb bench --quick --plot bench.png             # ebpflb vs kube-proxy, ~2 minutes
   ebpflb bench                                     # the full run (under 15 minutes)
   ebpflb bench compare --from-report report.json   # ... its tables again, from a saved run

@@ -7,13 +7,25 @@ packet and one flow each, of a known size), one connect() per TCP request.
 
 from __future__ import annotations
 
+import json
+import random
+import sys
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from ebpflb.testing.agentproc import AgentProcess, Scrape
 from tests.kernel.conftest import wait_until
-from tests.kernel.test_nodeport import CLIENT, NODE1, NODE2, Env, NodeAgent, env  # noqa: F401
+from tests.kernel.test_nodeport import (  # noqa: F401 (env: the fixture)
+    ALL_PODS,
+    CLIENT,
+    NODE1,
+    NODE2,
+    Env,
+    NodeAgent,
+    env,
+)
 
 EMPTY_SERVICE = """\
 apiVersion: v1
@@ -101,3 +113,164 @@ def test_service_counters_move_by_the_traffic_made(env: Env) -> None:  # noqa: F
     assert delta(before, after, "refused", **{"frontend": "10.96.1.9:80", **empty_http}) == 3
     assert delta(before, after, "refused", **{"frontend": f"{NODE1}:30099", **empty_dns}) == 4
     assert delta(before, after, "refused", **tcp_np) == 0
+
+
+# ---- ebpflb explain against real traffic ---------------------------------------------------
+
+POD_IPS = {pod: ip for pod, ip, _node in ALL_PODS}
+
+# Connects from a fixed source port and prints what the server saw: `explain` must name
+# the backend the 5-tuple hashes to, and the SNAT decision the server observes.
+FIXED_PORT_CLIENT = """\
+import json, socket, sys
+for port in map(int, sys.argv[2:]):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.settimeout(3)
+    s.bind(("0.0.0.0", port))
+    try:
+        s.connect((sys.argv[1].split(":")[0], int(sys.argv[1].split(":")[1])))
+        name, seen = s.recv(256).decode().split()[:2]
+        print(json.dumps({"port": port, "server": name, "seen_as": seen}))
+    except OSError as exc:
+        print(json.dumps({"port": port, "error": type(exc).__name__}))
+    finally:
+        s.close()
+"""
+# Unconnected UDP sockets: each one's cookie (SO_COOKIE, the value bpf_get_socket_cookie
+# returns) and the backend that answered its sendto().
+COOKIE_CLIENT = """\
+import json, socket, sys
+SO_COOKIE = 57
+host, port = sys.argv[1].split(":")
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    cookie = int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little")
+    s.sendto(b"0123456789abcdef", (host, int(port)))
+    name = s.recvfrom(256)[0].decode().split()[0]
+    print(json.dumps({"cookie": cookie, "server": name}))
+    s.close()
+"""
+
+
+def explain_text(env: Env, node: NodeAgent, *args: str) -> str:  # noqa: F811
+    """`ebpflb explain` as an operator reads it, printed for the test report (-rP)."""
+    argv = [sys.executable, "-m", "ebpflb", "explain", "--bpffs", str(node.bpffs), *args]
+    done = env.cluster.run(node.netns, argv)
+    assert done.returncode == 0, done.stderr
+    print(f"$ ebpflb explain {' '.join(args)}\n{done.stdout}")
+    return done.stdout
+
+
+def explain_json(env: Env, node: NodeAgent, *args: str) -> dict[str, Any]:  # noqa: F811
+    """`ebpflb explain --json` inside the node's namespace (its interface names)."""
+    argv = [sys.executable, "-m", "ebpflb", "explain", "--json", "--bpffs", str(node.bpffs)]
+    done = env.cluster.run(node.netns, [*argv, *args])
+    assert done.returncode == 0, done.stderr
+    document: dict[str, Any] = json.loads(done.stdout)
+    return document
+
+
+def run_lines(env: Env, netns: str, code: str, *args: str, cgroup: Any = None) -> list[Any]:  # noqa: F811
+    done = env.cluster.run(netns, [sys.executable, "-c", code, *args], cgroup)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def fresh_ports(count: int) -> list[int]:
+    """Client ports no earlier flow used (a live conntrack entry would decide instead)."""
+    base = random.randrange(20000, 30000 - count)
+    return list(range(base, base + count))
+
+
+def test_explain_names_the_backend_and_snat_of_nodeport_traffic(env: Env) -> None:  # noqa: F811
+    node1 = env.nodes["node1"]
+    ports = fresh_ports(8)
+    predicted = {
+        port: explain_json(
+            env, node1, f"{CLIENT}:{port}", f"{NODE1}:30080/TCP", "--ingress", "eth0"
+        )
+        for port in ports
+    }
+    for ex in predicted.values():
+        assert ex["verdict"] == "translated" and ex["selection"]["deterministic"]
+        assert ex["frontend"]["service"] == "default/np:http"
+        assert len(ex["candidates"]) == 4
+    seen = run_lines(env, env.client, FIXED_PORT_CLIENT, f"{NODE1}:30080", *map(str, ports))
+    for result in seen:
+        ex = predicted[result["port"]]
+        assert "error" not in result, result
+        assert f"{POD_IPS[result['server']]}:8080" == ex["backend"]["backend"], (result, ex)
+        snat = ex["nat"]["snat"]
+        assert snat == result["server"].startswith("pod2")  # pods on node2 are remote
+        assert result["seen_as"].split(":")[0] == (NODE1 if snat else CLIENT)
+        if snat:
+            assert ex["nat"]["source"] == NODE1
+    text = explain_text(
+        env, node1, f"{CLIENT}:{ports[-1]}", f"{NODE1}:30080/TCP", "--ingress", "eth0"
+    )
+    assert "verdict: translated" in text and predicted[ports[-1]]["backend"]["backend"] in text
+    # Different client ports reached different backends, as predicted.
+    assert len({r["server"] for r in seen}) >= 2
+    # Once the flow exists, explain reads its conntrack entry.
+    again = explain_json(env, node1, f"{CLIENT}:{ports[0]}", f"{NODE1}:30080/TCP", "--from-outside")
+    assert again["selection"]["from_conntrack"]
+    assert again["backend"]["backend"] == predicted[ports[0]]["backend"]["backend"]
+
+
+def test_explain_cluster_ip_connect_and_sendmsg(env: Env) -> None:  # noqa: F811
+    node1 = env.nodes["node1"]
+    ex = explain_json(env, node1, "10.244.1.11", "10.96.1.1:80/TCP")
+    assert ex["verdict"] == "translated" and not ex["selection"]["deterministic"]
+    assert "not reproducible" in explain_text(env, node1, "10.244.1.11", "10.96.1.1:80/TCP")
+    assert "prandom" in ex["selection"]["hash_inputs"] and ex["nat"]["snat"] is False
+    possible = {c["backend"] for c in ex["candidates"]}
+    assert possible == {f"{ip}:8080" for ip in POD_IPS.values()}
+    served = env.cluster.requests(node1.netns, "tcp", "10.96.1.1:80", 20, node1.cgroup)
+    assert {f"{POD_IPS[r['server']]}:8080" for r in served} <= possible
+    # Unconnected UDP: the slot is a hash of the socket cookie, so with the cookie it is exact.
+    sockets = run_lines(env, node1.netns, COOKIE_CLIENT, "10.96.1.1:53", "6", cgroup=node1.cgroup)
+    for result in sockets:
+        ex = explain_json(
+            env,
+            node1,
+            "10.244.1.11",
+            "10.96.1.1:53/UDP",
+            "--sendmsg",
+            "--socket-cookie",
+            str(result["cookie"]),
+        )
+        assert ex["selection"]["deterministic"]
+        assert ex["backend"]["backend"] == f"{POD_IPS[result['server']]}:5353", (result, ex)
+    assert len({r["server"] for r in sockets}) >= 2
+
+
+def test_explain_external_traffic_policy_local(env: Env) -> None:  # noqa: F811
+    node1, node2 = env.nodes["node1"], env.nodes["node2"]
+    port = fresh_ports(1)[0]
+    ex = explain_json(env, node1, f"{CLIENT}:{port}", f"{NODE1}:30081/TCP", "--ingress", "eth0")
+    assert ex["verdict"] == "translated" and "etp_local" in ex["frontend"]["flags"]
+    assert ex["backend"]["backend"] == "10.244.1.11:8080" and ex["nat"]["snat"] is False
+    (result,) = run_lines(env, env.client, FIXED_PORT_CLIENT, f"{NODE1}:30081", str(port))
+    assert (result["server"], result["seen_as"].split(":")[0]) == ("pod11", CLIENT)
+    ex = explain_json(env, node2, f"{CLIENT}:{port}", f"{NODE2}:30081/TCP", "--ingress", "eth0")
+    assert ex["verdict"] == "dropped" and "this node" in ex["reason"]
+    assert "verdict: dropped" in explain_text(
+        env, node2, f"{CLIENT}:{port}", f"{NODE2}:30081/TCP", "--ingress", "eth0"
+    )
+    failed = env.cluster.requests(env.client, "tcp", f"{NODE2}:30081", 1, None, timeout=1.0)
+    assert not failed[0]["ok"]
+
+
+def test_explain_no_endpoints(env: Env) -> None:  # noqa: F811
+    node1 = env.nodes["node1"]
+    ex = explain_json(env, node1, "10.244.1.11", "10.96.1.9:80/TCP")
+    assert ex["verdict"] == "refused" and ex["frontend"]["table_size"] == 0
+    assert "ECONNREFUSED" in explain_text(env, node1, "10.244.1.11", "10.96.1.9:80/TCP")
+    refused = env.cluster.requests(node1.netns, "tcp", "10.96.1.9:80", 1, node1.cgroup)
+    assert refused[0].get("error") == "ECONNREFUSED"
+    ex = explain_json(env, node1, f"{CLIENT}:5000", f"{NODE1}:30099/UDP", "--from-outside")
+    assert ex["verdict"] == "dropped"
+    ex = explain_json(env, node1, f"{CLIENT}:5000", "10.96.1.1:80/TCP", "--from-outside")
+    assert ex["verdict"] == "not translated"  # a ClusterIP is never served from outside

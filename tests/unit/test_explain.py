@@ -9,6 +9,7 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
+from ebpflb.cli import parse_args
 from ebpflb.datapath.contract import CtFlags
 from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import AddrPort, ConntrackEntry, Flow, ServiceCounters
@@ -241,3 +242,15 @@ def test_bad_arguments_are_named(client: str, target: str) -> None:
         parse_query(client, target)
     with pytest.raises(ConfigError, match="sendmsg"):
         parse_query("10.0.0.1", "10.96.0.10:80/TCP", sendmsg=True)
+
+
+def test_the_explain_command_line() -> None:
+    args = parse_args(["explain", "10.0.0.1:4000", "10.96.0.10:80/UDP", "--ingress", "eth0"])
+    assert (args.command, args.client, args.target, args.ingress) == (
+        "explain",
+        "10.0.0.1:4000",
+        "10.96.0.10:80/UDP",
+        "eth0",
+    )
+    with pytest.raises(SystemExit):  # one path at a time
+        parse_args(["explain", "10.0.0.1", "10.96.0.10:80", "--ingress", "eth0", "--from-outside"])
