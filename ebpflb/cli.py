@@ -281,9 +281,8 @@ def _add_explain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     explain.add_argument(
         "--snat-port-range",
         type=_port_range,
-        default=(DEFAULTS.snat_port_min, DEFAULTS.snat_port_max),
         metavar="MIN-MAX",
-        help="the agent's --snat-port-range",
+        help="the agent's --snat-port-range, to name the first SNAT port a new flow tries",
     )
 
 
@@ -383,9 +382,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         sendmsg=args.sendmsg,
         socket_cookie=args.socket_cookie,
     )
-    low, high = args.snat_port_range
     seed = Config(hash_seed=args.hash_seed).flow_hash_seed
-    settings = Settings(seed, low, high, socket.if_nametoindex)
+    settings = Settings(seed, args.snat_port_range, socket.if_nametoindex)
     with KernelMapSet(args.bpffs) as maps:
         result = explain(maps, query, settings)
     print(json.dumps(result.to_json(), indent=2) if args.json else render_text(result))

@@ -40,8 +40,8 @@ class Settings:
     """What the programs were compiled with that the maps do not hold."""
 
     flow_hash_seed: int  # Config.flow_hash_seed, from the cluster-wide --hash-seed
-    snat_port_min: int = 32768
-    snat_port_max: int = 65535
+    # The agent's --snat-port-range, when known (the first SNAT port tried is then named).
+    snat_ports: tuple[int, int] | None = None
     ifindex: Callable[[str], int] | None = None  # interface name -> index (socket.if_nametoindex)
     now_ns: int | None = None  # CLOCK_MONOTONIC now (conntrack deadlines)
 
@@ -227,9 +227,9 @@ SOCKET_STEPS: Sequence[StepFn] = (lookup_frontend, table, socket_select, socket_
 
 def reply_of_snat(work: Work) -> Explanation | None:
     """Replies to SNATed flows come back to a port of the SNAT range."""
-    s, flow = work.settings, work.flow
-    if flow is None or not s.snat_port_min <= work.query.port <= s.snat_port_max:
-        return None
+    ports, flow = work.settings.snat_ports, work.flow
+    if flow is None or (ports is not None and not ports[0] <= work.query.port <= ports[1]):
+        return None  # (any SNAT reservation is inside the agent's range)
     nat = work.maps.reply_nat.get(flow)
     if nat is None or not nat.flags & NatFlags.SNAT:
         return None
@@ -312,10 +312,9 @@ def outside_nat(work: Work) -> Explanation | None:
             work.note("nat", f"no node address known for {work.query.ingress}")
             return work.done(Verdict.DROPPED, "SNAT needed, no node address: dropped")
         first = None
-        sel = work.selection
-        if sel is not None and sel.hash is not None:
-            span = work.settings.snat_port_max - work.settings.snat_port_min + 1
-            first = work.settings.snat_port_min + sel.hash % span
+        sel, ports = work.selection, work.settings.snat_ports
+        if sel is not None and sel.hash is not None and ports is not None:
+            first = ports[0] + sel.hash % (ports[1] - ports[0] + 1)
         remote = "the backend runs on another node" if chosen else "SNAT if the backend"
         if chosen is None:
             remote += " chosen runs on another node (the candidates not marked local)"

@@ -26,7 +26,8 @@ def render_text(ex: Explanation) -> str:
             nat += f" to {ex.nat.source}"
             if ex.nat.first_port is not None:
                 nat += f" (first port tried {ex.nat.first_port})"
-        lines.append(f"nat: {nat}: {ex.nat.reason}")
+        noted = any(step.outcome == ex.nat.reason for step in ex.steps)
+        lines.append(f"nat: {nat}" + ("" if noted else f": {ex.nat.reason}"))
     if ex.selection is not None and not ex.selection.deterministic:
         lines.append("the choice is not reproducible from the 5-tuple; possible backends:")
     elif ex.candidates:

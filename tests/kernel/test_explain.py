@@ -22,6 +22,7 @@ from tests.kernel.test_nodeport import (  # noqa: F401 (env: the fixture)
     CLIENT,
     NODE1,
     NODE2,
+    SNAT_RANGE,
     Env,
     NodeAgent,
     env,
@@ -117,6 +118,8 @@ def test_service_counters_move_by_the_traffic_made(env: Env) -> None:  # noqa: F
 
 # ---- ebpflb explain against real traffic ---------------------------------------------------
 
+SNAT = ("--snat-port-range", SNAT_RANGE)  # node1's, as its agent was started with
+
 POD_IPS = {pod: ip for pod, ip, _node in ALL_PODS}
 
 # Connects from a fixed source port and prints what the server saw: `explain` must name
@@ -189,7 +192,7 @@ def test_explain_names_the_backend_and_snat_of_nodeport_traffic(env: Env) -> Non
     ports = fresh_ports(8)
     predicted = {
         port: explain_json(
-            env, node1, f"{CLIENT}:{port}", f"{NODE1}:30080/TCP", "--ingress", "eth0"
+            env, node1, f"{CLIENT}:{port}", f"{NODE1}:30080/TCP", "--ingress", "eth0", *SNAT
         )
         for port in ports
     }
@@ -197,6 +200,10 @@ def test_explain_names_the_backend_and_snat_of_nodeport_traffic(env: Env) -> Non
         assert ex["verdict"] == "translated" and ex["selection"]["deterministic"]
         assert ex["frontend"]["service"] == "default/np:http"
         assert len(ex["candidates"]) == 4
+    text = explain_text(
+        env, node1, f"{CLIENT}:{ports[-1]}", f"{NODE1}:30080/TCP", "--ingress", "eth0", *SNAT
+    )
+    assert "verdict: translated" in text and predicted[ports[-1]]["backend"]["backend"] in text
     seen = run_lines(env, env.client, FIXED_PORT_CLIENT, f"{NODE1}:30080", *map(str, ports))
     for result in seen:
         ex = predicted[result["port"]]
@@ -207,14 +214,12 @@ def test_explain_names_the_backend_and_snat_of_nodeport_traffic(env: Env) -> Non
         assert result["seen_as"].split(":")[0] == (NODE1 if snat else CLIENT)
         if snat:
             assert ex["nat"]["source"] == NODE1
-    text = explain_text(
-        env, node1, f"{CLIENT}:{ports[-1]}", f"{NODE1}:30080/TCP", "--ingress", "eth0"
-    )
-    assert "verdict: translated" in text and predicted[ports[-1]]["backend"]["backend"] in text
+            assert 40000 <= ex["nat"]["first_port"] <= 40063  # node1's --snat-port-range
     # Different client ports reached different backends, as predicted.
     assert len({r["server"] for r in seen}) >= 2
     # Once the flow exists, explain reads its conntrack entry.
     again = explain_json(env, node1, f"{CLIENT}:{ports[0]}", f"{NODE1}:30080/TCP", "--from-outside")
+    explain_text(env, node1, f"{CLIENT}:{ports[0]}", f"{NODE1}:30080/TCP", "--from-outside")
     assert again["selection"]["from_conntrack"]
     assert again["backend"]["backend"] == predicted[ports[0]]["backend"]["backend"]
 
@@ -274,3 +279,14 @@ def test_explain_no_endpoints(env: Env) -> None:  # noqa: F811
     assert ex["verdict"] == "dropped"
     ex = explain_json(env, node1, f"{CLIENT}:5000", "10.96.1.1:80/TCP", "--from-outside")
     assert ex["verdict"] == "not translated"  # a ClusterIP is never served from outside
+
+
+def test_explain_works_with_the_agent_down(env: Env) -> None:  # noqa: F811
+    """Last in the module: node2's agent stops; its pins and programs stay."""
+    node2 = env.nodes["node2"]
+    agent_of(node2).stop()
+    port = fresh_ports(1)[0]
+    ex = explain_json(env, node2, f"{CLIENT}:{port}", f"{NODE2}:30080/TCP", "--ingress", "eth0")
+    assert ex["verdict"] == "translated" and ex["selection"]["deterministic"]
+    (result,) = run_lines(env, env.client, FIXED_PORT_CLIENT, f"{NODE2}:30080", str(port))
+    assert f"{POD_IPS[result['server']]}:8080" == ex["backend"]["backend"], (result, ex)

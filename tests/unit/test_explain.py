@@ -33,7 +33,7 @@ from ebpflb.reconcile import Reconciler
 
 NODE = IPv4Address("192.168.1.1")
 SEED = 0x6562706C
-SETTINGS = Settings(SEED, 40000, 40063, ifindex=lambda name: {"eth0": 2}[name], now_ns=10**12)
+SETTINGS = Settings(SEED, (40000, 40063), ifindex=lambda name: {"eth0": 2}[name], now_ns=10**12)
 LOCAL, REMOTE = ("10.244.1.11", "10.244.1.12"), ("10.244.2.21", "10.244.2.22")
 
 
