@@ -32,6 +32,7 @@ int ebpflb_np_in(struct __sk_buff *skb)
 	case NP_XLATE:
 		if (pkt4_xlate_skb(skb, &pkt, &out) < 0)
 			return TC_ACT_SHOT;
+		svc_stats_np_packet(out.svc_id, pkt.len);
 		/* The source is now a node address (SNAT, or the frontend of a reply). */
 		if (out.saddr != pkt.flow.saddr)
 			return tc_forward4(skb, &pkt, out.saddr, out.daddr);

@@ -39,6 +39,8 @@ int ebpflb_np_xdp(struct xdp_md *ctx)
 		return XDP_PASS; /* untranslated: tc resolves the neighbour and translates */
 	if (pkt4_xlate_xdp(ctx, &out) < 0)
 		return XDP_DROP;
+	/* Counted here, not in np4_ingress: a packet passed untranslated is counted by tc. */
+	svc_stats_np_packet(out.svc_id, pkt.len);
 	if (!forward)
 		return XDP_PASS;
 	if (xdp_forward4_prepare(ctx, &fib) < 0)

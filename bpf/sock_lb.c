@@ -36,6 +36,7 @@ static __always_inline enum sys_verdict sock4_xlate_fwd(struct bpf_sock_addr *ct
 	backend = lb4_select_backend(svc, hash, &backend_id);
 	if (!backend) {
 		stat_inc(STAT_NO_BACKEND);
+		svc_stats_refused(svc->svc_id);
 		lb_set_refused();
 		return SYS_REJECT;
 	}
@@ -43,6 +44,7 @@ static __always_inline enum sys_verdict sock4_xlate_fwd(struct bpf_sock_addr *ct
 	ctx->user_ip4 = backend->addr;
 	ctx->user_port = (__u32)backend->port;
 	stat_inc(stat);
+	svc_stats_sock_xlated(svc->svc_id);
 	return SYS_PROCEED;
 }
 

@@ -39,6 +39,7 @@ from ebpflb.observe.fill import CachedCounts, MapFillCollector, agent_fill
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
 from ebpflb.observe.status import AgentStatus, Phase, process_start_time
+from ebpflb.observe.svccounters import ServiceCounterCollector
 from ebpflb.sources.base import ObjectSink, Source
 from ebpflb.sources.manifests import ManifestSource
 
@@ -189,6 +190,13 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             status.phase_done(Phase.ATTACHED)
             maglev.warm_up()
             registry.register(DatapathCollector(maps.counters))
+            registry.register(
+                ServiceCounterCollector(
+                    maps.service_counters,
+                    lambda: agent.reconciler.realized,
+                    per_service=config.per_service_metrics,
+                )
+            )
             agent.housekeeping = maps.expire_flows
             agent.use_maps(maps)
             max_entries = {MapName(n): info.max_entries for n, info in maps.map_infos().items()}

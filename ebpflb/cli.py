@@ -29,6 +29,8 @@ examples:
   ebpflb maps dump                                 # what the pinned maps hold
   ebpflb maps dump --json --tables                 # ... with every Maglev slot
   ebpflb maps dump --service default/web           # ... of one service only
+  ebpflb explain 10.244.1.5 10.96.0.10:80/TCP      # what socket-LB does with that connect()
+  ebpflb explain 203.0.113.7:41000 192.168.1.1:30080/TCP --ingress eth0   # ... a NodePort packet
   ebpflb bench --quick --plot bench.png             # ebpflb vs kube-proxy, ~2 minutes
   ebpflb bench                                     # the full run (under 15 minutes)
   ebpflb bench compare --from-report report.json   # ... its tables again, from a saved run
@@ -122,6 +124,13 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         "Service externalIPs that may be programmed, CIDR[,CIDR] (CVE-2020-8554: an"
         " externalIP captures that address's traffic); none by default, like the"
         " DenyServiceExternalIPs admission plugin; 0.0.0.0/0 allows all, like kube-proxy",
+    ),
+    (
+        "--per-service-metrics",
+        "per_service_metrics",
+        configfile.parse_bool,
+        "true: datapath counters per frontend (ebpflb_service_*, one series each); false:"
+        " only their totals, for very large clusters",
     ),
 )
 
@@ -259,8 +268,55 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=2.0, metavar="S", help="seconds to wait for the agent"
     )
 
+    _add_explain_parser(sub)
     bench_command.add_parser(sub)
     return parser
+
+
+def _add_explain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    explain = sub.add_parser(
+        "explain",
+        help="what the datapath does with a connection or packet, from the pinned maps",
+        description="Mirror the datapath's decisions for CLIENT -> VIP:PORT/PROTO from the"
+        " pinned maps (read only; the agent may be down): frontend, table slot, backend,"
+        " NAT, or why it is refused or dropped.",
+    )
+    _add_config_arg(explain)
+    explain.add_argument("client", metavar="CLIENT", help="IP or IP:PORT of the client")
+    explain.add_argument("target", metavar="VIP:PORT[/PROTO]", help="what it connects to")
+    _add_datapath_args(explain, cgroup=False)
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    side = explain.add_mutually_exclusive_group()
+    side.add_argument(
+        "--from-outside",
+        action="store_true",
+        help="a packet arriving on a node interface (tc/XDP); default: a connect() or"
+        " sendmsg() on this node or in a pod (socket-LB)",
+    )
+    side.add_argument(
+        "--ingress",
+        metavar="IFACE",
+        help="like --from-outside, arriving on IFACE (its node address is the SNAT source)",
+    )
+    explain.add_argument(
+        "--sendmsg",
+        action="store_true",
+        help="UDP sent with sendto() on an unconnected socket (default: connect())",
+    )
+    explain.add_argument(
+        "--socket-cookie", type=int, metavar="N", help="with --sendmsg: the socket's cookie"
+    )
+    explain.add_argument(
+        "--hash-seed",
+        default=DEFAULTS.hash_seed,
+        help="the agent's --hash-seed (the NodePort flow hash derives from it)",
+    )
+    explain.add_argument(
+        "--snat-port-range",
+        type=_port_range,
+        metavar="MIN-MAX",
+        help="the agent's --snat-port-range, to name the first SNAT port a new flow tries",
+    )
 
 
 def _interfaces(text: str) -> tuple[str, ...]:
@@ -362,6 +418,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if document["agent"]["answering"] else 1
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ebpflb.datapath.kernel import KernelMapSet
+    from ebpflb.explain import explain
+    from ebpflb.explain.engine import Settings
+    from ebpflb.explain.model import parse_query
+    from ebpflb.explain.render import render_text
+
+    query = parse_query(
+        args.client,
+        args.target,
+        outside=args.from_outside or args.ingress is not None,
+        ingress=args.ingress,
+        sendmsg=args.sendmsg,
+        socket_cookie=args.socket_cookie,
+    )
+    seed = Config(hash_seed=args.hash_seed).flow_hash_seed
+    settings = Settings(seed, args.snat_port_range, socket.if_nametoindex)
+    with KernelMapSet(args.bpffs) as maps:
+        result = explain(maps, query, settings)
+    print(json.dumps(result.to_json(), indent=2) if args.json else render_text(result))
+    return 0
+
+
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
@@ -399,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         "cleanup": cmd_cleanup,
         "maps": cmd_maps_dump,
         "status": cmd_status,
+        "explain": cmd_explain,
         "bench": bench_command.run,
     }[args.command]
     try:

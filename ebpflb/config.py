@@ -76,6 +76,9 @@ class Config:
     # Kubernetes' DenyServiceExternalIPs admission plugin. 0.0.0.0/0: kube-proxy's behaviour.
     healthz_bind_address: str = DEFAULT_HEALTHZ_BIND_ADDRESS
     external_ip_cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
+    # One series per frontend for the datapath counters (ebpflb_service_*); False keeps
+    # only their totals, for clusters where that many series are too many.
+    per_service_metrics: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -128,7 +131,7 @@ class Config:
 
     @staticmethod
     def parse_cidrs(text: str) -> tuple[IPv4Network | IPv6Network, ...]:
-        """"CIDR,CIDR,..." (empty: none) as --external-ip-cidrs takes it; strict: host bits
+        """ "CIDR,CIDR,..." (empty: none) as --external-ip-cidrs takes it; strict: host bits
         set are a mistake worth hearing about (10.0.0.1/8 would allow all of 10/8)."""
         networks = []
         for part in text.split(","):
@@ -191,7 +194,6 @@ class Config:
         """The -D flags that size the maps and place the pins (bpf/lib/consts.h); which
         macro each field sets is ebpflb.datapath.contract's table."""
         return contract.cflags(self)
-
 
 
 def parse_bind_address(address: str, flag: str) -> tuple[str, int]:

@@ -82,6 +82,16 @@ def defaults(
     return values
 
 
+def parse_bool(text: str) -> bool:
+    """A boolean option's value, as kube-proxy's flags take it (--flag=false)."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(
+        text.strip().lower()
+    )
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return value
+
+
 def convert(
     path: Path,
     key: str,
@@ -96,6 +106,8 @@ def convert(
             raise ConfigError(f"{where}: must be true or false, not {_describe(raw)}")
         return raw if isinstance(action, argparse._StoreTrueAction) else not raw
     kind = action.type
+    if kind is parse_bool and isinstance(raw, bool):
+        return raw
     if raw is None or isinstance(raw, bool | dict):
         raise ConfigError(f"{where}: must be {_expected(kind, list_types)}, not {_describe(raw)}")
     if isinstance(raw, list):

@@ -49,4 +49,9 @@ BPF_TABLE_PINNED("hash", __u32, __be32, ebpflb_ifaddr4,
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, ebpflb_stats,
 		 STAT_MAX, EBPFLB_PIN_DIR "/ebpflb_stats");
 
+/* Service id -> per-CPU counters of that frontend (lib/stats.h svc_stats_*), summed by the
+ * agent at scrape time. Ids run from 1 to EBPFLB_MAX_SERVICES; element 0 is never used. */
+BPF_TABLE_PINNED("percpu_array", __u32, struct lb4_svc_stats, ebpflb_svcstats,
+		 EBPFLB_MAX_SERVICES + 1, EBPFLB_PIN_DIR "/ebpflb_svcstats");
+
 #endif /* EBPFLB_MAPS_H */

@@ -64,6 +64,7 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 	backend = lb4_select_backend(svc, hash, &ct->backend_id);
 	if (!backend) {
 		stat_inc(STAT_NP_NO_BACKEND);
+		svc_stats_refused(svc->svc_id);
 		return NP_DROP;
 	}
 	ct->backend_addr = backend->addr;
@@ -98,6 +99,7 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 		return NP_DROP;
 	}
 	stat_inc(STAT_NP_NEW_FLOW);
+	svc_stats_np_flow(svc->svc_id);
 	return NP_XLATE;
 }
 
@@ -167,6 +169,7 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 	out->dport = ct->backend_port;
 	out->saddr = (ct->flags & CT_F_SNAT) ? ct->nat_addr : flow->saddr;
 	out->sport = (ct->flags & CT_F_SNAT) ? ct->nat_port : flow->sport;
+	out->svc_id = svc->svc_id; /* the hook counts the packet once it is translated */
 	return NP_XLATE;
 }
 

@@ -37,6 +37,7 @@ struct xlate4 {
 	__be32 daddr;
 	__be16 sport;
 	__be16 dport;
+	__u32 svc_id; /* frontend's service id towards a backend (counters); 0 for a reply */
 };
 
 /* 0: an IPv4 TCP/UDP packet parsed into *pkt; -1: anything else (passed untouched).

@@ -111,4 +111,14 @@ struct src_range4_key {
 	__be32 addr;     /* allowed source prefix */
 };
 
+/* Per-frontend datapath counters: value of the per-CPU ebpflb_svcstats, keyed by
+ * lb4_svc_val.svc_id (the agent zeroes an id's element before a new frontend takes it). */
+struct lb4_svc_stats {
+	__u64 sock_xlated; /* socket-LB: connect()/sendmsg() translated to a backend */
+	__u64 refused;     /* refused (socket-LB) or dropped (NodePort): no usable backend */
+	__u64 np_flows;    /* NodePort/LB/external-IP flows started towards a backend */
+	__u64 np_packets;  /* NodePort/LB/external-IP packets translated towards a backend */
+	__u64 np_bytes;    /* their bytes, as the hook saw them (L2 header included) */
+};
+
 #endif /* EBPFLB_STRUCTS_H */

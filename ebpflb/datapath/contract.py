@@ -266,6 +266,19 @@ class SrcRange4Key(ct.Structure):
     _network_order_ = ("addr",)
 
 
+class Lb4SvcStats(ct.Structure):
+    """struct lb4_svc_stats (one CPU's counters of one frontend)"""
+
+    _fields_ = [
+        ("sock_xlated", ct.c_uint64),
+        ("refused", ct.c_uint64),
+        ("np_flows", ct.c_uint64),
+        ("np_packets", ct.c_uint64),
+        ("np_bytes", ct.c_uint64),
+    ]
+    _network_order_ = ()
+
+
 STRUCTS: dict[str, type[ct.Structure]] = {
     "lb4_svc_key": Lb4SvcKey,
     "lb4_svc_val": Lb4SvcVal,
@@ -278,6 +291,7 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "ct4_entry": Ct4Entry,
     "rnat4_val": Rnat4Val,
     "src_range4_key": SrcRange4Key,
+    "lb4_svc_stats": Lb4SvcStats,
 }
 
 
@@ -348,6 +362,7 @@ class MapName(enum.StrEnum):
     REPLY_NAT = "ebpflb_rnat4"
     SOURCE_RANGES = "ebpflb_srcrng4"
     IFACE_ADDRS = "ebpflb_ifaddr4"
+    SERVICE_STATS = "ebpflb_svcstats"
 
 
 class MapType(enum.IntEnum):
@@ -382,15 +397,17 @@ class MapSpec:
     type: MapType
     key: CType
     value: CType
-    # The -D size its max_entries follows (divided by `per_entry`), or a fixed number.
+    # The -D size its max_entries follows (divided by `per_entry`, plus `extra`), or a
+    # fixed number.
     size: Define | int
     per_entry: int = 1
     flags: int = 0
+    extra: int = 0
 
     def max_entries(self, config: Config) -> int:
         if isinstance(self.size, int):
             return self.size
-        return int(self.size.value(config)) // self.per_entry
+        return int(self.size.value(config)) // self.per_entry + self.extra
 
     def layout(self, config: Config) -> MapLayout:
         return MapLayout(
@@ -430,5 +447,14 @@ MAPS: dict[MapName, MapSpec] = {
         ),
         MapSpec(MapName.IFACE_ADDRS, MapType.HASH, ct.c_uint32, ct.c_uint32, MAX_IFACES),
         MapSpec(MapName.STATS, MapType.PERCPU_ARRAY, ct.c_uint32, ct.c_uint64, STAT_MAX),
+        # Indexed by service id, 1..max_services (0 is never allocated).
+        MapSpec(
+            MapName.SERVICE_STATS,
+            MapType.PERCPU_ARRAY,
+            ct.c_uint32,
+            Lb4SvcStats,
+            MAX_SERVICES,
+            extra=1,
+        ),
     )
 }

@@ -6,6 +6,7 @@ keys whose writes fail on demand, so error paths are tested without a kernel.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from ipaddress import IPv4Address
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -18,6 +19,7 @@ from ebpflb.datapath.maps import (
     ConntrackEntry,
     Flow,
     NatEntry,
+    ServiceCounters,
     ServiceEntry,
     SlotArray,
     SlotWrite,
@@ -111,6 +113,33 @@ class FakeSlotPool:
         return self.array[offset : offset + count].copy()
 
 
+class FakeServiceCounters:
+    """ebpflb_svcstats over a dict; tests play the programs by adding to `data`."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.data: dict[int, ServiceCounters] = {}
+        self.resets: list[int] = []
+        self.failing: set[int] = set()  # ids whose reset fails (tests)
+
+    def get(self, svc_id: int) -> ServiceCounters:
+        return self.data.get(svc_id, ServiceCounters())
+
+    def read(self, upto: int) -> dict[int, ServiceCounters]:
+        return {i: c for i, c in self.data.items() if c != ServiceCounters() and 0 < i <= upto}
+
+    def reset(self, svc_ids: Sequence[int]) -> dict[int, MapError]:
+        failures: dict[int, MapError] = {}
+        for index, svc_id in enumerate(svc_ids):
+            if svc_id in self.failing or not 0 <= svc_id < self.capacity:
+                failures[index] = MapError(f"update {self.name}[{svc_id}]: cannot reset")
+                continue
+            self.data.pop(svc_id, None)
+            self.resets.append(svc_id)
+        return failures
+
+
 class FakeMapSet:
     """All maps in memory; the reconciler's unit tests run against it."""
 
@@ -135,6 +164,11 @@ class FakeMapSet:
         self.conntrack: FakeMap[Flow, ConntrackEntry] = FakeMap(MapName.CONNTRACK.value, ct_max)
         self.reply_nat: FakeMap[Flow, NatEntry] = FakeMap(MapName.REPLY_NAT.value, rnat_max)
         self.stats: dict[Counter, int] = {}  # what the programs would have counted
+        self.iface_addrs: dict[int, IPv4Address] = {}
+        self.service_counters = FakeServiceCounters(MapName.SERVICE_STATS.value, max_services + 1)
+
+    def interface_addresses(self) -> dict[int, IPv4Address]:
+        return dict(self.iface_addrs)
 
     def counters(self) -> dict[str, int]:
         return {counter.label: self.stats.get(counter, 0) for counter in Counter}

@@ -31,9 +31,11 @@ from ebpflb.datapath.elementio import (
     count_entries,
     delete,
     errno_error,
+    raw_items,
     raw_keys,
 )
 from ebpflb.datapath.slotpool import KernelSlotPool
+from ebpflb.datapath.svcstats import KernelServiceCounters
 from ebpflb.errors import MapError, MapFullError, NoPinsError
 
 K = TypeVar("K")
@@ -162,12 +164,14 @@ class KernelMapSet:
         self.backends = KernelMap(pins[MapName.BACKENDS], codecs.U32, codecs.BACKEND)
         self.service_meta = KernelMap(pins[MapName.SERVICE_META], codecs.U32, codecs.META)
         self.slots = KernelSlotPool(pins[MapName.SLOTS])
-        self.source_ranges = KernelMap(
-            pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8
-        )
+        self.source_ranges = KernelMap(pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8)
         self.conntrack = KernelMap(pins[MapName.CONNTRACK], codecs.FLOW, codecs.CONNTRACK)
         self.reply_nat = KernelMap(pins[MapName.REPLY_NAT], codecs.FLOW, codecs.NAT)
         self._ncpus = len(get_possible_cpus())
+        stats = pins[MapName.SERVICE_STATS]
+        self.service_counters = KernelServiceCounters(
+            stats.fd, stats.name, stats.capacity, self._ncpus
+        )
 
     def counters(self) -> dict[str, int]:
         pinned = self._pins[MapName.STATS]
@@ -208,6 +212,13 @@ class KernelMapSet:
             value = ct.c_uint32(layout.addr_to_be32(address))
             if lib.bpf_update_elem(pinned.fd, ct.byref(key), ct.byref(value), BPF_ANY) < 0:
                 raise errno_error(f"update {pinned.name}[{ifindex}]")
+
+    def interface_addresses(self) -> dict[int, IPv4Address]:
+        pinned = self._pins[MapName.IFACE_ADDRS]
+        return {
+            int(k.value): layout.be32_to_addr(int(v.value))
+            for k, v in raw_items(pinned.fd, ct.c_uint32, ct.c_uint32)
+        }
 
     def map_infos(self) -> dict[str, bpfsys.MapInfo]:
         return {m.value: p.info for m, p in self._pins.items()}

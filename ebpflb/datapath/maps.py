@@ -31,6 +31,8 @@ __all__ = [  # MapName and SLOTS_PER_ELEMENT are the contract's, re-exported for
     "MapName",
     "MapSet",
     "NatEntry",
+    "ServiceCounterMap",
+    "ServiceCounters",
     "ServiceEntry",
     "SlotArray",
     "SlotPool",
@@ -118,6 +120,41 @@ class NatEntry:
     frontend: AddrPort
     flags: NatFlags
     expires_ns: int  # CLOCK_MONOTONIC after which the entry (and SNAT port) may be reused
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceCounters:
+    """One frontend's ebpflb_svcstats element (struct lb4_svc_stats), summed over CPUs."""
+
+    sock_xlated: int = 0  # socket-LB connect()/sendmsg() calls translated to a backend
+    refused: int = 0  # refused (socket-LB) or dropped (NodePort): no usable backend
+    np_flows: int = 0  # NodePort/LoadBalancer/external-IP flows started
+    np_packets: int = 0  # their packets translated towards a backend (tc or XDP)
+    np_bytes: int = 0
+
+
+class ServiceCounterMap(Protocol):
+    """ebpflb_svcstats: per-CPU counters by service id, written by the programs."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    def get(self, svc_id: int) -> ServiceCounters:
+        """One id's counters summed over CPUs."""
+        ...
+
+    def read(self, upto: int) -> dict[int, ServiceCounters]:
+        """The counters of ids 1..upto summed over CPUs, leaving out all-zero ones (ids are
+        dense, so `upto` is about the number of frontends: a scrape reads no more)."""
+        ...
+
+    def reset(self, svc_ids: Sequence[int]) -> dict[int, MapError]:
+        """Zero the ids' counters on every CPU (before a new frontend takes an id); the ids
+        that failed, by index. Never raises."""
+        ...
 
 
 class KeyValueMap(Protocol[K, V]):
@@ -240,6 +277,13 @@ class MapSet(Protocol):
     @property
     def reply_nat(self) -> KeyValueMap[Flow, NatEntry]:
         """Reply translations and SNAT reservations, keyed by the reply's tuple."""
+        ...
+
+    @property
+    def service_counters(self) -> ServiceCounterMap: ...
+
+    def interface_addresses(self) -> dict[int, IPv4Address]:
+        """ifindex -> the node address SNAT uses on that interface (ebpflb_ifaddr4)."""
         ...
 
     def counters(self) -> dict[str, int]:

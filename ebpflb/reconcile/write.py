@@ -5,8 +5,10 @@ so a start with 10,000 services costs a few syscalls rather than 50,000):
 2. the Maglev slots (only the changed ones when a table keeps its range; a table that
    changes size is written to a fresh range), TABLE_CHUNK tables at a time;
 3. source ranges now allowed, before the entry that checks them;
-4. the service metadata, then the service entries, each switching its frontend to what
-   the steps before wrote in one atomic map update;
+4. the service metadata, the zeroed counters of a new frontend's service id (an id is
+   reused after its frontend went, and its counts must not carry over), then the service
+   entries, each switching its frontend to what the steps before wrote in one atomic map
+   update;
 5. source ranges no longer allowed, after the entry stopped needing them.
 
 A frontend whose step fails is marked failed and skipped by the later steps, so the
@@ -78,6 +80,7 @@ class Writer:
             self.write_tables(outcomes[start : start + TABLE_CHUNK], result)
         self.write_added_ranges(outcomes, result)
         self.write_meta(outcomes, result)
+        self.reset_counters(outcomes, result)
         self.write_entries(outcomes, result)
         self.delete_dropped_ranges(outcomes, result)
 
@@ -166,6 +169,16 @@ class Writer:
         for index, error in failures.items():
             named[index].fail(error, meta.name)
         result.count_write(meta.name, len(named) - len(failures))
+
+    def reset_counters(self, outcomes: Sequence[Outcome], result: ApplyResult) -> None:
+        """Zero the per-frontend counters of every newly allocated service id before its
+        entry exists (the datapath counts only through an entry)."""
+        new = [o for o in outcomes if o.failure is None and o.plan.current is None]
+        counters = self.maps.service_counters
+        failures = counters.reset([o.plan.svc_id for o in new])
+        for index, error in failures.items():
+            new[index].fail(error, counters.name)
+        result.count_write(counters.name, len(new) - len(failures))
 
     def write_entries(self, outcomes: Sequence[Outcome], result: ApplyResult) -> None:
         """The switch: each entry makes its frontend use what the steps before wrote."""

@@ -473,6 +473,9 @@ def test_410_error_event_in_an_open_stream_relists(
     wait_until(in_step(api, recorder), "b")
     api.compact(expire_watches=True)
     api.update(service("a", cluster_ip="10.96.0.9"))
+    # The update may reach the source through the old stream just before its 410: wait for
+    # the relist itself too, not only for the update.
+    wait_until(lambda: len(api.requests_for("services", watch=False)) == 2, "the relist")
     wait_until(in_step(api, recorder), "the update after the expiry")
     assert source.stats(SVC).relists == 1
     assert len(api.requests_for("services", watch=False)) == 2

@@ -1,0 +1,361 @@
+"""The datapath's decisions for one connection or packet, mirrored from the C code and
+computed from the maps (read only).
+
+Each step function mirrors one decision of bpf/sock_lb.c (`Path.SOCKET`) or
+bpf/lib/nodeport.h (`Path.OUTSIDE`), in the order the C code takes them, and either
+records what it found and returns None (go on) or returns the final Explanation. A new
+datapath step (session affinity, say) is one more function in SOCKET_STEPS/OUTSIDE_STEPS
+at the place the C code has it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+
+from ebpflb.datapath.contract import CtFlags, NatFlags
+from ebpflb.datapath.maps import AddrPort, BackendEntry, Flow, MapSet, ServiceEntry
+from ebpflb.explain.flowhash import flow4_hash, mix64
+from ebpflb.explain.model import (
+    Candidate,
+    Explanation,
+    MatchedFrontend,
+    Nat,
+    Path,
+    Query,
+    Selection,
+    Step,
+    Verdict,
+)
+from ebpflb.model import BackendFlags, Frontend, Proto, Scope, SvcFlags
+
+TYPE_FLAGS = SvcFlags.CLUSTER_IP | SvcFlags.EXTERNAL
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What the programs were compiled with that the maps do not hold."""
+
+    flow_hash_seed: int  # Config.flow_hash_seed, from the cluster-wide --hash-seed
+    # The agent's --snat-port-range, when known (the first SNAT port tried is then named).
+    snat_ports: tuple[int, int] | None = None
+    ifindex: Callable[[str], int] | None = None  # interface name -> index (socket.if_nametoindex)
+    now_ns: int | None = None  # CLOCK_MONOTONIC now (conntrack deadlines)
+
+
+@dataclass(slots=True)
+class Work:
+    """What the steps found so far."""
+
+    query: Query
+    maps: MapSet
+    settings: Settings
+    steps: list[Step] = field(default_factory=list)
+    frontend: Frontend | None = None
+    entry: ServiceEntry | None = None
+    matched: MatchedFrontend | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+    selection: Selection | None = None
+    backend: Candidate | None = None
+    nat: Nat | None = None
+
+    def note(self, name: str, outcome: str) -> None:
+        self.steps.append(Step(name, outcome))
+
+    def done(self, verdict: Verdict, reason: str) -> Explanation:
+        counters = None
+        if self.entry is not None:
+            counters = self.maps.service_counters.get(self.entry.svc_id)
+        return Explanation(
+            self.query,
+            verdict,
+            reason,
+            self.steps,
+            self.matched,
+            self.selection,
+            self.backend,
+            self.candidates,
+            self.nat,
+            counters,
+        )
+
+    @property
+    def flow(self) -> Flow | None:
+        """The packet's 5-tuple, when the client's port is known."""
+        q = self.query
+        if q.client_port is None:
+            return None
+        return Flow(AddrPort(q.client, q.client_port), AddrPort(q.address, q.port), q.protocol)
+
+
+StepFn = Callable[[Work], Explanation | None]
+
+
+# ---- steps shared by both paths -----------------------------------------------------------
+
+
+def lookup_frontend(work: Work) -> Explanation | None:
+    """lb4_lookup_service(): the frontend entry for (address, port, protocol, scope)."""
+    q = work.query
+    frontend = Frontend(q.address, q.port, q.protocol, Scope.EXTERNAL)
+    entry = work.maps.services.get(frontend)
+    if entry is None:
+        work.note("frontend", f"{frontend} is not in ebpflb_svc4")
+        verb = "connect()/sendmsg() proceeds" if q.path is Path.SOCKET else "the packet passes"
+        return work.done(Verdict.NOT_TRANSLATED, f"not a frontend: {verb} untranslated")
+    work.frontend, work.entry = frontend, entry
+    work.matched = MatchedFrontend(
+        str(frontend),
+        work.maps.service_meta.get(entry.svc_id) or "?",
+        entry.flags.type_name(),
+        frontend.scope.name.lower(),
+        entry.svc_id,
+        [f.name.lower() for f in SvcFlags if f & entry.flags and not f & TYPE_FLAGS and f.name],
+        entry.table_off,
+        entry.table_size,
+    )
+    work.note(
+        "frontend",
+        f"{frontend}: {work.matched.service} ({work.matched.type}), service id {entry.svc_id},"
+        f" {entry.backend_count} backends in a table of M={entry.table_size}",
+    )
+    work.candidates = candidates(work.maps, entry)
+    return None
+
+
+def candidates(maps: MapSet, entry: ServiceEntry) -> list[Candidate]:
+    """Every backend of the frontend's Maglev table with its number of slots."""
+    if not entry.table_size:
+        return []
+    table = maps.slots.read(entry.table_off, entry.table_size)
+    found = []
+    for backend_id, slots in sorted(Tally(table.tolist()).items()):
+        be = maps.backends.get(backend_id) if backend_id else None
+        found.append(candidate(backend_id, be, slots, entry.table_size))
+    return sorted(found, key=lambda c: c.backend)
+
+
+def candidate(backend_id: int, be: BackendEntry | None, slots: int, size: int) -> Candidate:
+    name = str(be.backend) if be is not None else "(missing backend: a slot miss)"
+    flags = be.flags if be is not None else BackendFlags.NONE
+    return Candidate(
+        name,
+        backend_id,
+        slots,
+        round(slots / size, 6),
+        bool(flags & BackendFlags.LOCAL),
+        bool(flags & BackendFlags.TERMINATING),
+    )
+
+
+def table(work: Work) -> Explanation | None:
+    """lb4_select_backend()'s first test: table_size 0 means no usable backend."""
+    assert work.entry is not None
+    if work.entry.table_size:
+        return None
+    local = work.query.path is Path.OUTSIDE and work.entry.flags & SvcFlags.ETP_LOCAL
+    why = "no usable endpoint" + (" on this node (externalTrafficPolicy: Local)" if local else "")
+    work.note("table", f"empty (M=0): {why}")
+    if work.query.path is Path.SOCKET:
+        return work.done(
+            Verdict.REFUSED,
+            f"{why}: the call fails with ECONNREFUSED (EPERM on kernels before 5.18),"
+            " as kube-proxy's REJECT rule; counted as refused",
+        )
+    return work.done(Verdict.DROPPED, f"{why}: the packet is dropped (np_no_backend)")
+
+
+def pick(work: Work, hash_value: int | None, inputs: str) -> Explanation | None:
+    """Slot hash % M of the table, its backend id, the backend (lb4_select_backend())."""
+    entry = work.entry
+    assert entry is not None
+    if hash_value is None:
+        work.selection = Selection(inputs, deterministic=False)
+        shares = ", ".join(f"{c.backend} {c.share:.1%}" for c in work.candidates)
+        work.note("selection", f"{inputs}: not reproducible here; any of {shares}")
+        return None
+    slot = hash_value % entry.table_size
+    pool_slot = entry.table_off + slot
+    work.selection = Selection(inputs, True, hash_value, slot, pool_slot)
+    (backend_id,) = work.maps.slots.read(pool_slot, 1).tolist()
+    be = work.maps.backends.get(backend_id) if backend_id else None
+    chosen = next((c for c in work.candidates if c.backend_id == backend_id), None)
+    if be is None or chosen is None:
+        work.note("selection", f"hash {hash_value:#010x} -> slot {slot}: empty or unknown")
+        verdict = Verdict.REFUSED if work.query.path is Path.SOCKET else Verdict.DROPPED
+        return work.done(verdict, "slot miss (a control-plane ordering bug): counted slot_miss")
+    work.backend = chosen
+    work.note(
+        "selection",
+        f"hash {hash_value:#010x} % {entry.table_size} = slot {slot} (pool slot {pool_slot})"
+        f" -> backend id {backend_id}: {chosen.backend}",
+    )
+    return None
+
+
+# ---- socket-LB (bpf/sock_lb.c) --------------------------------------------------------------
+
+
+def socket_select(work: Work) -> Explanation | None:
+    q = work.query
+    if q.protocol is Proto.UDP and not q.connected:
+        inputs = "mix64(socket cookie) (sendmsg4: every datagram of one socket, one backend)"
+        cookie = q.socket_cookie
+        return pick(work, mix64(cookie) if cookie is not None else None, inputs)
+    return pick(work, None, "bpf_get_prandom_u32() at connect() (connect4: a random slot)")
+
+
+def socket_nat(work: Work) -> Explanation | None:
+    work.nat = Nat(
+        False,
+        "socket-LB rewrites the socket's destination at connect()/sendmsg(): packets carry"
+        " the backend's address from the start, the source stays the client's;"
+        " getpeername()/recvmsg() show the frontend",
+    )
+    backend = work.backend.backend if work.backend else "one of the candidates"
+    return work.done(Verdict.TRANSLATED, f"destination rewritten to {backend}, no NAT")
+
+
+SOCKET_STEPS: Sequence[StepFn] = (lookup_frontend, table, socket_select, socket_nat)
+
+
+# ---- tc/XDP ingress (bpf/lib/nodeport.h np4_ingress) ---------------------------------------
+
+
+def reply_of_snat(work: Work) -> Explanation | None:
+    """Replies to SNATed flows come back to a port of the SNAT range."""
+    ports, flow = work.settings.snat_ports, work.flow
+    if flow is None or (ports is not None and not ports[0] <= work.query.port <= ports[1]):
+        return None  # (any SNAT reservation is inside the agent's range)
+    nat = work.maps.reply_nat.get(flow)
+    if nat is None or not nat.flags & NatFlags.SNAT:
+        return None
+    work.note("reply", f"{flow.destination} is the SNAT port of a flow of {nat.client}")
+    return work.done(Verdict.REPLY, f"reply translated: from {nat.frontend} to {nat.client}")
+
+
+def outside_frontend(work: Work) -> Explanation | None:
+    """Only NodePort, LoadBalancer and external-IP frontends serve outside traffic."""
+    assert work.entry is not None
+    if work.entry.flags & SvcFlags.EXTERNAL:
+        return None
+    work.note("scope", "a ClusterIP frontend: never served to traffic from outside")
+    return work.done(Verdict.NOT_TRANSLATED, "ClusterIP from outside: the packet passes")
+
+
+def source_ranges(work: Work) -> Explanation | None:
+    entry = work.entry
+    assert entry is not None
+    if not entry.flags & SvcFlags.SOURCE_RANGES:
+        return None
+    allowed = sorted(
+        r.network for r, _ in work.maps.source_ranges.items() if r.svc_id == entry.svc_id
+    )
+    client = work.query.client
+    match = next((n for n in allowed if client in n), None)
+    if match is not None:
+        work.note("source ranges", f"{client} is in {match}: allowed")
+        return None
+    work.note("source ranges", f"{client} is in none of {', '.join(map(str, allowed))}")
+    return work.done(Verdict.DROPPED, "source outside loadBalancerSourceRanges: dropped")
+
+
+def conntrack(work: Work) -> Explanation | None:
+    """ct4_lookup() + np4_flow_continue(): a live flow keeps its backend and SNAT."""
+    flow = work.flow
+    if flow is None:
+        return None
+    ct = work.maps.conntrack.get(flow)
+    now = work.settings.now_ns if work.settings.now_ns is not None else time.monotonic_ns()
+    if ct is None or ct.expires_ns < now:
+        work.note("conntrack", "no live flow for this 5-tuple: a new flow")
+        return None
+    if ct.snat is not None:
+        reply = work.maps.reply_nat.get(Flow(ct.backend, ct.snat, flow.protocol))
+        if reply is None or (reply.client, reply.frontend) != (flow.source, flow.destination):
+            work.note("conntrack", "flow found, but its SNAT port is no longer its own: new flow")
+            return None
+    left = (ct.expires_ns - now) / 1e9
+    work.note("conntrack", f"live flow ({left:.0f} s left): backend {ct.backend} kept")
+    work.selection = Selection("conntrack entry of this 5-tuple", True, from_conntrack=True)
+    work.backend = next((c for c in work.candidates if c.backend == str(ct.backend)), None)
+    if work.backend is None:  # the backend left the service: the flow keeps it anyway
+        work.backend = Candidate(str(ct.backend), ct.backend_id, 0, 0.0, False, False)
+    snat = ct.snat is not None and bool(ct.flags & CtFlags.SNAT)
+    work.nat = Nat(snat, "as when the flow started", str(ct.snat) if ct.snat else None)
+    return work.done(Verdict.TRANSLATED, f"existing flow: to {ct.backend}")
+
+
+def outside_select(work: Work) -> Explanation | None:
+    flow = work.flow
+    inputs = f"jhash(client, frontend, ports ^ proto, seed {work.settings.flow_hash_seed:#x})"
+    if flow is None:
+        return pick(work, None, inputs + " of the 5-tuple: depends on the client's port")
+    return pick(work, flow4_hash(flow, work.settings.flow_hash_seed), inputs)
+
+
+def outside_nat(work: Work) -> Explanation | None:
+    entry, chosen = work.entry, work.backend
+    assert entry is not None
+    if entry.flags & SvcFlags.ETP_LOCAL:
+        work.nat = Nat(False, "externalTrafficPolicy: Local: the client's address is kept")
+    elif chosen is not None and chosen.local:
+        work.nat = Nat(False, "the backend runs on this node: DNAT only, replies pass here")
+    elif chosen is None and all(c.local for c in work.candidates):
+        work.nat = Nat(False, "every candidate runs on this node: DNAT only")
+    else:
+        address = node_address(work)
+        if address is None and work.query.ingress is not None:
+            work.note("nat", f"no node address known for {work.query.ingress}")
+            return work.done(Verdict.DROPPED, "SNAT needed, no node address: dropped")
+        first = None
+        sel, ports = work.selection, work.settings.snat_ports
+        if sel is not None and sel.hash is not None and ports is not None:
+            first = ports[0] + sel.hash % (ports[1] - ports[0] + 1)
+        remote = "the backend runs on another node" if chosen else "SNAT if the backend"
+        if chosen is None:
+            remote += " chosen runs on another node (the candidates not marked local)"
+        work.nat = Nat(
+            True,
+            f"{remote} (externalTrafficPolicy: Cluster): SNAT to the node's address on the"
+            " ingress interface, as kube-proxy's masquerade",
+            str(address) if address is not None else "the ingress interface's address",
+            first,
+        )
+    work.note("nat", work.nat.reason)
+    target = chosen.backend if chosen is not None else "one of the candidates"
+    return work.done(Verdict.TRANSLATED, f"DNAT to {target}" + (", SNAT" if work.nat.snat else ""))
+
+
+def node_address(work: Work) -> IPv4Address | None:
+    addresses = work.maps.interface_addresses()
+    ingress, lookup = work.query.ingress, work.settings.ifindex
+    if ingress is not None and lookup is not None:
+        return addresses.get(lookup(ingress))
+    distinct = set(addresses.values())
+    return distinct.pop() if len(distinct) == 1 else None
+
+
+OUTSIDE_STEPS: Sequence[StepFn] = (
+    reply_of_snat,
+    lookup_frontend,
+    outside_frontend,
+    source_ranges,
+    conntrack,
+    table,
+    outside_select,
+    outside_nat,
+)
+
+
+def explain(maps: MapSet, query: Query, settings: Settings) -> Explanation:
+    work = Work(query, maps, settings)
+    steps = SOCKET_STEPS if query.path is Path.SOCKET else OUTSIDE_STEPS
+    for step in steps:
+        found = step(work)
+        if found is not None:
+            return found
+    raise AssertionError("the last step always concludes")  # pragma: no cover

@@ -1,0 +1,164 @@
+"""What `ebpflb explain` is asked and what it answers: plain values, rendered as text
+(render.py) or JSON (`Explanation.to_json`)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from ipaddress import IPv4Address
+from typing import Any
+
+from ebpflb.datapath.maps import ServiceCounters
+from ebpflb.errors import ConfigError
+from ebpflb.model import Proto
+
+
+class Path(enum.Enum):
+    """Which program sees the connection."""
+
+    # A process on the node or in a pod calls connect() (TCP, connected UDP) or sendmsg()
+    # (unconnected UDP): socket-LB, cgroup programs.
+    SOCKET = "socket"
+    # A packet arrives on one of the node's interfaces: the tc/XDP ingress program.
+    OUTSIDE = "outside"
+
+
+class Verdict(enum.Enum):
+    NOT_TRANSLATED = "not translated"  # not a frontend (for this path): left alone
+    TRANSLATED = "translated"  # to a backend
+    REFUSED = "refused"  # socket-LB: the syscall fails (ECONNREFUSED, EPERM before 5.18)
+    DROPPED = "dropped"  # tc/XDP: the packet is dropped
+    REPLY = "reply translated"  # a reply of a SNATed flow, sent back to its client
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    client: IPv4Address
+    client_port: int | None  # None: any source port (the choice may depend on it)
+    address: IPv4Address
+    port: int
+    protocol: Proto
+    path: Path = Path.SOCKET
+    ingress: str | None = None  # interface the packet arrives on (Path.OUTSIDE)
+    connected: bool = True  # UDP over socket-LB: connect() (True) or sendmsg() to an address
+    socket_cookie: int | None = None  # unconnected UDP: the socket's cookie, when known
+
+    def __str__(self) -> str:
+        client = f"{self.client}:{self.client_port}" if self.client_port else str(self.client)
+        return f"{client} -> {self.address}:{self.port}/{self.protocol.name}"
+
+
+def parse_query(
+    client: str,
+    target: str,
+    *,
+    outside: bool = False,
+    ingress: str | None = None,
+    sendmsg: bool = False,
+    socket_cookie: int | None = None,
+) -> Query:
+    """CLIENT ("IP" or "IP:PORT") and "VIP:PORT[/PROTO]" (TCP by default) as a Query;
+    ConfigError naming the argument when one is not that."""
+    client_ip, _, client_port = client.partition(":")
+    address, sep, rest = target.partition(":")
+    port, _, proto = rest.partition("/")
+    if sendmsg and (proto or "TCP").upper() != "UDP":
+        raise ConfigError(f"explain {target}: --sendmsg is for UDP (sendmsg4 sees UDP only)")
+    try:
+        return Query(
+            IPv4Address(client_ip),
+            _port(client_port, "CLIENT") if client_port else None,
+            IPv4Address(address),
+            _port(port if sep else "", "VIP:PORT"),
+            Proto.parse(proto or "TCP"),
+            Path.OUTSIDE if outside or ingress else Path.SOCKET,
+            ingress,
+            connected=not sendmsg,
+            socket_cookie=socket_cookie,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"explain {client} {target}: {exc}") from None
+
+
+def _port(text: str, what: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(f"{what}: {text!r} is not a port (1-65535)")
+    return int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One decision the datapath takes, in order: what it looked at, what it found."""
+
+    name: str
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class MatchedFrontend:
+    frontend: str  # "VIP:PORT/PROTO"
+    service: str  # "namespace/name:port"
+    type: str  # ClusterIP, NodePort, LoadBalancer, ExternalIP
+    scope: str  # which backend set the entry describes (external: all usable ones)
+    svc_id: int
+    flags: list[str]
+    table_off: int
+    table_size: int  # M; 0: no usable backend
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A backend the selection may pick, with its share of the Maglev table."""
+
+    backend: str  # "IP:PORT"
+    backend_id: int
+    slots: int
+    share: float  # slots / M: the probability for a uniformly random hash
+    local: bool  # runs on this node
+    terminating: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """How the backend is chosen: the hash, whether it is reproducible here, the slot."""
+
+    hash_inputs: str
+    deterministic: bool
+    hash: int | None = None
+    slot: int | None = None  # index in the table (0..M-1)
+    pool_slot: int | None = None  # table_off + slot, in ebpflb_slots
+    from_conntrack: bool = False  # an existing flow keeps the backend it has
+
+
+@dataclass(frozen=True, slots=True)
+class Nat:
+    snat: bool
+    reason: str
+    source: str | None = None  # what the client's address becomes ("IP", port dynamic)
+    first_port: int | None = None  # first SNAT port tried (a live flow's port is skipped)
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    query: Query
+    verdict: Verdict
+    reason: str
+    steps: list[Step] = field(default_factory=list)
+    frontend: MatchedFrontend | None = None
+    selection: Selection | None = None
+    backend: Candidate | None = None  # the backend chosen, when deterministic
+    candidates: list[Candidate] = field(default_factory=list)  # every backend of the table
+    nat: Nat | None = None
+    counters: ServiceCounters | None = None  # the frontend's datapath counters so far
+
+    def to_json(self) -> dict[str, Any]:
+        document = asdict(self)
+        query = document["query"]
+        query.update(
+            client=str(self.query.client),
+            address=str(self.query.address),
+            protocol=self.query.protocol.name,
+            path=self.query.path.value,
+        )
+        document["verdict"] = self.verdict.value
+        return document
