@@ -131,7 +131,7 @@ class Config:
 
     @staticmethod
     def parse_cidrs(text: str) -> tuple[IPv4Network | IPv6Network, ...]:
-        """ "CIDR,CIDR,..." (empty: none) as --external-ip-cidrs takes it; strict: host bits
+        """"CIDR,CIDR,..." (empty: none) as --external-ip-cidrs takes it; strict: host bits
         set are a mistake worth hearing about (10.0.0.1/8 would allow all of 10/8)."""
         networks = []
         for part in text.split(","):
@@ -194,6 +194,7 @@ class Config:
         """The -D flags that size the maps and place the pins (bpf/lib/consts.h); which
         macro each field sets is ebpflb.datapath.contract's table."""
         return contract.cflags(self)
+
 
 
 def parse_bind_address(address: str, flag: str) -> tuple[str, int]:

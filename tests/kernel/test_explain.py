@@ -200,10 +200,12 @@ def test_explain_names_the_backend_and_snat_of_nodeport_traffic(env: Env) -> Non
         assert ex["verdict"] == "translated" and ex["selection"]["deterministic"]
         assert ex["frontend"]["service"] == "default/np:http"
         assert len(ex["candidates"]) == 4
+    # The text form, for a port whose flow is SNATed when there is one (nearly always).
+    sample = next((p for p in ports if predicted[p]["nat"]["snat"]), ports[-1])
     text = explain_text(
-        env, node1, f"{CLIENT}:{ports[-1]}", f"{NODE1}:30080/TCP", "--ingress", "eth0", *SNAT
+        env, node1, f"{CLIENT}:{sample}", f"{NODE1}:30080/TCP", "--ingress", "eth0", *SNAT
     )
-    assert "verdict: translated" in text and predicted[ports[-1]]["backend"]["backend"] in text
+    assert "verdict: translated" in text and predicted[sample]["backend"]["backend"] in text
     seen = run_lines(env, env.client, FIXED_PORT_CLIENT, f"{NODE1}:30080", *map(str, ports))
     for result in seen:
         ex = predicted[result["port"]]
@@ -279,6 +281,41 @@ def test_explain_no_endpoints(env: Env) -> None:  # noqa: F811
     assert ex["verdict"] == "dropped"
     ex = explain_json(env, node1, f"{CLIENT}:5000", "10.96.1.1:80/TCP", "--from-outside")
     assert ex["verdict"] == "not translated"  # a ClusterIP is never served from outside
+
+
+def test_a_reused_service_id_counts_from_zero(env: Env) -> None:  # noqa: F811
+    """After test_explain_no_endpoints (which needs default/empty on node1): default/empty
+    goes and another service takes its ids in the same sync; its counters start at 0."""
+    node1 = env.nodes["node1"]
+    agent = agent_of(node1)
+    env.cluster.requests(node1.netns, "tcp", "10.96.1.9:80", 2, node1.cgroup)  # refused
+    old = {s["frontend"]: s["svc_id"] for s in node1.dump()["services"]}  # type: ignore[union-attr]
+    old_ids = {
+        i for f, i in old.items() if f.startswith(("10.96.1.9:", f"{NODE1}:3009", "127.0.0.1:3009"))
+    }
+    before = agent.metrics()
+    empty_http = {"service": "default/empty", "port": "http", "protocol": "TCP"}
+    assert (
+        before.value("ebpflb_service_refused_total", frontend="10.96.1.9:80", **empty_http) or 0
+    ) >= 2
+    reused = EMPTY_SERVICE.replace("name: empty", "name: reused").replace("10.96.1.9", "10.96.1.8")
+    (node1.manifests / "empty.yaml").write_text(reused)
+    labels = {"service": "default/reused", "port": "http", "protocol": "TCP"}
+    wait_until(
+        lambda: (
+            agent.metrics().value("ebpflb_service_refused_total", frontend="10.96.1.8:80", **labels)
+            is not None
+        ),
+        "default/reused programmed",
+    )
+    new = {s["frontend"]: s["svc_id"] for s in node1.dump()["services"]}  # type: ignore[union-attr]
+    new_ids = {
+        i for f, i in new.items() if f.startswith(("10.96.1.8:", f"{NODE1}:3009", "127.0.0.1:3009"))
+    }
+    assert new_ids == old_ids  # lowest free ids first: the same ones
+    after = agent.metrics()
+    for metric in ("refused", "socket_translations", "nodeport_packets"):
+        assert after.value(f"ebpflb_service_{metric}_total", frontend="10.96.1.8:80", **labels) == 0
 
 
 def test_explain_works_with_the_agent_down(env: Env) -> None:  # noqa: F811
