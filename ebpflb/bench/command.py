@@ -33,6 +33,7 @@ from ebpflb.bench.settings import (
     SyncSettings,
 )
 from ebpflb.errors import ConfigError
+from ebpflb.testing.machinelock import machine_lock
 
 SUBCOMMANDS = ("compare", "maglev", "sync")
 COMPARE = CompareSettings()
@@ -204,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
         # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the namespaces, servers,
         # cgroups and pins the run made are removed by its own teardown.
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        report = measure(args)
+        with machine_lock(f"ebpflb bench {args.bench_command}"):
+            report = measure(args)
     if args.save:
         codec.save(report, args.save)
     if getattr(args, "plot", None):

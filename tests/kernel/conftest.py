@@ -4,10 +4,8 @@ directory and the real `ebpflb run`. Each removes what it created, also on failu
 from __future__ import annotations
 
 import collections
-import fcntl
 import os
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,31 +17,16 @@ from ebpflb.datapath import dump
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.testing import leftovers
 from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
+from ebpflb.testing.machinelock import machine_lock
 from ebpflb.testing.netns import Cgroup, Topology
 
 PODS = {"pod1": "10.244.1.11", "pod2": "10.244.1.12", "pod3": "10.244.1.13"}
 TCP_PORT, UDP_PORT = 8080, 5353
 BPFFS_ROOT = Path("/sys/fs/bpf")
-# One kernel test session per machine at a time: the leftover check below compares the
-# machine's namespaces, cgroups and pins before and after, which another session running
-# alongside would change; and both would measure each other's load.
-SESSION_LOCK = Path("/run/lock/ebpflb-kernel-tests.lock")
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _one_session_per_machine() -> Iterator[None]:
-    if os.geteuid() != 0:
-        yield
-        return
-    SESSION_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with SESSION_LOCK.open("w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another kernel test session ({SESSION_LOCK})", file=sys.stderr)
-            started = time.monotonic()
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            print(f"waited {time.monotonic() - started:.0f}s for {SESSION_LOCK}", file=sys.stderr)
+    """One kernel test session (or bench) per machine at a time: see machinelock."""
+    with machine_lock("kernel tests"):
         yield
 
 
