@@ -14,7 +14,7 @@ from pathlib import Path
 from ebpflb import __version__, configfile, privileges
 from ebpflb.bench import command as bench_command
 from ebpflb.config import DEFAULT_BPFFS_DIR, Config, XdpMode
-from ebpflb.errors import ConfigError, EbpflbError
+from ebpflb.errors import ConfigError, EbpflbError, PinDirBusyError
 
 log = logging.getLogger("ebpflb")
 DEFAULTS = Config()
@@ -119,6 +119,13 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         "Service externalIPs that may be programmed, CIDR[,CIDR] (CVE-2020-8554: an"
         " externalIP captures that address's traffic); none by default, like the"
         " DenyServiceExternalIPs admission plugin; 0.0.0.0/0 allows all, like kube-proxy",
+    ),
+    (
+        "--lock-timeout",
+        "lock_timeout",
+        float,
+        "seconds to wait for another agent using the same --bpffs directory to exit (a"
+        " rolling update's old pod) before giving up; 0: do not wait",
     ),
 )
 
@@ -291,9 +298,15 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
     from ebpflb.datapath import loader
     from ebpflb.datapath.mounts import cgroup2_root
+    from ebpflb.lock import PinDirLock
 
     cgroup = args.cgroup or cgroup2_root()
-    programs, pins = loader.cleanup(args.bpffs, cgroup, args.interfaces)
+    # Refused while an agent runs on these pins: it would carry on with maps nobody can
+    # open, and its programs detached. Held meanwhile, so no agent starts half-way.
+    with PinDirLock(args.bpffs) as lock:
+        if args.bpffs.is_dir() and not lock.try_acquire():
+            raise PinDirBusyError(args.bpffs, str(lock.holder()))
+        programs, pins = loader.cleanup(args.bpffs, cgroup, args.interfaces)
     print(f"detached {programs} programs from {cgroup}, removed {pins} pins under {args.bpffs}")
     return 0
 

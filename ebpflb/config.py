@@ -72,6 +72,9 @@ class Config:
     # Kubernetes' DenyServiceExternalIPs admission plugin. 0.0.0.0/0: kube-proxy's behaviour.
     healthz_bind_address: str = DEFAULT_HEALTHZ_BIND_ADDRESS
     external_ip_cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
+    # Seconds `run` waits for another agent on the same pin directory to exit (a
+    # DaemonSet update whose old pod is still terminating) before giving up.
+    lock_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -110,6 +113,8 @@ class Config:
             )
         if not 0 < self.min_sync_period <= self.max_sync_period:
             raise ConfigError("need 0 < min-sync-period <= max-sync-period")
+        if not self.lock_timeout >= 0:
+            raise ConfigError(f"lock-timeout must be >= 0 seconds, got {self.lock_timeout}")
         if not self.retry_period > 0:
             raise ConfigError(f"retry-period must be > 0 seconds, got {self.retry_period}")
         for flag, address in (
