@@ -32,6 +32,7 @@ from ebpflb.datapath import loader, netdev, pins
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import ExternalIPPolicy, NodeView
+from ebpflb.errors import ConfigError
 from ebpflb.healthcheck import HealthCheckServers
 from ebpflb.lock import Holder, PinDirLock
 from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
@@ -196,11 +197,22 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     servers: list[HttpServer] = []
     pin_lock = PinDirLock(config.bpffs_dir)
     try:
-        servers = _serve(config, registry, status)  # a taken port fails before any work
+        pins.ensure_bpffs(config.bpffs_dir)
+        alone = pin_lock.try_acquire()
+        try:
+            servers = _serve(config, registry, status)  # a taken port fails before any work
+        except ConfigError as exc:
+            if alone:
+                raise
+            # Another agent holds the pins and, on this host's network, likely these ports
+            # too: they come free when it exits, with the pins (else this fails again then).
+            log.warning("%s: serving once the agent holding %s has exited", exc, config.bpffs_dir)
         source.start()  # listing, while the programs compile
         # Before anything touches a pin: the loader may unpin maps of another layout.
         if not _lock_pin_dir(config, pin_lock, status, stop):
             return
+        if not servers and (config.healthz_bind_address or config.metrics_bind_address):
+            servers = _serve(config, registry, status)
         features = loader.probe_features()
         socket_lb = loader.SocketLB(config, features)
         status.compiled("socket_lb", socket_lb.load_seconds, Phase.SOCKET_LB_COMPILED)
