@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from ebpflb.cli import parse_args
 from ebpflb.clock import FakeClock
-from ebpflb.errors import PinDirBusyError
+from ebpflb.config import Config
+from ebpflb.errors import ConfigError, PinDirBusyError
 from ebpflb.lock import Holder, PinDirLock, lock_holders
 
 
@@ -129,3 +131,10 @@ def test_a_directory_replaced_while_waiting_is_locked_anew(tmp_path: Path) -> No
     other = PinDirLock(pins)
     assert not other.try_acquire()  # the waiter holds the new directory's lock
     waiter.release()
+
+
+def test_lock_timeout_is_a_run_option_and_not_negative() -> None:
+    assert Config().lock_timeout == 60.0
+    assert parse_args(["run", "--lock-timeout", "5"]).lock_timeout == 5.0
+    with pytest.raises(ConfigError, match="lock-timeout"):
+        Config(lock_timeout=-1)
