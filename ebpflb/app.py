@@ -28,12 +28,14 @@ from ebpflb import maglev
 from ebpflb.agent import Agent
 from ebpflb.clock import RealClock
 from ebpflb.config import Config, place_snat_ports
-from ebpflb.datapath import loader, netdev
+from ebpflb.datapath import loader, netdev, pins
 from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import ExternalIPPolicy, NodeView
+from ebpflb.errors import ConfigError
 from ebpflb.healthcheck import HealthCheckServers
+from ebpflb.lock import Holder, PinDirLock
 from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
 from ebpflb.observe.fill import CachedCounts, MapFillCollector, agent_fill
 from ebpflb.observe.health import ProxyHealth
@@ -130,6 +132,39 @@ def _release_free_memory() -> None:
         trim(0)
 
 
+def _lock_pin_dir(
+    config: Config, lock: PinDirLock, status: AgentStatus, stop: threading.Event
+) -> bool:
+    """Make this agent the only one on its pin directory, waiting up to --lock-timeout for
+    another to exit (ebpflb.lock); False if stopped while waiting."""
+    pin_dir = config.bpffs_dir
+    pins.ensure_bpffs(pin_dir)
+    waited: list[Holder] = []
+
+    def waiting(holder: Holder) -> None:
+        log.warning(
+            "pin directory %s is in use by another ebpflb agent (%s): waiting up to %gs for"
+            " it to exit",
+            pin_dir,
+            holder,
+            config.lock_timeout,
+        )
+        status.waiting_for_lock(str(pin_dir), holder.pid)
+        waited.append(holder)
+
+    if not lock.acquire(
+        config.lock_timeout,
+        stop=stop,
+        on_wait=waiting,
+        recreate=lambda: pins.ensure_bpffs(pin_dir),
+    ):
+        return False
+    if waited:
+        log.info("the other agent has exited: taking over pin directory %s", pin_dir)
+    status.lock_taken()
+    return True
+
+
 def run(config: Config, source_factory: SourceFactory, stop: threading.Event | None = None) -> None:
     stop = stop or threading.Event()
     clock = RealClock()
@@ -167,9 +202,24 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     socket_lb: loader.SocketLB | None = None
     nodeport: loader.NodePortLB | None = None
     servers: list[HttpServer] = []
+    pin_lock = PinDirLock(config.bpffs_dir)
     try:
-        servers = _serve(config, registry, status, metrics)  # a taken port fails before any work
+        pins.ensure_bpffs(config.bpffs_dir)
+        alone = pin_lock.try_acquire()
+        try:  # a taken port fails before any work
+            servers = _serve(config, registry, status, metrics)
+        except ConfigError as exc:
+            if alone:
+                raise
+            # Another agent holds the pins and, on this host's network, likely these ports
+            # too: they come free when it exits, with the pins (else this fails again then).
+            log.warning("%s: serving once the agent holding %s has exited", exc, config.bpffs_dir)
         source.start()  # listing, while the programs compile
+        # Before anything touches a pin: the loader may unpin maps of another layout.
+        if not _lock_pin_dir(config, pin_lock, status, stop):
+            return
+        if not servers and (config.healthz_bind_address or config.metrics_bind_address):
+            servers = _serve(config, registry, status, metrics)
         features = loader.probe_features()
         socket_lb = loader.SocketLB(config, features)
         status.compiled("socket_lb", socket_lb.load_seconds, Phase.SOCKET_LB_COMPILED)
@@ -221,3 +271,4 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             socket_lb.close()
         for server in servers:
             server.close()
+        pin_lock.release()

@@ -15,7 +15,7 @@ from typing import Any
 from ebpflb import __version__, configfile, privileges
 from ebpflb.bench import command as bench_command
 from ebpflb.config import DEFAULT_BPFFS_DIR, Config, XdpMode
-from ebpflb.errors import ConfigError, EbpflbError
+from ebpflb.errors import ConfigError, EbpflbError, PinDirBusyError
 
 log = logging.getLogger("ebpflb")
 DEFAULTS = Config()
@@ -131,6 +131,13 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         configfile.parse_bool,
         "true: datapath counters per frontend (ebpflb_service_*, one series each); false:"
         " only their totals, for very large clusters",
+    ),
+    (
+        "--lock-timeout",
+        "lock_timeout",
+        float,
+        "seconds to wait for another agent using the same --bpffs directory to exit (a"
+        " rolling update's old pod) before giving up; 0: do not wait",
     ),
 )
 
@@ -385,9 +392,15 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
     from ebpflb.datapath import loader
     from ebpflb.datapath.mounts import cgroup2_root
+    from ebpflb.lock import PinDirLock
 
     cgroup = args.cgroup or cgroup2_root()
-    programs, pins = loader.cleanup(args.bpffs, cgroup, args.interfaces)
+    # Refused while an agent runs on these pins: it would carry on with maps nobody can
+    # open, and its programs detached. Held meanwhile, so no agent starts half-way.
+    with PinDirLock(args.bpffs) as lock:
+        if args.bpffs.is_dir() and not lock.try_acquire():
+            raise PinDirBusyError(args.bpffs, str(lock.holder()))
+        programs, pins = loader.cleanup(args.bpffs, cgroup, args.interfaces)
     print(f"detached {programs} programs from {cgroup}, removed {pins} pins under {args.bpffs}")
     return 0
 

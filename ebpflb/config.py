@@ -79,6 +79,9 @@ class Config:
     # One series per frontend for the datapath counters (ebpflb_service_*); False keeps
     # only their totals, for clusters where that many series are too many.
     per_service_metrics: bool = True
+    # Seconds `run` waits for another agent on the same pin directory to exit (a
+    # DaemonSet update whose old pod is still terminating) before giving up.
+    lock_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -117,6 +120,8 @@ class Config:
             )
         if not 0 < self.min_sync_period <= self.max_sync_period:
             raise ConfigError("need 0 < min-sync-period <= max-sync-period")
+        if not self.lock_timeout >= 0:
+            raise ConfigError(f"lock-timeout must be >= 0 seconds, got {self.lock_timeout}")
         if not self.retry_period > 0:
             raise ConfigError(f"retry-period must be > 0 seconds, got {self.retry_period}")
         for flag, address in (

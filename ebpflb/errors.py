@@ -49,6 +49,26 @@ class ManifestError(EbpflbError):
     """A manifest file or document cannot be read or parsed."""
 
 
+class PinDirBusyError(EbpflbError):
+    """Another process (an agent, or `ebpflb cleanup`) holds the pin directory's lock."""
+
+    def __init__(self, pin_dir: object, holder: str, waited: float | None = None) -> None:
+        if waited is None:
+            message = (
+                f"pin directory {pin_dir} is in use by an ebpflb agent ({holder}): stop it"
+                " first (`ebpflb cleanup` does not remove the pins of a running agent)"
+            )
+        else:
+            message = (
+                f"pin directory {pin_dir} is still locked by another ebpflb agent ({holder})"
+                f" after waiting {waited:g}s: stop that agent, or wait longer with"
+                " --lock-timeout"
+            )
+        super().__init__(message)
+        self.pin_dir = pin_dir
+        self.holder = holder
+
+
 class DatapathError(EbpflbError):
     """Anything between the agent and the kernel's BPF subsystem."""
 

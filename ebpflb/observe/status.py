@@ -33,6 +33,7 @@ MAX_SYNC_ERRORS = 20
 class Phase(enum.Enum):
     """Start-up steps, in the order they usually end (lists overlap the compile)."""
 
+    PIN_DIR_LOCKED = "pin_dir_locked"  # this agent alone on the pins (ebpflb.lock)
     SOCKET_LB_COMPILED = "socket_lb_compiled"
     NODEPORT_COMPILED = "nodeport_compiled"
     ATTACHED = "attached"  # every program attached (socket-LB, then NodePort)
@@ -114,6 +115,7 @@ class AgentStatus:
         self._invalid: dict[tuple[str, str], str] = {}
         self._orphans: dict[NamespacedName, tuple[NamespacedName, ...]] = {}
         self._progress: Callable[[], SourceProgress] = SourceProgress
+        self._lock_wait: dict[str, Any] | None = None  # waiting for the pin directory
 
     # ---- start-up (the app) --------------------------------------------------------------
 
@@ -136,6 +138,20 @@ class AgentStatus:
         """The XDP mode ("native", "generic", or "off": tc only) each interface got."""
         with self._lock:
             self._interfaces.update(xdp_modes)
+
+    def waiting_for_lock(self, pin_dir: str, holder_pid: int | None) -> None:
+        """Another agent holds the pin directory; this one waits for it to exit."""
+        with self._lock:
+            self._lock_wait = {
+                "pin_dir": pin_dir,
+                "holder_pid": holder_pid,  # None: not visible in this PID namespace
+                "since": self._clock.wall(),
+            }
+
+    def lock_taken(self) -> None:
+        with self._lock:
+            self._lock_wait = None
+        self.phase_done(Phase.PIN_DIR_LOCKED)
 
     def read_source(self, progress: Callable[[], SourceProgress]) -> None:
         self._progress = progress
@@ -196,6 +212,7 @@ class AgentStatus:
         with self._lock:
             last, first = self._last, self._first
             invalid = sorted(self._invalid.items())
+            lock_wait = dict(self._lock_wait) if self._lock_wait else None
             orphans = sorted(self._orphans.items())
             document: dict[str, Any] = {
                 "ready": health.ready,
@@ -232,5 +249,7 @@ class AgentStatus:
                 for service, slices in orphans[:MAX_LISTED]
                 for slice_ in slices
             ],
+            # Not None while another agent holds the pin directory and this one waits.
+            "waiting_for_pin_dir": lock_wait,
         }
         return document

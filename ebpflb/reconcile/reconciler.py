@@ -105,6 +105,7 @@ class Reconciler:
                     self.maps.services.delete(frontend)
                     result.count_write(self.maps.services.name)
             self.leftovers.stray = []
+            self._remove_leftovers(result)
         candidates = (
             list(self.state.frontends)
             if full
@@ -138,8 +139,6 @@ class Reconciler:
         if not report.verbose or not report.verbose_removals:
             report.summary(len(outcomes) + len(gone), failed)
 
-        if full:
-            self._remove_leftovers(result)
         self.backends.collect(self.maps.backends, result)
         self._note_failures(report, desired, full=full)
         self._update_gauges()
@@ -227,18 +226,17 @@ class Reconciler:
         report.removed(realized.name, frontend)
 
     def _remove_leftovers(self, result: ApplyResult) -> None:
-        """Metadata and source ranges of service ids no entry uses (found by restore)."""
-        svc_ids = self.space.svc_ids
+        """Metadata and source ranges of service ids no entry uses (found by restore: a
+        removal cut short by a crash leaves them). Before planning, while no entry uses
+        the ids: a frontend given one of them must not inherit the dead one's ranges."""
         for svc_id in self.leftovers.metas:
-            if svc_id not in svc_ids:  # not taken again by this apply
-                self.maps.service_meta.delete(svc_id)
-                result.count_write(self.maps.service_meta.name)
+            self.maps.service_meta.delete(svc_id)
+            result.count_write(self.maps.service_meta.name)
         self.leftovers.metas = []
         for source_range in self.leftovers.ranges:
-            if source_range.svc_id not in svc_ids:
-                self.maps.source_ranges.delete(source_range)
-                self.space.range_count -= 1
-                result.count_write(self.maps.source_ranges.name)
+            self.maps.source_ranges.delete(source_range)
+            self.space.range_count -= 1
+            result.count_write(self.maps.source_ranges.name)
         self.leftovers.ranges = []
 
     def _note_failures(

@@ -143,8 +143,8 @@ class MapContents:
 
 @dataclass(slots=True)
 class Leftovers:
-    """What a restore found in the maps that no frontend owns; the next full apply
-    removes it (unless that apply takes the service id again)."""
+    """What a restore found in the maps that no frontend owns (a removal cut short by a
+    crash leaves some); the next full apply removes it before planning anything."""
 
     stray: list[Frontend] = field(default_factory=list)  # entries with a duplicate id
     metas: list[int] = field(default_factory=list)  # svcmeta of ids no entry uses

@@ -1,0 +1,102 @@
+"""Bounded, continuous client load for the zero-loss tests: new TCP connections to one
+address at a steady rate for a given time, each one a full exchange with the echo server
+(connect, read its reply, close). Prints one JSON summary when done.
+
+    python -m ebpflb.testing.connload 10.96.0.10:80 --seconds 10 --rate 400
+
+Bounded three ways: the duration, the rate (at most rate x seconds connections) and a
+timeout per connection. A connection fails when connect, the reply or the timeout fails;
+failures are counted by errno, with the time (seconds after the start) of the first few.
+Started inside a test namespace and cgroup, like the echo client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from typing import Any
+
+from ebpflb.testing.echo import _addr, tcp_request
+from ebpflb.testing.netns import Cgroup, Topology
+
+FAILURES_KEPT = 20  # failed connections listed with their time
+
+
+def run(target: tuple[str, int], seconds: float, rate: float, timeout: float) -> dict[str, Any]:
+    started = time.monotonic()
+    interval = 1.0 / rate
+    servers: collections.Counter[str] = collections.Counter()
+    errors: collections.Counter[str] = collections.Counter()
+    failures: list[dict[str, Any]] = []
+    attempted = 0
+    while True:
+        due = started + attempted * interval
+        now = time.monotonic()
+        if due - started >= seconds:
+            break
+        if due > now:
+            time.sleep(due - now)
+        attempted += 1
+        result = tcp_request(target, timeout)
+        if result["ok"]:
+            servers[str(result["server"])] += 1
+        else:
+            errors[str(result["error"])] += 1
+            if len(failures) < FAILURES_KEPT:
+                failures.append({"at": round(time.monotonic() - started, 3), **result})
+    return {
+        "attempted": attempted,
+        "ok": sum(servers.values()),
+        "failed": sum(errors.values()),
+        "errors": dict(errors),
+        "failures": failures,
+        "servers": dict(servers),
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+class Load:
+    """The client running in `netns` (and `cgroup`) while a test does its worst."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        netns: str,
+        cgroup: Cgroup,
+        target: str,
+        *,
+        seconds: float = 10.0,
+        rate: float = 400.0,
+        timeout: float = 2.0,
+    ) -> None:
+        self.seconds = seconds
+        self.timeout = timeout
+        argv = [sys.executable, "-m", "ebpflb.testing.connload", target]
+        argv += ["--seconds", str(seconds), "--rate", str(rate), "--timeout", str(timeout)]
+        self.proc = topology.spawn(netns, argv, cgroup)
+
+    def result(self) -> dict[str, Any]:
+        """Its summary, once it has finished (it ends by itself: bounded)."""
+        out, err = self.proc.communicate(timeout=self.seconds + self.timeout + 30)
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"load client failed ({self.proc.returncode}): {err}")
+        summary: dict[str, Any] = json.loads(out)
+        return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ebpflb.testing.connload")
+    parser.add_argument("target", type=_addr, help="IP:PORT")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=400.0, help="new connections per second")
+    parser.add_argument("--timeout", type=float, default=2.0, help="per connection")
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args.target, args.seconds, args.rate, args.timeout)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
