@@ -15,9 +15,10 @@ from collections import defaultdict
 
 import pytest
 
-from ebpflb.bench import kubeproxy
+from ebpflb.bench import command, kubeproxy
 from ebpflb.bench.kubeproxy import iptables, naming, nftables
 from ebpflb.bench.kubeproxy.naming import ServicePort
+from ebpflb.bench.records import codec
 from ebpflb.bench.scenario import (
     AGENT_NODE,
     BACKEND_NODE,
@@ -29,7 +30,9 @@ from ebpflb.bench.scenario import (
     service_object,
     slice_object,
 )
+from ebpflb.bench.settings import CompareSettings
 from ebpflb.errors import ConfigError
+from tests.unit.test_bench_command import parse
 from tests.unit.test_bench_kubeproxy import (
     IPTABLES_OVERALL,
     MARK,
@@ -482,3 +485,13 @@ def test_left_out_no_longer_lists_what_is_modelled() -> None:
     text = " ".join(kubeproxy.LEFT_OUT)
     assert "session affinity" not in text and "KUBE-SVL" not in text
     assert "healthCheckNodePort" in text and "topology" in text
+
+
+def test_the_mix_flag_reaches_the_settings_and_the_report() -> None:
+    assert command.compare_settings(parse("bench", "--quick")).mix == ()
+    settings = command.compare_settings(parse("bench", "--quick", "--mix", "local,affinity"))
+    assert settings.mix == (Mix.LOCAL, Mix.AFFINITY)
+    assert codec.decode(CompareSettings, codec.encode(settings)) == settings
+    assert codec.encode(settings)["mix"] == ["local", "affinity"]
+    with pytest.raises(ConfigError):
+        command.compare_settings(parse("bench", "--mix", "sctp"))
