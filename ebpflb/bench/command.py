@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ebpflb.bench import scenario
 from ebpflb.bench import settings as bench_settings
 from ebpflb.bench.plot import plot
 from ebpflb.bench.records import codec
@@ -105,6 +106,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     compare.add_argument("--endpoints", type=int, default=COMPARE.endpoints)
     compare.add_argument(
+        "--mix",
+        default="",
+        help="also program services with these semantics on both sides, comma-separated:"
+        " affinity (every 4th service: sessionAffinity ClientIP), local (every 4th:"
+        " internalTrafficPolicy Local, every 4th: a NodePort with externalTrafficPolicy"
+        " Local); default none",
+    )
+    compare.add_argument(
         "--kube-proxy-max-services",
         type=int,
         default=COMPARE.kube_proxy_max_services,
@@ -158,6 +167,7 @@ def compare_settings(args: argparse.Namespace) -> CompareSettings:
         kube_proxy_max_services=args.kube_proxy_max_services,
         iptables_nft_max_services=args.iptables_nft_max_services,
         xdp=not args.no_xdp,
+        mix=scenario.parse_mix(args.mix),
         **{name: value for name, value in given.items() if value is not None},
     )
     settings.validate()

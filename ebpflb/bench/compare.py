@@ -200,7 +200,7 @@ def run_compare(settings: CompareSettings, progress: Callable[[str], None] = pri
     started = time.perf_counter()
     sizes = []
     for n in settings.services:
-        services = scenario.bench_services(n, settings.endpoints)
+        services = scenario.bench_services(n, settings.endpoints, mix=settings.mix)
         modes: list[ModeResult] = []
         for mode in settings.modes:
             if mode in (Mode.NONE, Mode.EBPFLB) or not settings.runs(mode, n):

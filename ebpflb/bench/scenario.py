@@ -11,12 +11,28 @@ accepts the whole 10.128.0.0/12 locally (an AnyIP route), so 100,000 services ne
 100,000 interface addresses. The last service is also a NodePort service (the others are
 ClusterIP only: a cluster has 2,768 NodePorts at most), so a NodePort packet in iptables
 mode walks all of KUBE-SERVICES before KUBE-NODEPORTS, as it does on a real node.
+
+The default services use none of the semantics that change the rules' shape. A mix
+(`ebpflb bench --mix affinity,local`) makes every 4th service one of these kinds, both in
+the objects ebpflb reads and in kube-proxy's rulesets (the last service, the data plane's
+NodePort target, always stays as above):
+
+- Mix.AFFINITY, index % 4 == 0: sessionAffinity ClientIP, timeoutSeconds 10800. The first
+  service is one, so the "first service" latency includes the affinity lookup.
+- Mix.LOCAL, index % 4 == 1: internalTrafficPolicy Local.
+- Mix.LOCAL, index % 4 == 2: also a NodePort (NODE_PORT + 1 + index // 4, while the NodePort
+  range lasts: 2,687 services) with externalTrafficPolicy Local.
+
+A Local-policy service's endpoints are all on the agent's node (AGENT_NODE) except the last,
+so "only the local ones" is a strict, non-empty subset; the bench's endpoint changes drop
+the last endpoint, so a Local service never loses its local endpoints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
@@ -37,6 +53,25 @@ CLUSTER_CIDR = str(ENDPOINT_CIDR)
 # traffic is SNATed by ebpflb as kube-proxy masquerades it (externalTrafficPolicy Cluster).
 AGENT_NODE = "bench-node"
 BACKEND_NODE = "bench-backends"
+AFFINITY_TIMEOUT = 10800  # sessionAffinityConfig.clientIP.timeoutSeconds (the API's default)
+NODE_PORT_MAX = 32767  # the end of the default --service-node-port-range
+MIX_EVERY = 4
+
+
+class Mix(StrEnum):
+    """Kinds of services `--mix` adds to the bench (see the module's docstring)."""
+
+    AFFINITY = "affinity"
+    LOCAL = "local"
+
+
+def parse_mix(text: str) -> tuple[Mix, ...]:
+    """--mix: comma-separated kinds."""
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in {m.value for m in Mix}]
+    if unknown:
+        raise ConfigError(f"--mix: unknown kind {unknown[0]!r}: one of {', '.join(Mix)}")
+    return tuple(dict.fromkeys(Mix(name) for name in names))
 
 
 def vip(index: int) -> IPv4Address:
@@ -52,6 +87,13 @@ class BenchService:
     index: int
     endpoint_count: int
     node_port: int | None = None
+    affinity: bool = False  # sessionAffinity ClientIP, AFFINITY_TIMEOUT
+    internal_local: bool = False  # internalTrafficPolicy Local
+    external_local: bool = False  # externalTrafficPolicy Local (a NodePort service)
+
+    @property
+    def local_policy(self) -> bool:
+        return self.internal_local or self.external_local
 
     @property
     def name(self) -> str:
@@ -66,21 +108,45 @@ class BenchService:
         return tuple(str(endpoint(self.index, e)) for e in range(self.endpoint_count))
 
     @property
+    def local_endpoints(self) -> tuple[str, ...]:
+        """The endpoints on the agent's node: all but the last for a Local-policy service
+        (the others' endpoints are all remote, as in the default bench)."""
+        return self.endpoints[:-1] if self.local_policy else ()
+
+    @property
     def port_name(self) -> str:
         """kube-proxy's ServicePortName string: namespace/name:port."""
         return f"{NAMESPACE}/{self.name}:{PORT_NAME}"
 
 
-def bench_services(count: int, endpoints: int, *, node_port: bool = True) -> list[BenchService]:
-    """N services; the last one is also a NodePort service (port NODE_PORT) if node_port."""
+def bench_services(
+    count: int, endpoints: int, *, node_port: bool = True, mix: tuple[Mix, ...] = ()
+) -> list[BenchService]:
+    """N services; the last one is also a NodePort service (port NODE_PORT) if node_port;
+    `mix` makes every MIX_EVERY-th of the others an affinity or a Local-policy service."""
     if not 1 <= count <= MAX_SERVICES:
         raise ConfigError(f"--services: between 1 and {MAX_SERVICES} (the address blocks' size)")
     if not 2 <= endpoints <= MAX_ENDPOINTS:
         raise ConfigError(f"--endpoints: between 2 and {MAX_ENDPOINTS} per service")
-    return [
-        BenchService(i, endpoints, NODE_PORT if node_port and i == count - 1 else None)
-        for i in range(count)
-    ]
+    services = []
+    for i in range(count):
+        if i == count - 1:
+            services.append(BenchService(i, endpoints, NODE_PORT if node_port else None))
+            continue
+        kind = i % MIX_EVERY
+        extra_node_port = NODE_PORT + 1 + i // MIX_EVERY
+        external_local = Mix.LOCAL in mix and kind == 2 and extra_node_port <= NODE_PORT_MAX
+        services.append(
+            BenchService(
+                i,
+                endpoints,
+                extra_node_port if external_local else None,
+                affinity=Mix.AFFINITY in mix and kind == 0,
+                internal_local=Mix.LOCAL in mix and kind == 1,
+                external_local=external_local,
+            )
+        )
+    return services
 
 
 # ---- Kubernetes objects (the agent's input, through manifests or the API) -----------------
@@ -101,8 +167,13 @@ def service_object(svc: BenchService) -> dict[str, Any]:
     }
     if svc.node_port is not None:
         spec["type"] = "NodePort"
-        spec["externalTrafficPolicy"] = "Cluster"
+        spec["externalTrafficPolicy"] = "Local" if svc.external_local else "Cluster"
         port["nodePort"] = svc.node_port
+    if svc.internal_local:
+        spec["internalTrafficPolicy"] = "Local"
+    if svc.affinity:
+        spec["sessionAffinity"] = "ClientIP"
+        spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": AFFINITY_TIMEOUT}}
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -114,6 +185,7 @@ def service_object(svc: BenchService) -> dict[str, Any]:
 def slice_object(svc: BenchService, not_ready: int = 0) -> dict[str, Any]:
     """The service's one EndpointSlice; the last `not_ready` endpoints are not ready."""
     ready_count = svc.endpoint_count - not_ready
+    local = set(svc.local_endpoints)
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
@@ -125,7 +197,11 @@ def slice_object(svc: BenchService, not_ready: int = 0) -> dict[str, Any]:
         "addressType": "IPv4",
         "ports": [{"name": PORT_NAME, "protocol": "TCP", "port": TARGET_PORT}],
         "endpoints": [
-            {"addresses": [ip], "conditions": {"ready": i < ready_count}, "nodeName": BACKEND_NODE}
+            {
+                "addresses": [ip],
+                "conditions": {"ready": i < ready_count},
+                "nodeName": AGENT_NODE if ip in local else BACKEND_NODE,
+            }
             for i, ip in enumerate(svc.endpoints)
         ],
     }

@@ -60,6 +60,9 @@ class CompareSettings:
     # which alone would take the full run past 15 minutes.
     iptables_nft_max_services: int = 10_000
     xdp: bool = True
+    # Services with session affinity and Local traffic policies (scenario.Mix); none by
+    # default, so the published figures keep measuring the same services.
+    mix: tuple[scenario.Mix, ...] = ()
 
     def validate(self) -> None:
         for mode in self.modes:
@@ -68,7 +71,7 @@ class CompareSettings:
         if not self.services:
             raise ConfigError("--services: at least one N")
         for n in self.services:
-            scenario.bench_services(n, self.endpoints)  # raises with the limits
+            scenario.bench_services(n, self.endpoints, mix=self.mix)  # raises with the limits
         if self.rounds < 1 or self.batch < 10 or self.rate_seconds <= 0 or self.changes < 1:
             raise ConfigError("rounds >= 1, batch >= 10, rate seconds > 0, changes >= 1")
         if self.rate_repeats < 1:

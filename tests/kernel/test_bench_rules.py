@@ -7,8 +7,12 @@ Per mode (iptables-legacy, iptables-nft, nftables) a topology of our own namespa
 The backends namespace accepts all of 10.128.0.0/12 (an AnyIP local route) on 0.0.0.0:8080
 and answers "<address it was reached at> <peer address>", so a client learns which
 endpoint the rules picked and which source the endpoint saw. The node routes the service
-and endpoint ranges to it. Nothing here has a route out of these namespaces, and every
-connection is made from inside them.
+and endpoint ranges to it; the backends route the external link back through the node (an
+externalTrafficPolicy Local endpoint answers the client's own address). Nothing here has a
+route out of these namespaces, and every connection is made from inside them.
+
+The bench's --mix services (scenario.Mix) run here too: the backends are "local" or not
+only by their EndpointSlice's nodeName, which is what kube-proxy's rules go by.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ebpflb.bench.scenario import (
     NODE_PORT,
     SERVICE_CIDR,
     BenchService,
+    Mix,
     bench_services,
 )
 from ebpflb.testing.netns import Namespaces, sh
@@ -39,6 +44,9 @@ pytestmark = pytest.mark.kernel
 NODE_EXT, EXTERNAL = "192.168.50.1", "192.168.50.2"
 NODE_INT, BACKENDS = "192.168.51.1", "192.168.51.2"
 SERVICES = bench_services(3, 3)  # the last one is the NodePort service
+# 0: ClientIP affinity, 1: internalTrafficPolicy Local, 2: NodePort NODE_PORT + 1 with
+# externalTrafficPolicy Local, 3: the plain NodePort service. Local endpoints: the first two.
+MIXED = bench_services(4, 3, mix=(Mix.AFFINITY, Mix.LOCAL))
 MODES = ("iptables-legacy", "iptables-nft", "nftables")
 
 SERVER = r"""
@@ -104,18 +112,18 @@ class Lab:
         else:
             self.run(self.node, [f"{self.mode}-restore", *iptables.RESTORE_FLAGS], text)
 
-    def setup(self) -> set[str]:
+    def setup(self, services: list[BenchService] = SERVICES) -> set[str]:
         """What kube-proxy does before its first sync, then the full sync; the chains the
         ruleset defines."""
         if self.mode == "nftables":
-            text = nftables.full_sync(SERVICES, node_ip=NODE_EXT)
+            text = nftables.full_sync(services, node_ip=NODE_EXT)
             self.load(text)
             return set(re.findall(r"^add chain ip kube-proxy (\S+)", text, re.M))
         for argv in iptables.nfacct_argv():
             self.run(self.node, argv)
         for argv in iptables.setup_argv(self.mode):
             self.run(self.node, argv)
-        text = iptables.full_sync(SERVICES)
+        text = iptables.full_sync(services)
         self.load(text)
         nat = text.split("*nat\n", 1)[1]
         return {ln[1:].split()[0] for ln in nat.splitlines() if ln.startswith(":")} | {
@@ -156,6 +164,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         sh("ip", "-n", backends, "route", "add", "local", str(ENDPOINT_CIDR), "dev", "lo")
         for cidr in (ENDPOINT_CIDR, SERVICE_CIDR):
             sh("ip", "-n", node, "route", "add", str(cidr), "via", BACKENDS)
+        sh("ip", "-n", backends, "route", "add", "192.168.50.0/24", "via", NODE_INT)
         server = ns.spawn(backends, [sys.executable, "-c", SERVER, "300"])
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         yield Lab(ns, node, external, mode)
@@ -213,3 +222,56 @@ def test_partial_syncs_apply_on_the_full_one(lab: Lab) -> None:
     assert {a for a, _ in lab.connect(lab.node, SERVICES[0].vip, 80, 30)} == _endpoints(0)
     answers = lab.connect(lab.external, NODE_EXT, NODE_PORT, 10)
     assert answers == [(SERVICES[2].endpoints[0], NODE_INT)] * 10
+
+
+def test_affinity_keeps_a_client_on_one_endpoint(lab: Lab) -> None:
+    lab.setup(MIXED)
+    sticky, plain = MIXED[0], MIXED[3]
+    assert sticky.affinity and not plain.affinity
+    answers = lab.connect(lab.node, sticky.vip, 80, 20)
+    # One endpoint for every new connection (by chance: 3 * (1/3)**20 < 1e-9) ...
+    (chosen,) = {local for local, _ in answers}
+    assert chosen in sticky.endpoints
+    # ... where the same rules without affinity spread the client over all of them.
+    assert {a for a, _ in lab.connect(lab.node, plain.vip, 80, 30)} == set(plain.endpoints)
+    # A partial sync drops the last endpoint (and with it, if it was the chosen one, the
+    # client's affinity): the client sticks to one of those left.
+    ready = 2
+    if lab.mode == "nftables":
+        lab.load(nftables.partial_sync(MIXED, 0, ready))
+        lab.load(nftables.stale_cleanup(MIXED, 0, ready))
+        out = lab.run(lab.node, ["nft", "list", "table", "ip", "kube-proxy"])
+        sets = set(re.findall(r"^\s*set (affinity-\S+) \{", out, re.M))
+        changed = ServicePort.of(sticky)
+        assert sets == {naming.nft_affinity_set(changed, ip) for ip in changed.endpoints[:ready]}
+    else:
+        lab.load(iptables.partial_sync(MIXED, 0, ready))
+    after = {local for local, _ in lab.connect(lab.node, sticky.vip, 80, 20)}
+    assert len(after) == 1 and after <= set(sticky.endpoints[:ready])
+
+
+def test_local_policies_reach_only_the_nodes_endpoints(lab: Lab) -> None:
+    lab.setup(MIXED)
+    itp, etp = MIXED[1], MIXED[2]
+    assert itp.internal_local and etp.external_local and etp.node_port == NODE_PORT + 1
+    local = set(itp.endpoints[:2])
+    # internalTrafficPolicy Local: the node's clients reach only (all) its own endpoints
+    # (missing one of two in 30 tries: 2 * (1/2)**30).
+    answers = lab.connect(lab.node, itp.vip, 80, 30)
+    assert {a for a, _ in answers} == local
+    # externalTrafficPolicy Local, from outside: only the local endpoints, and they see the
+    # client's own address (no masquerade) ...
+    answers = lab.connect(lab.external, NODE_EXT, etp.node_port, 30)
+    assert {a for a, _ in answers} == set(etp.endpoints[:2])
+    assert {peer for _, peer in answers} == {EXTERNAL}
+    # ... while the node's own connection to the NodePort, and its ClusterIP, reach every
+    # endpoint (kube-proxy's "route LOCAL traffic" short-circuit), masqueraded.
+    answers = lab.connect(lab.node, NODE_EXT, etp.node_port, 30)
+    assert {a for a, _ in answers} == set(etp.endpoints)
+    assert {peer for _, peer in answers} == {NODE_INT}
+    assert {a for a, _ in lab.connect(lab.node, etp.vip, 80, 30)} == set(etp.endpoints)
+    # The plain NodePort service still masquerades and uses every endpoint.
+    plain = MIXED[3]
+    answers = lab.connect(lab.external, NODE_EXT, NODE_PORT, 30)
+    assert {a for a, _ in answers} == set(plain.endpoints)
+    assert {peer for _, peer in answers} == {NODE_INT}

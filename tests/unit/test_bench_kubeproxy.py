@@ -569,5 +569,5 @@ def test_nftables_partial_on_full_equals_full_of_the_new_state() -> None:
 
 def test_left_out_is_documented() -> None:
     assert len(kubeproxy.LEFT_OUT) >= 5
-    assert any("session affinity" in item for item in kubeproxy.LEFT_OUT)
+    assert any("LoadBalancer IPs" in item for item in kubeproxy.LEFT_OUT)
     assert kubeproxy.__doc__ is not None and "proxier_test.go" in kubeproxy.__doc__

@@ -9,6 +9,12 @@ services of ebpflb.bench.scenario they return the exact input kube-proxy hands t
 `iptables-restore -w 5 -W 100000 --noflush --counters` (iptables mode, for both the legacy
 and the nf_tables backend of the iptables tool) or to `nft -f -` (nftables mode), for a
 full sync and for the partial sync after one service's endpoints dropped to `ready`.
+Services may have ClientIP session affinity (iptables: `-m recent --rcheck` per endpoint in
+KUBE-SVC/SVL-*, `-m recent --set` in KUBE-SEP-*; nftables: one timeout set per endpoint,
+`ip saddr @affinity-...` checks and `update @affinity-... { ip saddr }`), and
+internalTrafficPolicy / externalTrafficPolicy Local (KUBE-SVL-* / local-* chains over the
+node's endpoints, KUBE-EXT-* / external-* chains short-circuiting pod and node traffic to
+all endpoints), endpoints split as pkg/proxy/topology.go's CategorizeEndpoints does.
 
 Sources followed (kubernetes/kubernetes, read through the code index; commit ids were not
 visible, so the versions are identified by their content):
@@ -16,13 +22,16 @@ visible, so the versions are identified by their content):
 - iptables: pkg/proxy/iptables/proxier.go of the v1.31-v1.33 line (NewDualStackProxier
   with nfacct counters, largeClusterEndpointsThreshold = 1000, partial syncs) and the
   expected rulesets of pkg/proxy/iptables/proxier_test.go (TestOverallIPTablesRules,
-  TestSyncProxyRulesRepeated), which the unit tests compare against line by line.
+  TestSyncProxyRulesRepeated, TestInternalTrafficPolicyE2E,
+  TestTerminatingEndpointsTrafficPolicyLocal), which the unit tests compare against line by
+  line.
 - nftables: the transaction structure of pkg/proxy/nftables/proxier.go (v1.31: setupNFTables,
   ensureChain = add + flush, nftElementStorage, stale chains flushed now and deleted
   by a later sync) and the ruleset of the newer pkg/proxy/nftables/proxier_test.go
   (TestOverallNFTablesRules baseRules: filter-prerouting-pre-dnat / filter-output-pre-dnat
   at priority -110, filter-input/forward/output at 0, `ip daddr <vip> ip saddr != <pod
-  cidr>` masquerade rule, per-endpoint hairpin rule). kube-proxy v1.36 replaced the
+  cidr>` masquerade rule, per-endpoint hairpin rule, svc2's and svc5's Local policy and
+  affinity rules, affinity sets without a comment). kube-proxy v1.36 replaced the
   per-endpoint hairpin rule with a hairpin-connections set; that is not modelled.
 - nft text as knftables (sigs.k8s.io/knftables objects.go) writes it: numeric priorities,
   `add element ... { key comment "..." : verdict }`.
@@ -41,10 +50,10 @@ from __future__ import annotations
 LEFT_OUT: tuple[str, ...] = (
     "LoadBalancer IPs, externalIPs and loadBalancerSourceRanges (KUBE-FW-*, "
     "KUBE-PROXY-FIREWALL rules, firewall-ips elements)",
-    "session affinity (-m recent, affinity-* sets)",
-    "externalTrafficPolicy/internalTrafficPolicy Local (KUBE-SVL-*, local-* chains, "
-    "healthCheckNodePort), topology hints, terminating-endpoint fallback",
-    "services without ready endpoints (REJECT rules, no-endpoint-* elements): ready >= 1",
+    "healthCheckNodePort (only LoadBalancer services get one), topology hints, "
+    "terminating-endpoint fallback",
+    "services without ready endpoints, and Local policies without local ones (REJECT and "
+    "DROP rules, no-endpoint-* elements): ready >= 1, local >= 1",
     "several ports per service, UDP/SCTP, IPv6 and dual-stack",
     "kube-proxy ranges over a Go map, so its service order is random; here it is by index",
     "work outside the restore input / nft transaction: the iptables-save (or nft list) "

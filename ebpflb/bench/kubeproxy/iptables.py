@@ -16,6 +16,7 @@ from ebpflb.bench.kubeproxy.naming import (
     sep_chain,
     service_ports,
     svc_chain,
+    svl_chain,
 )
 from ebpflb.bench.scenario import CLUSTER_CIDR, BenchService
 
@@ -86,7 +87,7 @@ def _iptables_sync(
     mark: str,
     random_fully: bool,
 ) -> str:
-    """One syncProxyRules output. write: indexes whose SVC/EXT/SEP chains are written
+    """One syncProxyRules output. write: indexes whose SVC/SVL/EXT/SEP chains are written
     (None = all, a full sync). stale: chains to flush and delete (-X). total_endpoints:
     kube-proxy's count for large-cluster mode, which includes not-ready endpoints."""
     large = total_endpoints > LARGE_CLUSTER_ENDPOINTS
@@ -125,12 +126,14 @@ def _iptables_sync(
         f"-A KUBE-MARK-MASQ -j MARK --or-mark {mark}",
     ]
     for i, p in enumerate(ports):
-        name, proto, svc, ext = p.port_name_string, p.protocol, svc_chain(p), ext_chain(p)
+        name, proto, ext = p.port_name_string, p.protocol, ext_chain(p)
+        svc, svl = svc_chain(p), svl_chain(p)
+        internal = svl if p.internal_local else svc  # internalTrafficChain
         cluster_ip = (
             f"-m comment --comment {q}{name} cluster IP{q} -m {proto} -p {proto}"
             f" -d {p.cluster_ip} --dport {p.port}"
         )
-        nat.append(f"-A KUBE-SERVICES {cluster_ip} -j {svc}")
+        nat.append(f"-A KUBE-SERVICES {cluster_ip} -j {internal}")
         if p.node_port is not None:
             np_match = f"-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto}"
             if nfacct:  # localhostNodePorts with its counter
@@ -141,31 +144,39 @@ def _iptables_sync(
             nat.append(f"{np_match} --dport {p.node_port} -j {ext}")
         if write is not None and i not in write:
             continue  # partial sync: this service's chains are unchanged
-        nat.append(f"-A {svc} {cluster_ip} ! -s {cluster_cidr} -j KUBE-MARK-MASQ")
-        if p.node_port is not None:  # externalTrafficPolicy Cluster
+        nat.append(f"-A {internal} {cluster_ip} ! -s {cluster_cidr} -j KUBE-MARK-MASQ")
+        if p.node_port is not None:
             nat_chains.append(f":{ext} - [0:0]")
-            nat.append(
-                f"-A {ext} -m comment --comment {q}masquerade traffic for {name} external"
-                f" destinations{q} -j KUBE-MARK-MASQ"
-            )
-            nat.append(f"-A {ext} -j {svc}")
-        nat_chains.append(f":{svc} - [0:0]")
-        count = len(p.endpoints)
-        for e, ip in enumerate(p.endpoints):
-            comment = "" if large else f" -m comment --comment {q}{name} -> {ip}:{p.target_port}{q}"
-            statistic = (
-                f" -m statistic --mode random --probability {1.0 / (count - e):0.10f}"
-                if e < count - 1
-                else ""
-            )
-            nat.append(f"-A {svc}{comment}{statistic} -j {sep_chain(p, ip)}")
-        for ip in p.endpoints:
+            if not p.external_local:  # masquerade: the endpoint may be on another node
+                nat.append(
+                    f"-A {ext} -m comment --comment {q}masquerade traffic for {name} external"
+                    f" destinations{q} -j KUBE-MARK-MASQ"
+                )
+                nat.append(f"-A {ext} -j {svc}")
+            else:  # keep the client's address; pods and the node itself reach every endpoint
+                nat += [
+                    f"-A {ext} -m comment --comment {q}pod traffic for {name} external"
+                    f" destinations{q} -s {cluster_cidr} -j {svc}",
+                    f"-A {ext} -m comment --comment {q}masquerade LOCAL traffic for {name}"
+                    f" external destinations{q} -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ",
+                    f"-A {ext} -m comment --comment {q}route LOCAL traffic for {name} external"
+                    f" destinations{q} -m addrtype --src-type LOCAL -j {svc}",
+                    f"-A {ext} -j {svl}",
+                ]
+        if p.uses_cluster:
+            nat_chains.append(f":{svc} - [0:0]")
+            nat += _to_endpoints(p, svc, p.endpoints, large)
+        if p.uses_local:
+            nat_chains.append(f":{svl} - [0:0]")
+            nat += _to_endpoints(p, svl, p.local_endpoints, large)
+        for ip in p.reachable:
             sep = sep_chain(p, ip)
             nat_chains.append(f":{sep} - [0:0]")
             comment = "" if large else f" -m comment --comment {name}"
+            recent = f" -m recent --name {sep} --set" if p.affinity_seconds is not None else ""
             nat.append(f"-A {sep}{comment} -s {ip} -j KUBE-MARK-MASQ")
             nat.append(
-                f"-A {sep}{comment} -m {proto} -p {proto} -j DNAT --to-destination"
+                f"-A {sep}{comment}{recent} -m {proto} -p {proto} -j DNAT --to-destination"
                 f" {ip}:{p.target_port}"
             )
     for chain in stale:  # a chain line flushes it; then it can go
@@ -188,6 +199,35 @@ def _iptables_sync(
             "",
         ]
     )
+
+
+def _to_endpoints(p: ServicePort, chain: str, endpoints: Sequence[str], large: bool) -> list[str]:
+    """writeServiceToEndpointRules: with affinity, first a `recent` check per endpoint (a
+    client seen within the timeout goes back to its endpoint), then the random choice: rule
+    i of n matches with probability 1/(n-i), the last always."""
+    q = '"'
+    rules = []
+
+    def comment(ip: str) -> str:
+        target = f"{p.port_name_string} -> {ip}:{p.target_port}"
+        return "" if large else f" -m comment --comment {q}{target}{q}"
+
+    if p.affinity_seconds is not None:
+        for ip in endpoints:
+            sep = sep_chain(p, ip)
+            rules.append(
+                f"-A {chain}{comment(ip)} -m recent --name {sep} --rcheck --seconds"
+                f" {p.affinity_seconds} --reap -j {sep}"
+            )
+    count = len(endpoints)
+    for e, ip in enumerate(endpoints):
+        statistic = (
+            f" -m statistic --mode random --probability {1.0 / (count - e):0.10f}"
+            if e < count - 1
+            else ""
+        )
+        rules.append(f"-A {chain}{comment(ip)}{statistic} -j {sep_chain(p, ip)}")
+    return rules
 
 
 def full_sync(
@@ -227,7 +267,7 @@ def partial_sync(
 ) -> str:
     """The partial sync (kube-proxy >= 1.26) after service changed_index kept only its first
     `ready` endpoints: filter and the nat base chains rewritten whole, only that service's
-    SVC/EXT/SEP chains rewritten, its stale SEP chains flushed and deleted.
+    SVC/SVL/EXT/SEP chains rewritten, its stale SEP chains flushed and deleted.
 
     cleanup: whether stale chains are deleted in this sync. kube-proxy always does it below
     LARGE_CLUSTER_ENDPOINTS; above, at most once per syncPeriod (30 s), so None (the
@@ -237,7 +277,7 @@ def partial_sync(
     total = sum(len(p.endpoints) for p in before_ports)  # the not-ready one still counts
     if cleanup is None:
         cleanup = total <= LARGE_CLUSTER_ENDPOINTS
-    stale = [sep_chain(before, ip) for ip in before.endpoints[len(after.endpoints) :]]
+    stale = [sep_chain(before, ip) for ip in before.reachable if ip not in after.reachable]
     return _iptables_sync(
         ports,
         {changed_index},

@@ -11,8 +11,10 @@ from ebpflb.bench.kubeproxy.naming import (
     MASQ_MARK,
     ServicePort,
     changed,
+    nft_affinity_set,
     nft_endpoint_chain,
     nft_external_chain,
+    nft_local_chain,
     nft_service_chain,
     service_ports,
 )
@@ -162,31 +164,63 @@ def _nft_setup(tx: _Tx, *, node_ip: str | None, service_cidr: str, mark: str) ->
 def _nft_service(
     tx: _Tx, p: ServicePort, *, elements: bool, chains: bool, cluster_cidr: str
 ) -> None:
-    """One service's part of syncProxyRules (Cluster traffic policies, >= 1 endpoint)."""
-    svc, ext = nft_service_chain(p), nft_external_chain(p)
-    endpoints = [(ip, nft_endpoint_chain(p, ip)) for ip in p.endpoints]
+    """One service's part of syncProxyRules (>= 1 endpoint, >= 1 local one for a Local
+    policy)."""
+    svc, local, ext = nft_service_chain(p), nft_local_chain(p), nft_external_chain(p)
+    internal = local if p.internal_local else svc  # internalTrafficChain
     if chains:
-        for _ip, chain in endpoints:
-            tx.ensure_chain(chain)
-        tx.ensure_chain(svc)
+        for ip in p.reachable:
+            tx.ensure_chain(nft_endpoint_chain(p, ip))
+        if p.uses_cluster:
+            tx.ensure_chain(svc)
+        if p.uses_local:
+            tx.ensure_chain(local)
         if p.node_port is not None:
             tx.ensure_chain(ext)
     if elements:  # nftElementStorage.ensureElem adds only new or changed elements
         tx.element("cluster-ips", p.cluster_ip)
-        tx.element("service-ips", f"{p.cluster_ip} . {p.protocol} . {p.port}", f"goto {svc}")
+        tx.element("service-ips", f"{p.cluster_ip} . {p.protocol} . {p.port}", f"goto {internal}")
         if p.node_port is not None:
             tx.element("service-nodeports", f"{p.protocol} . {p.node_port}", f"goto {ext}")
     if not chains:
         return
-    tx.rule(svc, f"ip daddr {p.cluster_ip} ip saddr != {cluster_cidr} jump mark-for-masquerade")
-    if p.node_port is not None:  # externalTrafficPolicy Cluster: masquerade, then the service
+    tx.rule(
+        internal, f"ip daddr {p.cluster_ip} ip saddr != {cluster_cidr} jump mark-for-masquerade"
+    )
+    if p.node_port is not None and not p.external_local:  # masquerade, then the service
         tx.rule(ext, "jump mark-for-masquerade")
         tx.rule(ext, f"goto {svc}")
-    vmap = " , ".join(f"{i} : goto {chain}" for i, (_ip, chain) in enumerate(endpoints))
-    tx.rule(svc, f"numgen random mod {len(endpoints)} vmap {{ {vmap} }}")
-    for ip, chain in endpoints:
+    elif p.node_port is not None:  # keep the client's address; pods and the node reach all
+        tx.rule(ext, f"ip saddr {cluster_cidr} goto {svc}", "short-circuit pod traffic")
+        tx.rule(ext, "fib saddr type local jump mark-for-masquerade", "masquerade local traffic")
+        tx.rule(ext, f"fib saddr type local goto {svc}", "short-circuit local traffic")
+        tx.rule(ext, f"goto {local}")
+    if p.affinity_seconds is not None:  # one timeout set per endpoint: its clients
+        for ip in p.reachable:
+            tx.op(
+                f"add set {NFT_TABLE} {nft_affinity_set(p, ip)} {{ type ipv4_addr ;"
+                f" flags dynamic,timeout ; timeout {p.affinity_seconds}s ; }}"
+            )
+    if p.uses_cluster:
+        _to_endpoints(tx, p, svc, p.endpoints)
+    if p.uses_local:
+        _to_endpoints(tx, p, local, p.local_endpoints)
+    for ip in p.reachable:
+        chain = nft_endpoint_chain(p, ip)
         tx.rule(chain, f"ip saddr {ip} jump mark-for-masquerade")
+        if p.affinity_seconds is not None:
+            tx.rule(chain, f"update @{nft_affinity_set(p, ip)} {{ ip saddr }}")
         tx.rule(chain, f"meta l4proto {p.protocol} dnat to {ip}:{p.target_port}")
+
+
+def _to_endpoints(tx: _Tx, p: ServicePort, chain: str, endpoints: Sequence[str]) -> None:
+    """writeServiceToEndpointRules: a client in an endpoint's affinity set goes back to it;
+    the others get a random endpoint."""
+    if p.affinity_seconds is not None:
+        for ip in endpoints:
+            tx.rule(chain, f"ip saddr @{nft_affinity_set(p, ip)} goto {nft_endpoint_chain(p, ip)}")
+    vmap = " , ".join(f"{i} : goto {nft_endpoint_chain(p, ip)}" for i, ip in enumerate(endpoints))
+    tx.rule(chain, f"numgen random mod {len(endpoints)} vmap {{ {vmap} }}")
 
 
 def full_sync(
@@ -222,13 +256,22 @@ def partial_sync(
     service-nodeports verdicts still point at the same chains, and endpoint chains are only
     referenced from the service chain's anonymous numgen vmap); the stale endpoint chains
     are flushed. kube-proxy deletes them in a later sync, once they have been stale for a
-    second (kernels before 6.2 notice unreferenced chains late): stale_cleanup."""
+    second (kernels before 6.2 notice unreferenced chains late): stale_cleanup. A stale
+    affinity set is deleted in this transaction, after the chains naming it are flushed."""
     _ports_after, before, after = changed(service_ports(services), changed_index, ready)
     tx = _Tx()
     _nft_service(tx, after, elements=False, chains=True, cluster_cidr=cluster_cidr)
-    for ip in before.endpoints[len(after.endpoints) :]:
+    stale = _stale(before, after)
+    for ip in stale:
         tx.op(f"flush chain {NFT_TABLE} {nft_endpoint_chain(before, ip)}")
+    if before.affinity_seconds is not None:  # unlike chains, stale sets go at once
+        for ip in stale:
+            tx.op(f"delete set {NFT_TABLE} {nft_affinity_set(before, ip)}")
     return tx.text()
+
+
+def _stale(before: ServicePort, after: ServicePort) -> list[str]:
+    return [ip for ip in before.reachable if ip not in after.reachable]
 
 
 def stale_cleanup(
@@ -239,5 +282,5 @@ def stale_cleanup(
     _ports_after, before, after = changed(service_ports(services), changed_index, ready)
     return "".join(
         f"delete chain {NFT_TABLE} {nft_endpoint_chain(before, ip)}\n"
-        for ip in before.endpoints[len(after.endpoints) :]
+        for ip in _stale(before, after)
     )
