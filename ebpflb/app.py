@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry
 from ebpflb import maglev
 from ebpflb.agent import Agent
 from ebpflb.clock import RealClock
-from ebpflb.config import Config
-from ebpflb.datapath import loader, netdev
+from ebpflb.config import Config, XdpMode
+from ebpflb.datapath import loader, netdev, probes
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import ExternalIPPolicy, NodeView
@@ -162,8 +162,13 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     servers: list[HttpServer] = []
     try:
         servers = _serve(config, registry, status)  # a taken port fails before any work
+        # What the kernel lacks stops the start here, before anything is listed or attached.
+        kernel = probes.probe()
+        probes.check(kernel, nodeport=bool(interfaces), xdp=config.xdp is not XdpMode.OFF)
+        status.kernel_features(kernel.status())
+        registry.register(probes.FeatureCollector(kernel))
+        features = loader.Features.from_report(kernel)
         source.start()  # listing, while the programs compile
-        features = loader.probe_features()
         socket_lb = loader.SocketLB(config, features)
         status.compiled("socket_lb", socket_lb.load_seconds, Phase.SOCKET_LB_COMPILED)
         if interfaces:

@@ -5,7 +5,9 @@ and restarts without compiling), reading an object's kernel-side info (to check 
 layout and find our programs by name), listing/detaching what a cgroup has attached
 (for cleanup and restarts of another process's programs), and running a loaded program
 on a packet (BPF_PROG_TEST_RUN; typed in testrun.py). Map element operations use
-libbcc's exported wrappers (bcc.libbcc.lib).
+libbcc's exported wrappers (bcc.libbcc.lib). The kernel feature probe (probes.py) loads
+hand-assembled programs, maps and BTF with the raw commands here: no compiler, no verifier
+log.
 
 A failed command raises BpfError (a DatapathError, so the CLI prints it in one line)
 naming what it was done to and keeping the errno for callers that expect some.
@@ -25,12 +27,17 @@ _libc.syscall.restype = ct.c_long
 
 _NR_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
 
+BPF_MAP_CREATE = 0
+BPF_PROG_LOAD = 5
 BPF_OBJ_GET = 7
 BPF_PROG_DETACH = 9
 BPF_PROG_TEST_RUN = 10
 BPF_PROG_GET_FD_BY_ID = 13
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_QUERY = 16
+BPF_BTF_LOAD = 18
+BPF_MAP_LOOKUP_BATCH = 24
+BPF_LINK_CREATE = 28
 
 
 class BpfError(DatapathError):
@@ -129,6 +136,76 @@ class _ProgInfo(ct.Structure):
     ]
 
 
+class _ProgLoadAttr(ct.Structure):
+    """The BPF_PROG_LOAD member of union bpf_attr, up to expected_attach_type (4.17)."""
+
+    _fields_ = [
+        ("prog_type", ct.c_uint32),
+        ("insn_cnt", ct.c_uint32),
+        ("insns", ct.c_uint64),
+        ("license", ct.c_uint64),
+        ("log_level", ct.c_uint32),
+        ("log_size", ct.c_uint32),
+        ("log_buf", ct.c_uint64),
+        ("kern_version", ct.c_uint32),
+        ("prog_flags", ct.c_uint32),
+        ("prog_name", ct.c_char * 16),
+        ("prog_ifindex", ct.c_uint32),
+        ("expected_attach_type", ct.c_uint32),
+    ]
+
+
+class _MapCreateAttr(ct.Structure):
+    """The BPF_MAP_CREATE member of union bpf_attr, up to the BTF type ids (4.18)."""
+
+    _fields_ = [
+        ("map_type", ct.c_uint32),
+        ("key_size", ct.c_uint32),
+        ("value_size", ct.c_uint32),
+        ("max_entries", ct.c_uint32),
+        ("map_flags", ct.c_uint32),
+        ("inner_map_fd", ct.c_uint32),
+        ("numa_node", ct.c_uint32),
+        ("map_name", ct.c_char * 16),
+        ("map_ifindex", ct.c_uint32),
+        ("btf_fd", ct.c_uint32),
+        ("btf_key_type_id", ct.c_uint32),
+        ("btf_value_type_id", ct.c_uint32),
+    ]
+
+
+class _BtfLoadAttr(ct.Structure):
+    _fields_ = [
+        ("btf", ct.c_uint64),
+        ("btf_log_buf", ct.c_uint64),
+        ("btf_size", ct.c_uint32),
+        ("btf_log_size", ct.c_uint32),
+        ("btf_log_level", ct.c_uint32),
+    ]
+
+
+class _BatchAttr(ct.Structure):
+    _fields_ = [
+        ("in_batch", ct.c_uint64),
+        ("out_batch", ct.c_uint64),
+        ("keys", ct.c_uint64),
+        ("values", ct.c_uint64),
+        ("count", ct.c_uint32),
+        ("map_fd", ct.c_uint32),
+        ("elem_flags", ct.c_uint64),
+        ("flags", ct.c_uint64),
+    ]
+
+
+class _LinkCreateAttr(ct.Structure):
+    _fields_ = [
+        ("prog_fd", ct.c_uint32),
+        ("target_fd", ct.c_uint32),
+        ("attach_type", ct.c_uint32),
+        ("flags", ct.c_uint32),
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class MapInfo:
     type: int
@@ -152,6 +229,80 @@ def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
     if ret < 0:
         raise BpfError(what, ct.get_errno())
     return int(ret)
+
+
+def prog_load(
+    prog_type: int, insns: bytes, what: str, expected_attach_type: int = 0, name: str = ""
+) -> int:
+    """Load a program given as raw instructions (8 bytes each), without a verifier log;
+    the caller owns the fd. BpfError keeps the kernel's errno (EINVAL for an unknown
+    program type, attach type or helper)."""
+    code = ct.create_string_buffer(insns, len(insns))
+    license_ = ct.create_string_buffer(b"GPL")
+    attr = _ProgLoadAttr(
+        prog_type=prog_type,
+        insn_cnt=len(insns) // 8,
+        insns=ct.addressof(code),
+        license=ct.addressof(license_),
+        prog_name=name.encode()[:15],
+        expected_attach_type=expected_attach_type,
+    )
+    return _bpf(BPF_PROG_LOAD, attr, f"loading {what}")
+
+
+def map_create(
+    map_type: int,
+    key_size: int,
+    value_size: int,
+    max_entries: int,
+    what: str,
+    flags: int = 0,
+    btf_fd: int = 0,
+    btf_key_type_id: int = 0,
+    btf_value_type_id: int = 0,
+) -> int:
+    """Create an (unpinned) map; the caller owns the fd."""
+    attr = _MapCreateAttr(
+        map_type=map_type,
+        key_size=key_size,
+        value_size=value_size,
+        max_entries=max_entries,
+        map_flags=flags,
+        btf_fd=btf_fd,
+        btf_key_type_id=btf_key_type_id,
+        btf_value_type_id=btf_value_type_id,
+    )
+    return _bpf(BPF_MAP_CREATE, attr, f"creating {what}")
+
+
+def btf_load(blob: bytes, what: str) -> int:
+    """Load BTF type information (raw .BTF section bytes); the caller owns the fd."""
+    data = ct.create_string_buffer(blob, len(blob))
+    attr = _BtfLoadAttr(btf=ct.addressof(data), btf_size=len(blob))
+    return _bpf(BPF_BTF_LOAD, attr, f"loading {what}")
+
+
+def map_lookup_batch(map_fd: int, key_size: int, value_size: int, count: int, what: str) -> int:
+    """One BPF_MAP_LOOKUP_BATCH from the start of the map: how many elements came back
+    (BpfError ENOENT once the map is exhausted, EINVAL where the command does not exist)."""
+    keys = ct.create_string_buffer(key_size * count)
+    values = ct.create_string_buffer(value_size * count)
+    out_batch = ct.create_string_buffer(8)
+    attr = _BatchAttr(
+        out_batch=ct.addressof(out_batch),
+        keys=ct.addressof(keys),
+        values=ct.addressof(values),
+        count=count,
+        map_fd=map_fd,
+    )
+    _bpf(BPF_MAP_LOOKUP_BATCH, attr, f"batch lookup in {what}")
+    return int(attr.count)
+
+
+def link_create(prog_fd: int, target_fd: int, attach_type: int, what: str) -> int:
+    """Attach a program through a bpf link (5.7 for cgroups); the caller owns the fd."""
+    attr = _LinkCreateAttr(prog_fd, target_fd & 0xFFFFFFFF, attach_type, 0)
+    return _bpf(BPF_LINK_CREATE, attr, f"linking {what}")
 
 
 def obj_get(path: str) -> int:

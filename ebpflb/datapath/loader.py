@@ -25,7 +25,7 @@ from pathlib import Path
 from bcc import BPF, BPFAttachType
 
 from ebpflb.config import Config, XdpMode
-from ebpflb.datapath import bpfsys, contract, netdev, pins
+from ebpflb.datapath import bpfsys, contract, netdev, pins, probes
 from ebpflb.errors import AttachError, BpfLoadError
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,10 @@ _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 class SockHook(enum.Enum):
     """Socket-LB programs and the cgroup hook each attaches to (kernel version it needs)."""
 
-    CONNECT4 = ("ebpflb_connect4", BPFAttachType.CGROUP_INET4_CONNECT, "4.17")
-    SENDMSG4 = ("ebpflb_sendmsg4", BPFAttachType.CGROUP_UDP4_SENDMSG, "4.18")
-    RECVMSG4 = ("ebpflb_recvmsg4", BPFAttachType.CGROUP_UDP4_RECVMSG, "5.2")
-    GETPEERNAME4 = ("ebpflb_getpeer4", BPFAttachType.CGROUP_INET4_GETPEERNAME, "5.8")
+    CONNECT4 = ("ebpflb_connect4", BPFAttachType.CGROUP_INET4_CONNECT, "connect4")
+    SENDMSG4 = ("ebpflb_sendmsg4", BPFAttachType.CGROUP_UDP4_SENDMSG, "sendmsg4")
+    RECVMSG4 = ("ebpflb_recvmsg4", BPFAttachType.CGROUP_UDP4_RECVMSG, "recvmsg4")
+    GETPEERNAME4 = ("ebpflb_getpeer4", BPFAttachType.CGROUP_INET4_GETPEERNAME, "getpeername4")
 
     @property
     def function(self) -> str:
@@ -57,7 +57,7 @@ class SockHook(enum.Enum):
 
     @property
     def since(self) -> str:
-        return self.value[2]
+        return probes.BY_KEY[self.value[2]].since
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,10 @@ class Features:
 
     def cflags(self) -> list[str]:
         return [f"-D{contract.HAVE_SET_RETVAL}={int(self.set_retval)}"]
+
+    @classmethod
+    def from_report(cls, report: probes.KernelReport) -> Features:
+        return cls(set_retval=report.has("set_retval"))
 
 
 def assemble_source(main: Path) -> str:
@@ -104,35 +108,9 @@ def compile_program(source: Path, cflags: list[str]) -> BPF:
 
 @cache
 def probe_features() -> Features:
-    """Try the optional helpers on this kernel; each probe loads (and drops) a tiny program."""
-    text = b"""
-#include <uapi/linux/bpf.h>
-#include <linux/errno.h>
-int probe_set_retval(struct bpf_sock_addr *ctx)
-{
-    ((long (*)(int))BPF_FUNC_set_retval)(-ECONNREFUSED);
-    return 0;
-}
-"""
-    set_retval = False
-    with contextlib.suppress(Exception):  # compile or verifier failure: helper absent
-        probe = BPF(text=text)
-        try:
-            probe.load_func(
-                b"probe_set_retval",
-                BPF.CGROUP_SOCK_ADDR,
-                attach_type=BPFAttachType.CGROUP_INET4_CONNECT,
-            )
-            set_retval = True
-        finally:
-            probe.cleanup()
-    features = Features(set_retval=set_retval)
-    if not set_retval:
-        log.warning(
-            "kernel lacks bpf_set_retval (5.18+): connect() to a service without endpoints "
-            "fails with EPERM instead of ECONNREFUSED"
-        )
-    return features
+    """The optional helpers the programs are compiled for, from the raw-syscall probe
+    (probes.py: a few milliseconds, nothing compiled, nothing printed)."""
+    return Features.from_report(probes.probe())
 
 
 class SocketLB:

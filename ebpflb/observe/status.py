@@ -114,6 +114,7 @@ class AgentStatus:
         self._invalid: dict[tuple[str, str], str] = {}
         self._orphans: dict[NamespacedName, tuple[NamespacedName, ...]] = {}
         self._progress: Callable[[], SourceProgress] = SourceProgress
+        self._features: dict[str, dict[str, Any]] = {}
 
     # ---- start-up (the app) --------------------------------------------------------------
 
@@ -136,6 +137,11 @@ class AgentStatus:
         """The XDP mode ("native", "generic", or "off": tc only) each interface got."""
         with self._lock:
             self._interfaces.update(xdp_modes)
+
+    def kernel_features(self, features: Mapping[str, Mapping[str, Any]]) -> None:
+        """The kernel feature probe's findings (ebpflb.datapath.probes), shown as is."""
+        with self._lock:
+            self._features = {key: dict(value) for key, value in features.items()}
 
     def read_source(self, progress: Callable[[], SourceProgress]) -> None:
         self._progress = progress
@@ -218,6 +224,7 @@ class AgentStatus:
                 "frontend_changes": dict(self._changes),
                 "programs": {"replaced_previous": self._replaced},
                 "interfaces": {name: {"xdp": mode} for name, mode in self._interfaces.items()},
+                "features": {key: dict(value) for key, value in self._features.items()},
             }
         document["problems"] = {
             "invalid_objects": [
