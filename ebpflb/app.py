@@ -37,7 +37,7 @@ from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCo
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
 from ebpflb.observe.status import AgentStatus, Phase, process_start_time
-from ebpflb.sources.base import ObjectSink, Source
+from ebpflb.sources.base import Kind, ObjectSink, Source
 from ebpflb.sources.manifests import ManifestSource
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,9 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 modes = nodeport.attach(interfaces)
                 status.interfaces_attached({name: mode.value for name, mode in modes.items()})
             status.phase_done(Phase.ATTACHED)
-            maglev.warm_up()
+            listed = source.progress().lists.get(Kind.SERVICE)
+            if listed is not None and maglev.compiled_for(listed.objects):
+                maglev.warm_up()  # a large cluster: load the compiled loop before the sync
             registry.register(DatapathCollector(maps.counters))
             for pinned, info in maps.map_infos().items():
                 metrics.map_capacity.labels(pinned).set(info.max_entries)
