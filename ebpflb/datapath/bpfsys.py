@@ -29,6 +29,7 @@ _NR_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
 
 BPF_MAP_CREATE = 0
 BPF_PROG_LOAD = 5
+BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_PROG_DETACH = 9
 BPF_PROG_TEST_RUN = 10
@@ -222,6 +223,7 @@ class ProgInfo:
     id: int
     type: int
     name: str
+    tag: str = ""  # hash of the instructions, map fds left out: equal for equal programs
 
 
 def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
@@ -260,9 +262,11 @@ def map_create(
     btf_fd: int = 0,
     btf_key_type_id: int = 0,
     btf_value_type_id: int = 0,
+    name: str = "",
 ) -> int:
     """Create an (unpinned) map; the caller owns the fd."""
     attr = _MapCreateAttr(
+        map_name=name.encode()[:15],
         map_type=map_type,
         key_size=key_size,
         value_size=value_size,
@@ -305,6 +309,13 @@ def link_create(prog_fd: int, target_fd: int, attach_type: int, what: str) -> in
     return _bpf(BPF_LINK_CREATE, attr, f"linking {what}")
 
 
+def obj_pin(fd: int, path: str) -> None:
+    """Pin an open map or program at `path` (on a bpffs)."""
+    raw = ct.create_string_buffer(os.fsencode(path))
+    attr = _ObjGetAttr(ct.cast(raw, ct.c_void_p).value or 0, fd, 0)
+    _bpf(BPF_OBJ_PIN, attr, f"pinning at {path}")
+
+
 def obj_get(path: str) -> int:
     """Open a pinned map or program; the caller owns (and closes) the fd."""
     raw = ct.create_string_buffer(os.fsencode(path))
@@ -338,7 +349,9 @@ def prog_info(fd: int, what: str = "a program") -> ProgInfo:
         _InfoAttr(fd, ct.sizeof(info), ct.cast(ct.pointer(info), ct.c_void_p).value or 0),
         f"reading the info of {what}",
     )
-    return ProgInfo(info.id, info.type, info.name.decode(errors="replace"))
+    return ProgInfo(
+        info.id, info.type, info.name.decode(errors="replace"), bytes(info.tag).hex()
+    )
 
 
 def prog_fd_by_id(prog_id: int) -> int:
