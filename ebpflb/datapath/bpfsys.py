@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
+import resource
 from dataclasses import dataclass
 
 from ebpflb.errors import DatapathError
@@ -233,6 +234,31 @@ def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
     return int(ret)
 
 
+def _bpf_charged(cmd: int, attr: ct.Structure, what: str) -> int:
+    """_bpf for commands that allocate kernel memory. Before 5.11 that memory counts against
+    RLIMIT_MEMLOCK, shared by every process of the user: with an agent's maps loaded, a
+    small limit refuses with EPERM. Like libbpf and BCC, raise the limit and retry once."""
+    try:
+        return _bpf(cmd, attr, what)
+    except BpfError as exc:
+        if exc.errno != errno.EPERM or not _raise_memlock_limit():
+            raise
+    return _bpf(cmd, attr, what)
+
+
+def _raise_memlock_limit() -> bool:
+    """RLIMIT_MEMLOCK to infinity; False if it already was, or may not be raised."""
+    if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY:
+        return False
+    try:
+        resource.setrlimit(
+            resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+        )
+    except (ValueError, OSError):
+        return False
+    return True
+
+
 def prog_load(
     prog_type: int, insns: bytes, what: str, expected_attach_type: int = 0, name: str = ""
 ) -> int:
@@ -249,7 +275,7 @@ def prog_load(
         prog_name=name.encode()[:15],
         expected_attach_type=expected_attach_type,
     )
-    return _bpf(BPF_PROG_LOAD, attr, f"loading {what}")
+    return _bpf_charged(BPF_PROG_LOAD, attr, f"loading {what}")
 
 
 def map_create(
@@ -276,14 +302,14 @@ def map_create(
         btf_key_type_id=btf_key_type_id,
         btf_value_type_id=btf_value_type_id,
     )
-    return _bpf(BPF_MAP_CREATE, attr, f"creating {what}")
+    return _bpf_charged(BPF_MAP_CREATE, attr, f"creating {what}")
 
 
 def btf_load(blob: bytes, what: str) -> int:
     """Load BTF type information (raw .BTF section bytes); the caller owns the fd."""
     data = ct.create_string_buffer(blob, len(blob))
     attr = _BtfLoadAttr(btf=ct.addressof(data), btf_size=len(blob))
-    return _bpf(BPF_BTF_LOAD, attr, f"loading {what}")
+    return _bpf_charged(BPF_BTF_LOAD, attr, f"loading {what}")
 
 
 def map_lookup_batch(map_fd: int, key_size: int, value_size: int, count: int, what: str) -> int:
@@ -349,9 +375,7 @@ def prog_info(fd: int, what: str = "a program") -> ProgInfo:
         _InfoAttr(fd, ct.sizeof(info), ct.cast(ct.pointer(info), ct.c_void_p).value or 0),
         f"reading the info of {what}",
     )
-    return ProgInfo(
-        info.id, info.type, info.name.decode(errors="replace"), bytes(info.tag).hex()
-    )
+    return ProgInfo(info.id, info.type, info.name.decode(errors="replace"), bytes(info.tag).hex())
 
 
 def prog_fd_by_id(prog_id: int) -> int:

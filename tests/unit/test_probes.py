@@ -153,3 +153,23 @@ def _report(release: str, available: dict[str, bool]) -> probes.KernelReport:
             for k, ok in available.items()
         ),
     )
+
+
+def test_eperm_from_the_memlock_limit_is_retried_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before 5.11 an agent's maps use up root's RLIMIT_MEMLOCK for every other process."""
+    calls: list[int] = []
+
+    def bpf(cmd: int, attr: object, what: str) -> int:
+        calls.append(cmd)
+        if len(calls) == 1:
+            raise bpfsys.BpfError(what, errno.EPERM)
+        return 42
+
+    monkeypatch.setattr(bpfsys, "_bpf", bpf)
+    monkeypatch.setattr(bpfsys, "_raise_memlock_limit", lambda: True)
+    assert bpfsys.map_create(probes.MAP_TYPE_HASH, 4, 4, 1, "a map") == 42
+    assert calls == [bpfsys.BPF_MAP_CREATE] * 2
+    calls.clear()
+    monkeypatch.setattr(bpfsys, "_raise_memlock_limit", lambda: False)  # already unlimited
+    with pytest.raises(bpfsys.BpfError):
+        bpfsys.map_create(probes.MAP_TYPE_HASH, 4, 4, 1, "a map")
