@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry
 from ebpflb import maglev
 from ebpflb.agent import Agent
 from ebpflb.clock import RealClock
-from ebpflb.config import Config, place_snat_ports
-from ebpflb.datapath import loader, netdev, pins
+from ebpflb.config import Config, XdpMode, place_snat_ports
+from ebpflb.datapath import loader, netdev, pins, probes
 from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
@@ -42,7 +42,7 @@ from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
 from ebpflb.observe.status import AgentStatus, Phase, process_start_time
 from ebpflb.observe.svccounters import ServiceCounterCollector
-from ebpflb.sources.base import ObjectSink, Source
+from ebpflb.sources.base import Kind, ObjectSink, Source
 from ebpflb.sources.manifests import ManifestSource
 
 log = logging.getLogger(__name__)
@@ -214,13 +214,18 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             # Another agent holds the pins and, on this host's network, likely these ports
             # too: they come free when it exits, with the pins (else this fails again then).
             log.warning("%s: serving once the agent holding %s has exited", exc, config.bpffs_dir)
+        # What the kernel lacks stops the start here, before anything is listed or attached.
+        kernel = probes.probe()
+        probes.check(kernel, nodeport=bool(interfaces), xdp=config.xdp is not XdpMode.OFF)
+        status.kernel_features(kernel.status())
+        registry.register(probes.FeatureCollector(kernel))
+        features = loader.Features.from_report(kernel)
         source.start()  # listing, while the programs compile
         # Before anything touches a pin: the loader may unpin maps of another layout.
         if not _lock_pin_dir(config, pin_lock, status, stop):
             return
         if not servers and (config.healthz_bind_address or config.metrics_bind_address):
             servers = _serve(config, registry, status, metrics)
-        features = loader.probe_features()
         socket_lb = loader.SocketLB(config, features)
         status.compiled("socket_lb", socket_lb.load_seconds, Phase.SOCKET_LB_COMPILED)
         if interfaces:
@@ -238,7 +243,9 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 modes = nodeport.attach(interfaces)
                 status.interfaces_attached({name: mode.value for name, mode in modes.items()})
             status.phase_done(Phase.ATTACHED)
-            maglev.warm_up()
+            listed = source.progress().lists.get(Kind.SERVICE)
+            if listed is not None and maglev.compiled_for(listed.objects):
+                maglev.warm_up()  # a large cluster: load the compiled loop before the sync
             registry.register(DatapathCollector(maps.counters))
             registry.register(
                 ServiceCounterCollector(

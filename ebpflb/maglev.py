@@ -19,11 +19,10 @@ counter and takes a turn whenever the counter reaches the largest weight.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeVar, cast
+from typing import Final
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
@@ -41,6 +40,7 @@ __all__ = [
     "build_table",
     "build_tables",
     "changed_slots",
+    "compiled_for",
     "table_size_for",
     "warm_up",
 ]
@@ -70,63 +70,53 @@ _MAX_BLAKE2B_KEY: Final = 64
 
 _Int64Array = npt.NDArray[np.int64]
 _Int32Array = npt.NDArray[np.int32]
-_F = TypeVar("_F", bound=Callable[..., object])
+
+# Below this many slots in one build, the plain Python loop is used: it fills a 101-slot
+# table in ~0.05 ms and 16381 slots in ~25 ms, while importing numba and loading the
+# compiled loop from its cache costs ~1 s here and 10-20 s in an emulated VM (the kernel
+# matrix), paid by every agent start that needs it. Above it (a 131071-slot table, or a
+# full sync of thousands of services) the compiled loop wins by far. Both give the same
+# slots: tests/unit/test_maglev.py checks each against the paper's pseudocode.
+COMPILED_MIN_SLOTS: Final = 65536
 
 
-def _njit(func: _F) -> _F:
-    """Compile with numba, keeping the signature visible to mypy (numba has no stubs).
-
-    The on-disk cache avoids recompiling (about a second) on every agent start. A read-only
-    image with no writable cache directory makes numba refuse cache=True; compiling once
-    per process is then the fallback rather than failing at import.
-    """
-    try:
-        return cast(_F, numba.njit(cache=True)(func))
-    except RuntimeError:
-        return cast(_F, numba.njit(func))
-
-
-@_njit
-def _fill(offsets: _Int64Array, skips: _Int64Array, weights: _Int64Array, out: _Int32Array) -> None:
-    """Fill `out` (len M) with backend indices: Pseudocode 1 with Katran's weighted turns.
+def _fill_python(offsets: list[int], skips: list[int], weights: list[int], size: int) -> list[int]:
+    """Pseudocode 1 with Katran's weighted turns, on Python ints: the slots, -1 for none.
 
     `pos[i]` is `permutation[i][next[i]]`, advanced by `skip` instead of recomputed with a
-    multiplication; the tests check it against the paper's literal loop
-    (tests/unit/maglev_reference.py).
+    multiplication; the compiled `_fill` (maglev_compiled.py) is the same loop on arrays.
     """
-    size = out.shape[0]
-    n = offsets.shape[0]
-    out[:] = -1
-    max_weight = 0
-    for i in range(n):
-        max_weight = max(max_weight, weights[i])
+    out = [-1] * size
+    n = len(offsets)
+    max_weight = max(weights, default=0)
     if max_weight == 0:
-        return
-    pos = offsets.copy()
-    cum = np.zeros(n, np.int64)
+        return out
+    pos = list(offsets)
+    cum = [0] * n
     filled = 0
     while True:
         for i in range(n):
-            cum[i] += weights[i]
-            if cum[i] < max_weight:
+            turn = cum[i] + weights[i]
+            if turn < max_weight:
+                cum[i] = turn
                 continue
-            cum[i] -= max_weight
+            cum[i] = turn - max_weight
             c = pos[i]
+            skip = skips[i]
             while out[c] >= 0:
-                c += skips[i]
+                c += skip
                 if c >= size:
                     c -= size
             out[c] = i
-            c += skips[i]
+            c += skip
             if c >= size:
                 c -= size
             pos[i] = c
             filled += 1
             if filled == size:
-                return
+                return out
 
 
-@_njit
 def _fill_many(
     offsets: _Int64Array,
     skips: _Int64Array,
@@ -134,17 +124,23 @@ def _fill_many(
     backend_starts: _Int64Array,
     out: _Int32Array,
     slot_starts: _Int64Array,
+    compiled: bool | None = None,
 ) -> None:
-    """`_fill` for many services in one call, saving a dispatch per service.
+    """Fill `out` for many services: service s owns backends [backend_starts[s],
+    backend_starts[s+1]) and the same range of `slot_starts` in `out`. `compiled` None
+    picks by size (COMPILED_MIN_SLOTS)."""
+    if compiled is None:
+        compiled = out.shape[0] >= COMPILED_MIN_SLOTS
+    if compiled:
+        from ebpflb import maglev_compiled  # imports numba: only for large builds
 
-    Service s owns backends [backend_starts[s], backend_starts[s+1]) and the same range of
-    `slot_starts` in `out`.
-    """
-    for s in range(backend_starts.shape[0] - 1):
-        b0, b1 = backend_starts[s], backend_starts[s + 1]
-        _fill(
-            offsets[b0:b1], skips[b0:b1], weights[b0:b1], out[slot_starts[s] : slot_starts[s + 1]]
-        )
+        maglev_compiled.fill_many(offsets, skips, weights, backend_starts, out, slot_starts)
+        return
+    offs, sks, ws = offsets.tolist(), skips.tolist(), weights.tolist()
+    bounds, slots = backend_starts.tolist(), slot_starts.tolist()
+    for s in range(len(bounds) - 1):
+        b0, b1, m0, m1 = bounds[s], bounds[s + 1], slots[s], slots[s + 1]
+        out[m0:m1] = _fill_python(offs[b0:b1], sks[b0:b1], ws[b0:b1], m1 - m0)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -239,6 +235,7 @@ def build_table(
     size: int,
     *,
     seed: str | bytes = DEFAULT_HASH_SEED,
+    compiled: bool | None = None,
 ) -> MaglevTable:
     """Build the Maglev table of one service.
 
@@ -249,13 +246,22 @@ def build_table(
 
     Raises MaglevError for a size that is not a prime > 1, more weighted backends than
     slots, a weight outside [0, MAX_WEIGHT], a duplicate name or a seed over 64 bytes.
+    `compiled` forces (True) or avoids (False) the numba loop; None picks by size.
     """
     names, weights = _normalise(backends)
     key = _seed_key(seed)
     _check_size(size, int(np.count_nonzero(weights)))
     offsets, skips = _permutation_params(names, size, key)
     slots = np.empty(size, np.int32)
-    _fill(offsets, skips, weights, slots)
+    _fill_many(
+        offsets,
+        skips,
+        weights,
+        np.array([0, len(names)], np.int64),
+        slots,
+        np.array([0, size], np.int64),
+        compiled,
+    )
     return MaglevTable(names, slots, size, bool(weights.any()))
 
 
@@ -264,6 +270,7 @@ def build_tables(
     sizes: Sequence[int],
     *,
     seed: str | bytes = DEFAULT_HASH_SEED,
+    compiled: bool | None = None,
 ) -> list[MaglevTable]:
     """`build_table` for many services at once, equal results; one compiled call for all.
 
@@ -285,18 +292,25 @@ def build_tables(
     slot_starts = np.cumsum([0, *sizes], dtype=np.int64)
     out = np.empty(int(slot_starts[-1]), np.int32)
     weights = np.concatenate([w for _, w in normalised]) if normalised else np.empty(0, np.int64)
-    _fill_many(offsets, skips, weights, backend_starts, out, slot_starts)
+    _fill_many(offsets, skips, weights, backend_starts, out, slot_starts, compiled)
     return [
         MaglevTable(names, out[slot_starts[s] : slot_starts[s + 1]].copy(), sizes[s], bool(w.any()))
         for s, (names, w) in enumerate(normalised)
     ]
 
 
+def compiled_for(services: int) -> bool:
+    """Whether a full build for this many services (each at least the smallest table)
+    takes the compiled loop."""
+    return services * TABLE_SIZES[0] >= COMPILED_MIN_SLOTS
+
+
 def warm_up() -> None:
-    """Load the compiled fill loops now (from numba's on-disk cache, about 0.2 s, else by
-    compiling them) rather than inside the first sync."""
-    build_tables([["warm-up"]], [TABLE_SIZES[0]])
-    build_table(["warm-up"], TABLE_SIZES[0])
+    """Load the compiled fill loop now (numba's import and on-disk cache, about 1 s here),
+    for a caller that knows a large build (COMPILED_MIN_SLOTS and up) is coming."""
+    from ebpflb import maglev_compiled
+
+    maglev_compiled.warm_up()
 
 
 def changed_slots(old: npt.NDArray[np.integer], new: npt.NDArray[np.integer]) -> _Int64Array:

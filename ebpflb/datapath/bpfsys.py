@@ -5,7 +5,9 @@ and restarts without compiling), reading an object's kernel-side info (to check 
 layout and find our programs by name), listing/detaching what a cgroup has attached
 (for cleanup and restarts of another process's programs), and running a loaded program
 on a packet (BPF_PROG_TEST_RUN; typed in testrun.py). Map element operations use
-libbcc's exported wrappers (bcc.libbcc.lib).
+libbcc's exported wrappers (bcc.libbcc.lib). The kernel feature probe (probes.py) loads
+hand-assembled programs, maps and BTF with the raw commands here: no compiler, no verifier
+log.
 
 A failed command raises BpfError (a DatapathError, so the CLI prints it in one line)
 naming what it was done to and keeping the errno for callers that expect some.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
+import resource
 from dataclasses import dataclass
 
 from ebpflb.errors import DatapathError
@@ -25,12 +28,18 @@ _libc.syscall.restype = ct.c_long
 
 _NR_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
 
+BPF_MAP_CREATE = 0
+BPF_PROG_LOAD = 5
+BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_PROG_DETACH = 9
 BPF_PROG_TEST_RUN = 10
 BPF_PROG_GET_FD_BY_ID = 13
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_QUERY = 16
+BPF_BTF_LOAD = 18
+BPF_MAP_LOOKUP_BATCH = 24
+BPF_LINK_CREATE = 28
 
 
 class BpfError(DatapathError):
@@ -129,6 +138,76 @@ class _ProgInfo(ct.Structure):
     ]
 
 
+class _ProgLoadAttr(ct.Structure):
+    """The BPF_PROG_LOAD member of union bpf_attr, up to expected_attach_type (4.17)."""
+
+    _fields_ = [
+        ("prog_type", ct.c_uint32),
+        ("insn_cnt", ct.c_uint32),
+        ("insns", ct.c_uint64),
+        ("license", ct.c_uint64),
+        ("log_level", ct.c_uint32),
+        ("log_size", ct.c_uint32),
+        ("log_buf", ct.c_uint64),
+        ("kern_version", ct.c_uint32),
+        ("prog_flags", ct.c_uint32),
+        ("prog_name", ct.c_char * 16),
+        ("prog_ifindex", ct.c_uint32),
+        ("expected_attach_type", ct.c_uint32),
+    ]
+
+
+class _MapCreateAttr(ct.Structure):
+    """The BPF_MAP_CREATE member of union bpf_attr, up to the BTF type ids (4.18)."""
+
+    _fields_ = [
+        ("map_type", ct.c_uint32),
+        ("key_size", ct.c_uint32),
+        ("value_size", ct.c_uint32),
+        ("max_entries", ct.c_uint32),
+        ("map_flags", ct.c_uint32),
+        ("inner_map_fd", ct.c_uint32),
+        ("numa_node", ct.c_uint32),
+        ("map_name", ct.c_char * 16),
+        ("map_ifindex", ct.c_uint32),
+        ("btf_fd", ct.c_uint32),
+        ("btf_key_type_id", ct.c_uint32),
+        ("btf_value_type_id", ct.c_uint32),
+    ]
+
+
+class _BtfLoadAttr(ct.Structure):
+    _fields_ = [
+        ("btf", ct.c_uint64),
+        ("btf_log_buf", ct.c_uint64),
+        ("btf_size", ct.c_uint32),
+        ("btf_log_size", ct.c_uint32),
+        ("btf_log_level", ct.c_uint32),
+    ]
+
+
+class _BatchAttr(ct.Structure):
+    _fields_ = [
+        ("in_batch", ct.c_uint64),
+        ("out_batch", ct.c_uint64),
+        ("keys", ct.c_uint64),
+        ("values", ct.c_uint64),
+        ("count", ct.c_uint32),
+        ("map_fd", ct.c_uint32),
+        ("elem_flags", ct.c_uint64),
+        ("flags", ct.c_uint64),
+    ]
+
+
+class _LinkCreateAttr(ct.Structure):
+    _fields_ = [
+        ("prog_fd", ct.c_uint32),
+        ("target_fd", ct.c_uint32),
+        ("attach_type", ct.c_uint32),
+        ("flags", ct.c_uint32),
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class MapInfo:
     type: int
@@ -145,6 +224,7 @@ class ProgInfo:
     id: int
     type: int
     name: str
+    tag: str = ""  # hash of the instructions, map fds left out: equal for equal programs
 
 
 def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
@@ -152,6 +232,114 @@ def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
     if ret < 0:
         raise BpfError(what, ct.get_errno())
     return int(ret)
+
+
+def _bpf_charged(cmd: int, attr: ct.Structure, what: str) -> int:
+    """_bpf for commands that allocate kernel memory. Before 5.11 that memory counts against
+    RLIMIT_MEMLOCK, shared by every process of the user: with an agent's maps loaded, a
+    small limit refuses with EPERM. Like libbpf and BCC, raise the limit and retry once."""
+    try:
+        return _bpf(cmd, attr, what)
+    except BpfError as exc:
+        if exc.errno != errno.EPERM or not _raise_memlock_limit():
+            raise
+    return _bpf(cmd, attr, what)
+
+
+def _raise_memlock_limit() -> bool:
+    """RLIMIT_MEMLOCK to infinity; False if it already was, or may not be raised."""
+    if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY:
+        return False
+    try:
+        resource.setrlimit(
+            resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+        )
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def prog_load(
+    prog_type: int, insns: bytes, what: str, expected_attach_type: int = 0, name: str = ""
+) -> int:
+    """Load a program given as raw instructions (8 bytes each), without a verifier log;
+    the caller owns the fd. BpfError keeps the kernel's errno (EINVAL for an unknown
+    program type, attach type or helper)."""
+    code = ct.create_string_buffer(insns, len(insns))
+    license_ = ct.create_string_buffer(b"GPL")
+    attr = _ProgLoadAttr(
+        prog_type=prog_type,
+        insn_cnt=len(insns) // 8,
+        insns=ct.addressof(code),
+        license=ct.addressof(license_),
+        prog_name=name.encode()[:15],
+        expected_attach_type=expected_attach_type,
+    )
+    return _bpf_charged(BPF_PROG_LOAD, attr, f"loading {what}")
+
+
+def map_create(
+    map_type: int,
+    key_size: int,
+    value_size: int,
+    max_entries: int,
+    what: str,
+    flags: int = 0,
+    btf_fd: int = 0,
+    btf_key_type_id: int = 0,
+    btf_value_type_id: int = 0,
+    name: str = "",
+) -> int:
+    """Create an (unpinned) map; the caller owns the fd."""
+    attr = _MapCreateAttr(
+        map_name=name.encode()[:15],
+        map_type=map_type,
+        key_size=key_size,
+        value_size=value_size,
+        max_entries=max_entries,
+        map_flags=flags,
+        btf_fd=btf_fd,
+        btf_key_type_id=btf_key_type_id,
+        btf_value_type_id=btf_value_type_id,
+    )
+    return _bpf_charged(BPF_MAP_CREATE, attr, f"creating {what}")
+
+
+def btf_load(blob: bytes, what: str) -> int:
+    """Load BTF type information (raw .BTF section bytes); the caller owns the fd."""
+    data = ct.create_string_buffer(blob, len(blob))
+    attr = _BtfLoadAttr(btf=ct.addressof(data), btf_size=len(blob))
+    return _bpf_charged(BPF_BTF_LOAD, attr, f"loading {what}")
+
+
+def map_lookup_batch(map_fd: int, key_size: int, value_size: int, count: int, what: str) -> int:
+    """One BPF_MAP_LOOKUP_BATCH from the start of the map: how many elements came back
+    (BpfError ENOENT once the map is exhausted, EINVAL where the command does not exist)."""
+    keys = ct.create_string_buffer(key_size * count)
+    values = ct.create_string_buffer(value_size * count)
+    out_batch = ct.create_string_buffer(8)
+    attr = _BatchAttr(
+        out_batch=ct.addressof(out_batch),
+        keys=ct.addressof(keys),
+        values=ct.addressof(values),
+        count=count,
+        map_fd=map_fd,
+    )
+    _bpf(BPF_MAP_LOOKUP_BATCH, attr, f"batch lookup in {what}")
+    return int(attr.count)
+
+
+def link_create(prog_fd: int, target_fd: int, attach_type: int, what: str) -> int:
+    """Attach a program through a bpf link (5.7 for cgroups); the caller owns the fd."""
+    attr = _LinkCreateAttr(prog_fd, target_fd & 0xFFFFFFFF, attach_type, 0)
+    return _bpf(BPF_LINK_CREATE, attr, f"linking {what}")
+
+
+def obj_pin(fd: int, path: str) -> None:
+    """Pin an open map or program at `path` (on a bpffs)."""
+    raw = ct.create_string_buffer(os.fsencode(path))
+    attr = _ObjGetAttr(ct.cast(raw, ct.c_void_p).value or 0, fd, 0)
+    _bpf(BPF_OBJ_PIN, attr, f"pinning at {path}")
 
 
 def obj_get(path: str) -> int:
@@ -187,7 +375,7 @@ def prog_info(fd: int, what: str = "a program") -> ProgInfo:
         _InfoAttr(fd, ct.sizeof(info), ct.cast(ct.pointer(info), ct.c_void_p).value or 0),
         f"reading the info of {what}",
     )
-    return ProgInfo(info.id, info.type, info.name.decode(errors="replace"))
+    return ProgInfo(info.id, info.type, info.name.decode(errors="replace"), bytes(info.tag).hex())
 
 
 def prog_fd_by_id(prog_id: int) -> int:

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import bcc
 from bcc import BPF, BPFAttachType
 
 from ebpflb.config import Config, XdpMode
-from ebpflb.datapath import bpfsys, contract, netdev, pins
+from ebpflb.datapath import bpfsys, contract, netdev, pins, probes, progcache
 from ebpflb.errors import AttachError, BpfLoadError
 
 log = logging.getLogger(__name__)
@@ -36,16 +37,17 @@ BPF_DIR = Path(str(importlib.resources.files("ebpflb") / "bpf")).resolve()
 PROGRAM_PREFIX = "ebpflb_"  # every program ebpflb loads; cleanup detaches exactly these
 BPF_F_ALLOW_MULTI = 1 << 1
 
+_BCC_VERSION = getattr(bcc, "__version__", "unknown")
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
 
 class SockHook(enum.Enum):
     """Socket-LB programs and the cgroup hook each attaches to (kernel version it needs)."""
 
-    CONNECT4 = ("ebpflb_connect4", BPFAttachType.CGROUP_INET4_CONNECT, "4.17")
-    SENDMSG4 = ("ebpflb_sendmsg4", BPFAttachType.CGROUP_UDP4_SENDMSG, "4.18")
-    RECVMSG4 = ("ebpflb_recvmsg4", BPFAttachType.CGROUP_UDP4_RECVMSG, "5.2")
-    GETPEERNAME4 = ("ebpflb_getpeer4", BPFAttachType.CGROUP_INET4_GETPEERNAME, "5.8")
+    CONNECT4 = ("ebpflb_connect4", BPFAttachType.CGROUP_INET4_CONNECT, "connect4")
+    SENDMSG4 = ("ebpflb_sendmsg4", BPFAttachType.CGROUP_UDP4_SENDMSG, "sendmsg4")
+    RECVMSG4 = ("ebpflb_recvmsg4", BPFAttachType.CGROUP_UDP4_RECVMSG, "recvmsg4")
+    GETPEERNAME4 = ("ebpflb_getpeer4", BPFAttachType.CGROUP_INET4_GETPEERNAME, "getpeername4")
 
     @property
     def function(self) -> str:
@@ -57,7 +59,7 @@ class SockHook(enum.Enum):
 
     @property
     def since(self) -> str:
-        return self.value[2]
+        return probes.BY_KEY[self.value[2]].since
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,10 @@ class Features:
 
     def cflags(self) -> list[str]:
         return [f"-D{contract.HAVE_SET_RETVAL}={int(self.set_retval)}"]
+
+    @classmethod
+    def from_report(cls, report: probes.KernelReport) -> Features:
+        return cls(set_retval=report.has("set_retval"))
 
 
 def assemble_source(main: Path) -> str:
@@ -102,37 +108,64 @@ def compile_program(source: Path, cflags: list[str]) -> BPF:
         raise BpfLoadError(f"compiling {source.name} failed: {exc}") from exc
 
 
+class CachedPrograms:
+    """Programs from the program cache (progcache.py), with the part of BPF's interface
+    the loader uses: load_func and cleanup."""
+
+    def __init__(self, entry: progcache.Entry, map_fds: list[int]) -> None:
+        self._entry = entry
+        self._maps = map_fds
+        self._functions: list[BPF.Function] = []
+
+    def load_func(self, name: bytes, prog_type: int, attach_type: int = -1) -> BPF.Function:
+        fd = progcache.load_function(self._entry, self._maps, name.decode(), prog_type, attach_type)
+        function = BPF.Function(None, name, fd)
+        self._functions.append(function)
+        return function
+
+    def cleanup(self) -> None:
+        for fd in [*self._maps, *(f.fd for f in self._functions)]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._maps, self._functions = [], []
+
+
+def compile_cached(
+    source: Path, cflags: list[str], functions: Sequence[str], pin_dir: Path
+) -> BPF | CachedPrograms:
+    """compile_program, or its bytecode from the program cache when EBPFLB_PROGRAM_CACHE
+    names one (filled on a miss): the same programs without running clang."""
+    directory = progcache.cache_dir()
+    if directory is None:
+        return compile_program(source, cflags)
+    text = assemble_source(source)
+    # The pin directory only tells BCC where the maps are (the cache finds them itself):
+    # agents on different pin directories share entries.
+    pin_flag = f"-D{contract.PIN_DIR.macro}="
+    shape = [flag for flag in cflags if not flag.startswith(pin_flag)]
+    path = directory / f"{progcache.cache_key(text, shape, functions, _BCC_VERSION)}.json"
+    entry = progcache.load(path)
+    if entry is not None and set(functions) <= set(entry.functions):
+        try:
+            return CachedPrograms(entry, progcache.open_maps(entry, pin_dir))
+        except bpfsys.BpfError as exc:
+            log.warning("program cache entry %s unusable, compiling: %s", path.name, exc)
+    bpf = compile_program(source, cflags)
+    recorded = progcache.record(
+        {f: bpf.dump_func(f.encode()) for f in functions},
+        pin_dir,
+        also=[name.value for name in contract.MAPS],
+    )
+    if recorded is not None:
+        progcache.store(path, recorded)
+    return bpf
+
+
 @cache
 def probe_features() -> Features:
-    """Try the optional helpers on this kernel; each probe loads (and drops) a tiny program."""
-    text = b"""
-#include <uapi/linux/bpf.h>
-#include <linux/errno.h>
-int probe_set_retval(struct bpf_sock_addr *ctx)
-{
-    ((long (*)(int))BPF_FUNC_set_retval)(-ECONNREFUSED);
-    return 0;
-}
-"""
-    set_retval = False
-    with contextlib.suppress(Exception):  # compile or verifier failure: helper absent
-        probe = BPF(text=text)
-        try:
-            probe.load_func(
-                b"probe_set_retval",
-                BPF.CGROUP_SOCK_ADDR,
-                attach_type=BPFAttachType.CGROUP_INET4_CONNECT,
-            )
-            set_retval = True
-        finally:
-            probe.cleanup()
-    features = Features(set_retval=set_retval)
-    if not set_retval:
-        log.warning(
-            "kernel lacks bpf_set_retval (5.18+): connect() to a service without endpoints "
-            "fails with EPERM instead of ECONNREFUSED"
-        )
-    return features
+    """The optional helpers the programs are compiled for, from the raw-syscall probe
+    (probes.py: a few milliseconds, nothing compiled, nothing printed)."""
+    return Features.from_report(probes.probe())
 
 
 class SocketLB:
@@ -144,7 +177,12 @@ class SocketLB:
         pins.ensure_bpffs(config.bpffs_dir)
         pins.drop_incompatible(config)
         started = time.monotonic()
-        self._bpf = compile_program(BPF_DIR / "sock_lb.c", config.cflags() + self.features.cflags())
+        self._bpf = compile_cached(
+            BPF_DIR / "sock_lb.c",
+            config.cflags() + self.features.cflags(),
+            [hook.function for hook in SockHook],
+            config.bpffs_dir,
+        )
         self._functions = {}
         for hook in SockHook:
             try:
@@ -200,13 +238,17 @@ class NodePortLB:
         self.features = features or probe_features()
         started = time.monotonic()
         cflags = config.cflags() + self.features.cflags()
-        self._bpf = compile_program(BPF_DIR / "nodeport.c", cflags)
-        self._xdp_bpf: BPF | None = None
+        self._bpf = compile_cached(
+            BPF_DIR / "nodeport.c", cflags, [self.INGRESS, self.EGRESS], config.bpffs_dir
+        )
+        self._xdp_bpf: BPF | CachedPrograms | None = None
         try:
             self._ingress = self._bpf.load_func(self.INGRESS.encode(), BPF.SCHED_CLS)
             self._egress = self._bpf.load_func(self.EGRESS.encode(), BPF.SCHED_CLS)
             if config.xdp is not XdpMode.OFF:
-                self._xdp_bpf = compile_program(BPF_DIR / "nodeport_xdp.c", cflags)
+                self._xdp_bpf = compile_cached(
+                    BPF_DIR / "nodeport_xdp.c", cflags, [self.XDP], config.bpffs_dir
+                )
                 self._xdp = self._xdp_bpf.load_func(self.XDP.encode(), BPF.XDP)
         except Exception as exc:
             raise BpfLoadError(f"loading the NodePort programs failed: {exc}") from exc
@@ -291,9 +333,7 @@ def _open_cgroup(cgroup: Path) -> int:
         raise AttachError(f"cannot open cgroup {cgroup}: {exc.strerror}") from exc
 
 
-def _cgroup_programs(
-    cgroup_fd: int, cgroup: Path
-) -> Iterator[tuple[SockHook, int, int, str]]:
+def _cgroup_programs(cgroup_fd: int, cgroup: Path) -> Iterator[tuple[SockHook, int, int, str]]:
     """(hook, id, open fd, name) of every program attached to the cgroup's socket hooks; the
     fd is closed when the iteration moves on. One detached meanwhile is skipped."""
     for hook in SockHook:
@@ -315,9 +355,7 @@ def _detach_ebpflb_programs(cgroup_fd: int, cgroup: Path, keep: Collection[int] 
     detached = 0
     for hook, prog_id, prog_fd, name in _cgroup_programs(cgroup_fd, cgroup):
         if name.startswith(PROGRAM_PREFIX) and prog_id not in keep:
-            bpfsys.prog_detach(
-                cgroup_fd, prog_fd, hook.attach_type, f"{name} from cgroup {cgroup}"
-            )
+            bpfsys.prog_detach(cgroup_fd, prog_fd, hook.attach_type, f"{name} from cgroup {cgroup}")
             detached += 1
     return detached
 

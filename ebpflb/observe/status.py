@@ -116,6 +116,7 @@ class AgentStatus:
         self._orphans: dict[NamespacedName, tuple[NamespacedName, ...]] = {}
         self._progress: Callable[[], SourceProgress] = SourceProgress
         self._lock_wait: dict[str, Any] | None = None  # waiting for the pin directory
+        self._features: dict[str, dict[str, Any]] = {}
 
     # ---- start-up (the app) --------------------------------------------------------------
 
@@ -152,6 +153,11 @@ class AgentStatus:
         with self._lock:
             self._lock_wait = None
         self.phase_done(Phase.PIN_DIR_LOCKED)
+
+    def kernel_features(self, features: Mapping[str, Mapping[str, Any]]) -> None:
+        """The kernel feature probe's findings (ebpflb.datapath.probes), shown as is."""
+        with self._lock:
+            self._features = {key: dict(value) for key, value in features.items()}
 
     def read_source(self, progress: Callable[[], SourceProgress]) -> None:
         self._progress = progress
@@ -235,6 +241,7 @@ class AgentStatus:
                 "frontend_changes": dict(self._changes),
                 "programs": {"replaced_previous": self._replaced},
                 "interfaces": {name: {"xdp": mode} for name, mode in self._interfaces.items()},
+                "features": {key: dict(value) for key, value in self._features.items()},
             }
         document["problems"] = {
             "invalid_objects": [

@@ -114,7 +114,10 @@ def test_import_works_without_a_writable_numba_cache() -> None:
         pytest.skip("this numba cannot restrict its cache locators")
     # The IPython locator applies to no regular file, as when every cache dir is read-only.
     env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "IPythonCacheLocator"}
-    code = "from ebpflb.maglev import build_table; print(build_table(['a:1'], 101).usable)"
+    code = (
+        "from ebpflb.maglev import build_table;"
+        "print(build_table(['a:1'], 101, compiled=True).usable)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
@@ -125,25 +128,49 @@ def test_import_works_without_a_writable_numba_cache() -> None:
 
 
 @PROPERTY
-@given(data=st.data(), names=name_sets(1, 12), weighted=st.booleans())
-def test_numba_matches_reference(
-    data: st.DataObject, names: frozenset[str], weighted: bool
+@given(data=st.data(), names=name_sets(1, 12), weighted=st.booleans(), compiled=st.booleans())
+def test_both_loops_match_reference(
+    data: st.DataObject, names: frozenset[str], weighted: bool, compiled: bool
 ) -> None:
+    """The Python loop (small builds) and the numba one (large builds) against the paper."""
     primes = (2, 3, 307, 1009, *TABLE_SIZES)  # off-ladder primes are valid sizes too
     size = data.draw(st.sampled_from([m for m in primes if len(names) <= m <= 2039]))
     weight = st.integers(0, 5) if weighted else st.just(1)
     backends = {name: data.draw(weight) for name in names}
-    assert build_table(backends, size).slots.tolist() == reference_fill(backends, size)
+    table = build_table(backends, size, compiled=compiled)
+    assert table.slots.tolist() == reference_fill(backends, size)
 
 
 @PROPERTY
-@given(data=st.data(), services=st.lists(name_sets(0, 6), max_size=8))
-def test_batched_build_matches_single(data: st.DataObject, services: list[frozenset[str]]) -> None:
+@given(data=st.data(), services=st.lists(name_sets(0, 6), max_size=8), compiled=st.booleans())
+def test_batched_build_matches_single(
+    data: st.DataObject, services: list[frozenset[str]], compiled: bool
+) -> None:
     weighted = [{n: data.draw(st.integers(0, 3)) for n in sorted(s)} for s in services]
     sizes = [data.draw(st.sampled_from([m for m in SMALL_SIZES if m >= len(s)])) for s in services]
-    assert build_tables(weighted, sizes) == [
-        build_table(b, m) for b, m in zip(weighted, sizes, strict=True)
+    assert build_tables(weighted, sizes, compiled=compiled) == [
+        build_table(b, m, compiled=not compiled) for b, m in zip(weighted, sizes, strict=True)
     ]
+
+
+def test_large_tables_give_the_same_slots_from_both_loops() -> None:
+    names = {f"10.1.{i // 250}.{i % 250}:80": 1 + i % 3 for i in range(1000)}
+    size = DEFAULT_MAX_TABLE_SIZE
+    assert size >= maglev.COMPILED_MIN_SLOTS
+    by_size = build_table(names, size)  # over the threshold: the compiled loop
+    assert by_size == build_table(names, size, compiled=False)
+
+
+def test_small_builds_do_not_import_numba() -> None:
+    """An agent with a few hundred services never pays numba's import (seconds in a VM)."""
+    code = (
+        "import sys; from ebpflb import maglev;"
+        "maglev.build_tables([['a:1', 'b:2']] * 300, [101] * 300);"
+        "maglev.build_table(['a:1'], 16381);"
+        "print('numba' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 # --- Balance, determinism, weights.

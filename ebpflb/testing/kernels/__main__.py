@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument(
         "--probe",
-        default="",
+        default=" ".join(matrix.FEATURE_PROBE),
         help="module and arguments run with `python -m` in the guest before the tests; its "
-        "stdout is the kernel's feature report (JSON)",
+        "stdout is the kernel's feature report (JSON); empty: none (default: %(default)s)",
     )
     table = sub.add_parser("table", help="the README's kernel table from the matrix results")
     table.add_argument("--out", type=Path, default=matrix.DEFAULT_OUT)

@@ -2,8 +2,8 @@
 
 One row per kernel feature ebpflb uses, one column per kernel the matrix ran: what a user
 gets there and whether the tests that show it passed, then the tests. What a kernel has
-comes from the guest's feature report (features.json) when the run had a probe, otherwise
-from the version each feature appeared in (the socket hooks' versions from the loader).
+comes from the guest's feature report (features.json, `python -m ebpflb.datapath.probes
+--json` run before the tests), otherwise from the version each feature appeared in.
 The table goes between README markers; nothing else in README.md is touched.
 """
 
@@ -25,6 +25,7 @@ END = "<!-- kernel-matrix:end -->"
 SOCKET_LB = "tests/kernel/test_socket_lb.py"
 NODEPORT = "tests/kernel/test_nodeport.py"
 BATCH = "tests/kernel/test_batch_ops.py"
+PROBES = "tests/kernel/test_probes.py"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,103 +38,56 @@ class Feature:
     tests: tuple[str, ...]  # node ids (or prefixes) whose passing shows `present`
 
 
-def _hook_versions() -> dict[str, str]:
-    """The socket hooks' kernel versions, as the loader states them (one source of truth)."""
-    from ebpflb.datapath.loader import SockHook  # imports bcc: only when building the table
+PROBE_TESTS = (
+    f"{PROBES}::test_every_feature_of_this_kernel_version_is_found_in_milliseconds",
+    f"{PROBES}::test_the_agent_shows_the_kernel_features_in_status_and_metrics",
+)
 
-    return {hook.name.lower(): hook.since for hook in SockHook}
+# The tests whose passing shows each probed feature at work (the probe tests show it is
+# found and reported).
+TESTS: Mapping[str, tuple[str, ...]] = {
+    "connect4": (
+        f"{SOCKET_LB}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",
+        f"{SOCKET_LB}::test_restart_keeps_traffic_flowing_and_rewrites_nothing",
+        "tests/kernel/test_maglev_datapath.py::test_traffic_follows_the_slots",
+    ),
+    "sendmsg4": (f"{SOCKET_LB}::test_udp_reply_comes_from_the_clusterip",),
+    "recvmsg4": (f"{SOCKET_LB}::test_udp_reply_comes_from_the_clusterip",),
+    "getpeername4": (
+        f"{SOCKET_LB}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",
+    ),
+    "mmapable_array": (f"{BATCH}::test_the_slot_pool_is_mapped_and_written_as_memory",),
+    "set_retval": (f"{SOCKET_LB}::test_service_without_endpoints_refuses_tcp_and_udp",),
+    "batch_ops": (
+        f"{BATCH}::test_many_entries_written_and_read_back[batched]",
+        f"{BATCH}::test_a_trie_is_read_back_in_batches_too",
+        f"{BATCH}::test_a_batch_resumes_after_the_element_the_kernel_refused",
+    ),
+    "tc": (
+        f"{NODEPORT}::test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones[tc]",
+        f"{NODEPORT}::test_loadbalancer_and_external_ip_with_source_ranges[tc]",
+    ),
+    "redirect_neigh": (
+        f"{NODEPORT}::test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones[tc]",
+        f"{NODEPORT}::test_local_policy_keeps_client_address_and_only_nodes_with_endpoints_serve[tc]",
+    ),
+    "xdp": (
+        f"{NODEPORT}::test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones[xdp-native]",
+        f"{NODEPORT}::test_checksums_with_and_without_offload[xdp-native-no-offload]",
+    ),
+    "sk_storage": (),
+    "links": (),
+}
 
 
-def features(hooks: Mapping[str, str]) -> tuple[Feature, ...]:
-    refuse = "the agent does not start"
-    return (
-        Feature(
-            "connect4",
-            "cgroup connect4 hook",
-            hooks["connect4"],
-            "ClusterIP TCP (and connected UDP) translated at connect()",
-            refuse,
-            (
-                f"{SOCKET_LB}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",
-                f"{SOCKET_LB}::test_restart_keeps_traffic_flowing_and_rewrites_nothing",
-                "tests/kernel/test_maglev_datapath.py::test_traffic_follows_the_slots",
-            ),
-        ),
-        Feature(
-            "sendmsg4",
-            "cgroup sendmsg4 hook",
-            hooks["sendmsg4"],
-            "unconnected UDP to a ClusterIP translated per sendmsg()",
-            refuse,
-            (f"{SOCKET_LB}::test_udp_reply_comes_from_the_clusterip",),
-        ),
-        Feature(
-            "recvmsg4",
-            "cgroup recvmsg4 hook",
-            hooks["recvmsg4"],
-            "UDP replies seen from the ClusterIP",
-            refuse,
-            (f"{SOCKET_LB}::test_udp_reply_comes_from_the_clusterip",),
-        ),
-        Feature(
-            "getpeername4",
-            "cgroup getpeername4 hook",
-            hooks["getpeername4"],
-            "getpeername() answers the ClusterIP",
-            refuse,
-            (f"{SOCKET_LB}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",),
-        ),
-        Feature(
-            "set_retval",
-            "bpf_set_retval",
-            "5.18",
-            "ECONNREFUSED for a Service without endpoints",
-            "EPERM instead of ECONNREFUSED",
-            (f"{SOCKET_LB}::test_service_without_endpoints_refuses_tcp_and_udp",),
-        ),
-        Feature(
-            "mmapable_array",
-            "memory-mapped array (BPF_F_MMAPABLE)",
-            "5.5",
-            "Maglev slot pool written as memory",
-            refuse,
-            (f"{BATCH}::test_the_slot_pool_is_mapped_and_written_as_memory",),
-        ),
-        Feature(
-            "batch_ops",
-            "batched map operations",
-            "5.6",
-            "maps read and written in batches",
-            "one syscall per entry (slower syncs)",
-            (
-                f"{BATCH}::test_many_entries_written_and_read_back[batched]",
-                f"{BATCH}::test_a_trie_is_read_back_in_batches_too",
-                f"{BATCH}::test_a_batch_resumes_after_the_element_the_kernel_refused",
-            ),
-        ),
-        Feature(
-            "redirect_neigh",
-            "bpf_redirect_neigh (tc)",
-            "5.10",
-            "NodePort DNAT/SNAT forwarded to other nodes",
-            "the agent does not start with --interfaces",
-            (
-                f"{NODEPORT}::test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones[tc]",
-                f"{NODEPORT}::test_local_policy_keeps_client_address_and_only_nodes_with_endpoints_serve[tc]",
-                f"{NODEPORT}::test_loadbalancer_and_external_ip_with_source_ranges[tc]",
-            ),
-        ),
-        Feature(
-            "xdp_native_veth",
-            "native XDP (veth)",
-            "4.14",
-            "NodePort ingress in XDP",
-            "falls back to tc with a log line",
-            (
-                f"{NODEPORT}::test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones[xdp-native]",
-                f"{NODEPORT}::test_checksums_with_and_without_offload[xdp-native-no-offload]",
-            ),
-        ),
+def features() -> tuple[Feature, ...]:
+    """A row per feature the agent probes (ebpflb.datapath.probes: names, versions and
+    what is lost are stated there once)."""
+    from ebpflb.datapath.probes import FEATURES
+
+    return tuple(
+        Feature(f.key, f.name, f.since, f.used_for, f.fallback, (*TESTS[f.key], *PROBE_TESTS))
+        for f, _ in FEATURES
     )
 
 
@@ -187,12 +141,8 @@ def tested_by(feature: Feature) -> str:
     return "<br>".join(names)
 
 
-def render(
-    columns: Sequence[Column],
-    summary: Sequence[Mapping[str, object]] = (),
-    hooks: Mapping[str, str] | None = None,
-) -> str:
-    feats = features(hooks if hooks is not None else _hook_versions())
+def render(columns: Sequence[Column], summary: Sequence[Mapping[str, object]] = ()) -> str:
+    feats = features()
     head = ["Feature (mainline)", *(f"{c.label} (`{c.release}`)" for c in columns), "Tested by"]
     lines = [
         "| " + " | ".join(head) + " |",

@@ -27,6 +27,8 @@ DEFAULT_OUT = REPO / ".ci" / "out" / "kernels"
 # (52-60 minutes of wall time on a loaded 2-core host); a stalled guest is killed here, early
 # enough for .ci/run (make test first) to end within CI's 90 minutes.
 DEFAULT_VM_TIMEOUT = 75 * 60
+# The agent's own kernel feature probe; its report (features.json) feeds the README table.
+FEATURE_PROBE = ("ebpflb.datapath.probes", "--json")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,12 @@ from ebpflb.testing.kernels.initramfs import RESULTS_MOUNT
 
 KERNEL_TESTS = "tests/kernel"
 # Multiplies AgentProcess's waits (ebpflb/testing/agentproc.py): under emulation an agent
-# start (imports ~10 s, numba ~15 s, the feature probe ~8 s, socket-LB ~26 s and NodePort
-# ~35-70 s of BCC compiling) takes 1-2.5 minutes where the host takes ~1.5 s.
+# start takes ~10 s of imports, then ~25-80 s per BCC compile (socket-LB; NodePort more)
+# unless the program cache has the programs, where the host takes ~1.5 s in all.
 TIMEOUT_SCALE = 10
+# BCC's bytecode kept between agent starts within one boot (ebpflb/datapath/progcache.py):
+# each program is compiled once per kernel, not once per test. The guest's /tmp is its own.
+PROGRAM_CACHE = "/tmp/ebpflb-programs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,7 @@ def guest_plan(
         "HOME": "/tmp",
         "PYTHONDONTWRITEBYTECODE": "1",
         "NUMBA_CACHE_DIR": "/tmp/numba-cache",
+        "EBPFLB_PROGRAM_CACHE": PROGRAM_CACHE,
         "EBPFLB_TEST_TIMEOUT_SCALE": str(TIMEOUT_SCALE),
         "EBPFLB_REQUIRE_KERNEL": "1",
         **(extra_env or {}),

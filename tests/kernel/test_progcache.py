@@ -1,0 +1,96 @@
+"""The program cache (EBPFLB_PROGRAM_CACHE): a hit loads the very programs BCC compiled
+(the kernel's tag, a hash of the instructions without map fds, is equal), on the pinned
+maps or on maps it creates and pins itself in a new pin directory; and an agent started
+from the cache translates traffic."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ebpflb.config import Config, XdpMode
+from ebpflb.datapath import bpfsys, loader, pins, progcache
+from ebpflb.testing.netns import Cgroup, Topology
+from tests.kernel.conftest import PODS, AgentFactory, served_by
+
+pytestmark = pytest.mark.kernel
+
+WEB = "10.96.0.10:80"
+
+
+@pytest.fixture
+def pin_dirs() -> Iterator[list[Path]]:
+    made: list[Path] = []
+    try:
+        yield made
+    finally:
+        for path in made:
+            if path.exists():
+                for pin in path.iterdir():
+                    pin.unlink()
+                path.rmdir()
+
+
+def _config(pin_dirs: list[Path]) -> Config:
+    path = Path("/sys/fs/bpf") / f"ebpflb-cache-{uuid.uuid4().hex[:8]}"
+    pin_dirs.append(path)
+    return Config(
+        bpffs_dir=path, slot_pool_size=4096, maglev_max_table_size=1021, xdp=XdpMode.NATIVE
+    )
+
+
+def _tags(lb: loader.SocketLB | loader.NodePortLB) -> dict[str, str]:
+    if isinstance(lb, loader.SocketLB):
+        fds = {hook.function: f.fd for hook, f in lb._functions.items()}
+    else:
+        fds = {name: lb.program_fd(name) for name in (lb.INGRESS, lb.EGRESS, lb.XDP)}
+    return {name: bpfsys.prog_info(fd, name).tag for name, fd in fds.items()}
+
+
+def test_a_hit_loads_the_compiled_programs_on_old_or_new_pins(
+    pin_dirs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(progcache.CACHE_ENV, str(tmp_path / "cache"))
+    features = loader.Features(set_retval=False)
+    first = _config(pin_dirs)
+    compiled = {}
+    for kind in (loader.SocketLB, loader.NodePortLB):
+        lb = kind(first, features)
+        compiled.update(_tags(lb))
+        lb.close()
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 3  # sock_lb, nodeport, xdp
+
+    def no_compiler(source: Path, cflags: list[str]) -> None:
+        raise AssertionError(f"{source.name} compiled despite the cache")
+
+    monkeypatch.setattr(loader, "compile_program", no_compiler)
+    fresh = _config(pin_dirs)  # no pins yet: the cache creates the maps
+    for config in (first, fresh):
+        for kind in (loader.SocketLB, loader.NodePortLB):
+            lb = kind(config, features)
+            try:
+                assert _tags(lb) == {k: compiled[k] for k in _tags(lb)}
+            finally:
+                lb.close()
+        expected = pins.expected_map_layout(config)
+        assert {p.name: pins.pinned_layout(p) for p in config.bpffs_dir.iterdir()} == expected
+
+
+def test_an_agent_started_from_the_cache_translates(
+    topology: Topology,
+    cgroup: Cgroup,
+    manifests: Path,
+    start_agent: AgentFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(progcache.CACHE_ENV, str(tmp_path / "cache"))
+    start_agent("--manifests", str(manifests)).stop()  # compiles, fills the cache
+    assert list((tmp_path / "cache").glob("*.json"))
+    agent = start_agent("--manifests", str(manifests))  # loads from it
+    assert agent.status()["programs"]["replaced_previous"] == 4
+    counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 60, cgroup))
+    assert set(counts) == set(PODS)
