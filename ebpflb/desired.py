@@ -19,6 +19,7 @@ from ebpflb.model import (
     BackendFlags,
     Endpoint,
     Frontend,
+    Scope,
     ServicePort,
     ServicePortName,
     SvcFlags,
@@ -135,24 +136,45 @@ def _is_local(ep: Endpoint, node: NodeView) -> bool:
 def frontends_for_port(
     port: ServicePort, endpoints: Iterable[Endpoint], node: NodeView | None = None
 ) -> list[DesiredFrontend]:
-    """Every frontend of one service port on this node.
+    """Every frontend of one service port on this node, with kube-proxy's traffic policies
+    (pkg/proxy/topology.go CategorizeEndpoints; ServicePort.UsesClusterEndpoints/Local).
 
-    The ClusterIP spreads over all endpoints. Node addresses on the nodePort (and
-    127.0.0.1:nodePort, for host processes through socket-LB), LoadBalancer ingress IPs and
-    the external IPs the node's policy allows do too under externalTrafficPolicy=Cluster;
-    under Local they use only this node's endpoints (none: the node refuses rather than
-    forwards, so a cloud load balancer's health check takes it out) and keep the client's
-    source address.
+    Internal traffic (the ClusterIP, socket-LB only) spreads over all endpoints, or under
+    internalTrafficPolicy=Local over this node's only; with none local the ClusterIP
+    refuses at once (ECONNREFUSED) where kube-proxy drops: a socket-LB connect() cannot be
+    dropped, and an immediate error beats a client waiting for its timeout.
+
+    External frontends: node addresses on the nodePort (and 127.0.0.1:nodePort, for host
+    processes through socket-LB), LoadBalancer ingress IPs and the external IPs the node's
+    policy allows. Under externalTrafficPolicy=Cluster they spread over all endpoints.
+    Under Local, traffic from outside the node (tc/XDP) uses only this node's endpoints
+    (none: the node drops rather than forwards, so a cloud load balancer's health check
+    takes it out) and keeps the client's source address, while in-node clients
+    (socket-LB) reach all endpoints through a second, LB_SCOPE_INTERNAL entry of the same
+    frontend: kube-proxy sends in-cluster traffic to external destinations to the cluster
+    chain ("pod traffic for ... external destinations"), as if it had gone out to the load
+    balancer and come back.
     """
     node = node or NodeView()
     endpoints = tuple(endpoints)
-    all_backends, all_flags = _backends(port, endpoints, node)
+    cluster = _backends(port, endpoints, node)
+    local: tuple[tuple[WeightedBackend, ...], SvcFlags] | None = None
+    if (
+        port.internal_traffic_policy is TrafficPolicy.LOCAL
+        or port.external_traffic_policy is TrafficPolicy.LOCAL
+    ):
+        local = _backends(port, (ep for ep in endpoints if _is_local(ep, node)), node)
+
+    if port.internal_traffic_policy is TrafficPolicy.LOCAL and local is not None:
+        internal_backends, internal_flags = local[0], local[1] | SvcFlags.ITP_LOCAL
+    else:
+        internal_backends, internal_flags = cluster
     result = [
         DesiredFrontend(
             Frontend(ip, port.port, port.protocol),
             port.name,
-            SvcFlags.CLUSTER_IP | all_flags,
-            all_backends,
+            SvcFlags.CLUSTER_IP | internal_flags,
+            internal_backends,
         )
         for ip in port.cluster_ips
     ]
@@ -170,15 +192,20 @@ def frontends_for_port(
             external.append((Frontend(ip, port.port, port.protocol), SvcFlags.EXTERNAL_IP, ()))
     if not external:
         return result
-    if port.external_traffic_policy is TrafficPolicy.LOCAL:
-        ext_backends, ext_flags = _backends(
-            port, (ep for ep in endpoints if _is_local(ep, node)), node
-        )
-        ext_flags |= SvcFlags.ETP_LOCAL
+    cluster_backends, cluster_flags = cluster
+    if port.external_traffic_policy is TrafficPolicy.LOCAL and local is not None:
+        ext_backends = local[0]
+        ext_flags = local[1] | SvcFlags.ETP_LOCAL | SvcFlags.INTERNAL_SCOPE
     else:
-        ext_backends, ext_flags = all_backends, all_flags
+        ext_backends, ext_flags = cluster_backends, cluster_flags
     for frontend, flags, ranges in external:
         result.append(DesiredFrontend(frontend, port.name, flags | ext_flags, ext_backends, ranges))
+        if ext_flags & SvcFlags.INTERNAL_SCOPE:
+            # Socket-LB only: no source ranges (they apply to traffic from outside).
+            inside = Frontend(frontend.address, frontend.port, frontend.protocol, Scope.INTERNAL)
+            result.append(
+                DesiredFrontend(inside, port.name, flags | cluster_flags, cluster_backends)
+            )
     return result
 
 

@@ -57,6 +57,8 @@ class SvcFlags(enum.IntFlag):
     TERMINATING = 1 << 4
     ETP_LOCAL = 1 << 5
     SOURCE_RANGES = 1 << 6
+    ITP_LOCAL = 1 << 7
+    INTERNAL_SCOPE = 1 << 8
     EXTERNAL = NODE_PORT | LOADBALANCER | EXTERNAL_IP  # frontends the tc/xdp programs serve
 
     def type_name(self) -> str:

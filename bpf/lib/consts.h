@@ -104,8 +104,8 @@
 #endif
 
 /* lb4_svc_key.scope: which backend set a frontend lookup wants. */
-#define LB_SCOPE_EXTERNAL 0 /* all usable backends of the service */
-#define LB_SCOPE_INTERNAL 1 /* reserved: node-local backends (traffic policies) */
+#define LB_SCOPE_EXTERNAL 0 /* the entry every hook looks up first */
+#define LB_SCOPE_INTERNAL 1 /* in-node clients' entry, when SVC_F_INTERNAL_SCOPE says so */
 
 /* lb4_svc_val.flags: service type of the frontend and per-service behaviour. */
 #define SVC_F_CLUSTER_IP    (1 << 0) /* frontend is the ClusterIP */
@@ -115,6 +115,11 @@
 #define SVC_F_TERMINATING   (1 << 4) /* only serving+terminating endpoints are left */
 #define SVC_F_ETP_LOCAL     (1 << 5) /* externalTrafficPolicy=Local: local backends, no SNAT */
 #define SVC_F_SOURCE_RANGES (1 << 6) /* loadBalancerSourceRanges: check ebpflb_srcrng4 */
+#define SVC_F_ITP_LOCAL     (1 << 7) /* internalTrafficPolicy=Local: local backends only */
+/* In-node clients (socket-LB) use this frontend's LB_SCOPE_INTERNAL entry: set on the
+ * external entry of an externalTrafficPolicy=Local frontend, whose own (external) entry
+ * holds the local backends while traffic from inside the cluster may reach all of them. */
+#define SVC_F_INTERNAL_SCOPE (1 << 8)
 
 /* Frontends the tc/xdp programs serve; a ClusterIP is never reachable from outside. */
 #define SVC_F_EXTERNAL (SVC_F_NODE_PORT | SVC_F_LOADBALANCER | SVC_F_EXTERNAL_IP)

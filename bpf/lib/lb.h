@@ -20,6 +20,22 @@ static __always_inline struct lb4_svc_val *lb4_lookup_service(__be32 addr, __be1
 	return ebpflb_svc4.lookup(&key);
 }
 
+/* The entry an in-node client (socket-LB) uses: the external one, unless that one points
+ * to an internal-scope entry (externalTrafficPolicy=Local: external traffic is limited to
+ * local backends, traffic from inside the cluster is not, as with kube-proxy). A missing
+ * internal entry (written just after its external one) leaves the external one in use. */
+static __always_inline struct lb4_svc_val *lb4_lookup_service_in_node(__be32 addr, __be16 port,
+								       __u8 proto)
+{
+	struct lb4_svc_val *svc, *internal;
+
+	svc = lb4_lookup_service(addr, port, proto, LB_SCOPE_EXTERNAL);
+	if (!svc || !(svc->flags & SVC_F_INTERNAL_SCOPE))
+		return svc;
+	internal = lb4_lookup_service(addr, port, proto, LB_SCOPE_INTERNAL);
+	return internal ? internal : svc;
+}
+
 /* Backend in slot (hash mod M) of the service's table, its id in *backend_id_out; NULL
  * when the service has no usable backend (table_size == 0) or, counted as
  * STAT_SLOT_MISS, when a slot or backend is missing. */
