@@ -88,6 +88,7 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
     ("--sync-period", "max_sync_period", float, "seconds between full resyncs that repair drift"),
     ("--ct-max", "ct_max", int, "NodePort conntrack entries"),
     ("--nat-max", "rnat_max", int, "reply-translation (and SNAT port) entries"),
+    ("--affinity-max", "affinity_max", int, "session-affinity clients (and backend pairs)"),
     (
         "--ct-udp-timeout",
         "ct_udp_timeout",

@@ -55,6 +55,7 @@ class Config:
     ct_max: int = 262144
     rnat_max: int = 262144
     src_range_max: int = 16384
+    affinity_max: int = 65536  # session-affinity clients, and affinity backend pairs
     snat_port_min: int = 32768
     snat_port_max: int = 65535
     ct_tcp_timeout: int = 21600
@@ -82,6 +83,7 @@ class Config:
             "ct_max",
             "rnat_max",
             "src_range_max",
+            "affinity_max",
             "ct_tcp_timeout",
             "ct_tcp_syn_timeout",
             "ct_tcp_close_timeout",

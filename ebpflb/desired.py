@@ -46,6 +46,7 @@ class DesiredFrontend:
     flags: SvcFlags
     backends: tuple[WeightedBackend, ...]  # sorted: equal sets compare equal
     source_ranges: tuple[IPv4Network, ...] = ()  # loadBalancerSourceRanges (LB IPs only)
+    affinity_timeout: int = 0  # sessionAffinity=ClientIP seconds (with SvcFlags.AFFINITY)
 
     @property
     def usable(self) -> bool:
@@ -191,7 +192,7 @@ def frontends_for_port(
         if node.external_ips.allows(ip):
             external.append((Frontend(ip, port.port, port.protocol), SvcFlags.EXTERNAL_IP, ()))
     if not external:
-        return result
+        return with_affinity(port, result)
     cluster_backends, cluster_flags = cluster
     if port.external_traffic_policy is TrafficPolicy.LOCAL and local is not None:
         ext_backends = local[0]
@@ -206,7 +207,28 @@ def frontends_for_port(
             result.append(
                 DesiredFrontend(inside, port.name, flags | cluster_flags, cluster_backends)
             )
-    return result
+    return with_affinity(port, result)
+
+
+def with_affinity(port: ServicePort, frontends: list[DesiredFrontend]) -> list[DesiredFrontend]:
+    """sessionAffinity=ClientIP on every frontend of the port. Per frontend, as Cilium
+    keys it (kube-proxy's `recent` lists are per service port, shared by its ClusterIP and
+    nodePorts; a client reaches them through different hooks here anyway: socket-LB knows
+    it by network namespace, tc by source address)."""
+    timeout = port.affinity_timeout
+    if not timeout:
+        return frontends
+    return [
+        DesiredFrontend(
+            fe.frontend,
+            fe.service,
+            fe.flags | SvcFlags.AFFINITY,
+            fe.backends,
+            fe.source_ranges,
+            timeout,
+        )
+        for fe in frontends
+    ]
 
 
 def frontends_for_service(

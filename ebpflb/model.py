@@ -59,6 +59,7 @@ class SvcFlags(enum.IntFlag):
     SOURCE_RANGES = 1 << 6
     ITP_LOCAL = 1 << 7
     INTERNAL_SCOPE = 1 << 8
+    AFFINITY = 1 << 9
     EXTERNAL = NODE_PORT | LOADBALANCER | EXTERNAL_IP  # frontends the tc/xdp programs serve
 
     def type_name(self) -> str:
@@ -123,6 +124,9 @@ class ServicePort:
     external_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
     internal_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
     health_check_node_port: int | None = None
+    # sessionAffinity=ClientIP: seconds a client keeps its backend after its last new
+    # connection (sessionAffinityConfig.clientIP.timeoutSeconds); 0: no affinity.
+    affinity_timeout: int = 0
 
     @property
     def protocol(self) -> Proto:

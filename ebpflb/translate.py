@@ -165,6 +165,7 @@ def translate_service(obj: Obj) -> ServiceTranslation:
     etp = _policy(r, spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy")
     itp = _policy(r, spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy")
     hc_port = r.port(spec.get("healthCheckNodePort"), "spec.healthCheckNodePort", zero=True)
+    affinity = _affinity_timeout(r, spec)
     lb_ips = _ingress_ips(r, obj.get("status"))
     raw_ports = r.array(spec.get("ports"), "spec.ports")
     ports, skipped_ports = _service_ports(r, ref, raw_ports)
@@ -196,10 +197,32 @@ def translate_service(obj: Obj) -> ServiceTranslation:
             external_traffic_policy=etp,
             internal_traffic_policy=itp,
             health_check_node_port=hc_port,
+            affinity_timeout=affinity,
         )
         for name, (port, target, node_port) in ports.items()
     }
     return ServiceTranslation(ref, programmed, ipv6_skipped=ipv6, skipped_ports=skipped_ports)
+
+
+# kube-proxy's (and the API's) default and limit for sessionAffinityConfig.clientIP.timeoutSeconds.
+DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT = 10800, 86400
+
+
+def _affinity_timeout(r: Reader, spec: Mapping[str, Any]) -> int:
+    """spec.sessionAffinity ("None" or "ClientIP") and its timeout; 0 for no affinity."""
+    mode = r.string(spec.get("sessionAffinity"), "spec.sessionAffinity")
+    if mode not in ("", "None", "ClientIP"):
+        r.fail("spec.sessionAffinity", f"{show(mode)} is not None or ClientIP")
+    config = r.mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+    client_ip = r.mapping(config.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
+    where = "spec.sessionAffinityConfig.clientIP.timeoutSeconds"
+    raw = client_ip.get("timeoutSeconds")
+    timeout = DEFAULT_AFFINITY_TIMEOUT if raw is None else (r.integer(raw, where) or 0)
+    if mode != "ClientIP":
+        return 0
+    if not 0 < timeout <= MAX_AFFINITY_TIMEOUT:
+        r.fail(where, f"{timeout} is not in 1-{MAX_AFFINITY_TIMEOUT}")
+    return timeout
 
 
 def _service_ports(

@@ -59,6 +59,14 @@
 #define EBPFLB_SRC_RANGE_MAX 16384
 #endif
 
+/* ClientIP session affinity: client entries (ebpflb_aff4, LRU: the coldest client's
+ * entry goes first when full, costing it its affinity, never a connection), and
+ * (service id, backend id) pairs that may be chosen by affinity (ebpflb_affmatch4).
+ * Cilium's affinity map default. */
+#ifndef EBPFLB_AFFINITY_MAX
+#define EBPFLB_AFFINITY_MAX 65536
+#endif
+
 /* Interfaces the tc/xdp programs are attached to (ebpflb_ifaddr4). */
 #define EBPFLB_MAX_IFACES 64
 
@@ -78,6 +86,8 @@
 #ifndef EBPFLB_FLOW_HASH_SEED
 #define EBPFLB_FLOW_HASH_SEED 0x6562706cU
 #endif
+
+#define EBPFLB_NSEC_PER_SEC 1000000000ULL /* bpf_ktime_get_ns() units */
 
 /* Conntrack lifetimes in seconds (Cilium's defaults): a TCP flow before its handshake
  * completes, an established TCP flow, a TCP flow after FIN/RST, a UDP flow. */
@@ -120,6 +130,9 @@
  * external entry of an externalTrafficPolicy=Local frontend, whose own (external) entry
  * holds the local backends while traffic from inside the cluster may reach all of them. */
 #define SVC_F_INTERNAL_SCOPE (1 << 8)
+/* sessionAffinity=ClientIP: a client's new connections reuse its last backend while
+ * ebpflb_affmatch4[(svc_id, backend)] exists and its timeout has not passed. */
+#define SVC_F_AFFINITY      (1 << 9)
 
 /* Frontends the tc/xdp programs serve; a ClusterIP is never reachable from outside. */
 #define SVC_F_EXTERNAL (SVC_F_NODE_PORT | SVC_F_LOADBALANCER | SVC_F_EXTERNAL_IP)
@@ -162,6 +175,7 @@
 #define STAT_FIB_FAIL        15 /* dropped: no route for a translated packet */
 #define STAT_SNAT_NO_ADDR    16 /* dropped: SNAT needed, no node address on the interface */
 #define STAT_RNAT_STORE_FAIL 17 /* dropped: reply translation not stored (ebpflb_rnat4 full) */
+#define STAT_AFFINITY_HIT    18 /* new connection sent to the client's affinity backend */
 #define STAT_MAX             24 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

@@ -61,7 +61,7 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 	__be32 *nat_addr;
 	__u64 deadline;
 
-	backend = lb4_select_backend(svc, hash, &ct->backend_id);
+	backend = lb4_pick_backend(svc, hash, flow->saddr, 0, &ct->backend_id);
 	if (!backend) {
 		stat_inc(STAT_NP_NO_BACKEND);
 		return NP_DROP;

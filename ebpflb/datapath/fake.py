@@ -14,6 +14,7 @@ import numpy.typing as npt
 from ebpflb.datapath.contract import Counter, MapName
 from ebpflb.datapath.maps import (
     SLOTS_PER_ELEMENT,
+    AffinityMatch,
     BackendEntry,
     ConntrackEntry,
     Flow,
@@ -122,6 +123,7 @@ class FakeMapSet:
         src_range_max: int = 1024,
         ct_max: int = 1024,
         rnat_max: int = 1024,
+        affinity_max: int = 1024,
     ) -> None:
         self.services: FakeMap[Frontend, ServiceEntry] = FakeMap(
             MapName.SERVICES.value, max_services
@@ -134,6 +136,9 @@ class FakeMapSet:
         )
         self.conntrack: FakeMap[Flow, ConntrackEntry] = FakeMap(MapName.CONNTRACK.value, ct_max)
         self.reply_nat: FakeMap[Flow, NatEntry] = FakeMap(MapName.REPLY_NAT.value, rnat_max)
+        self.affinity_match: FakeMap[AffinityMatch, int] = FakeMap(
+            MapName.AFFINITY_MATCH.value, affinity_max
+        )
         self.stats: dict[Counter, int] = {}  # what the programs would have counted
 
     def counters(self) -> dict[str, int]:

@@ -161,11 +161,12 @@ class KernelMapSet:
         self.backends = KernelMap(pins[MapName.BACKENDS], codecs.U32, codecs.BACKEND)
         self.service_meta = KernelMap(pins[MapName.SERVICE_META], codecs.U32, codecs.META)
         self.slots = KernelSlotPool(pins[MapName.SLOTS])
-        self.source_ranges = KernelMap(
-            pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8
-        )
+        self.source_ranges = KernelMap(pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8)
         self.conntrack = KernelMap(pins[MapName.CONNTRACK], codecs.FLOW, codecs.CONNTRACK)
         self.reply_nat = KernelMap(pins[MapName.REPLY_NAT], codecs.FLOW, codecs.NAT)
+        self.affinity_match = KernelMap(
+            pins[MapName.AFFINITY_MATCH], codecs.AFFINITY_MATCH, codecs.U32
+        )
         self._ncpus = len(get_possible_cpus())
 
     def counters(self) -> dict[str, int]:

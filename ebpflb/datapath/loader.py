@@ -291,9 +291,7 @@ def _open_cgroup(cgroup: Path) -> int:
         raise AttachError(f"cannot open cgroup {cgroup}: {exc.strerror}") from exc
 
 
-def _cgroup_programs(
-    cgroup_fd: int, cgroup: Path
-) -> Iterator[tuple[SockHook, int, int, str]]:
+def _cgroup_programs(cgroup_fd: int, cgroup: Path) -> Iterator[tuple[SockHook, int, int, str]]:
     """(hook, id, open fd, name) of every program attached to the cgroup's socket hooks; the
     fd is closed when the iteration moves on. One detached meanwhile is skipped."""
     for hook in SockHook:
@@ -315,9 +313,7 @@ def _detach_ebpflb_programs(cgroup_fd: int, cgroup: Path, keep: Collection[int] 
     detached = 0
     for hook, prog_id, prog_fd, name in _cgroup_programs(cgroup_fd, cgroup):
         if name.startswith(PROGRAM_PREFIX) and prog_id not in keep:
-            bpfsys.prog_detach(
-                cgroup_fd, prog_fd, hook.attach_type, f"{name} from cgroup {cgroup}"
-            )
+            bpfsys.prog_detach(cgroup_fd, prog_fd, hook.attach_type, f"{name} from cgroup {cgroup}")
             detached += 1
     return detached
 

@@ -24,6 +24,7 @@ from ebpflb.model import Backend, BackendFlags, Frontend, Proto, SvcFlags
 __all__ = [  # MapName and SLOTS_PER_ELEMENT are the contract's, re-exported for convenience
     "SLOTS_PER_ELEMENT",
     "AddrPort",
+    "AffinityMatch",
     "BackendEntry",
     "ConntrackEntry",
     "Flow",
@@ -71,6 +72,15 @@ class SourceRange:
 
     svc_id: int
     network: IPv4Network
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AffinityMatch:
+    """Key of ebpflb_affmatch4: a backend a frontend with session affinity may be sent to
+    by a client's affinity entry; the value is the frontend's timeout in seconds."""
+
+    svc_id: int
+    backend_id: int
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -231,6 +241,9 @@ class MapSet(Protocol):
 
     @property
     def source_ranges(self) -> KeyValueMap[SourceRange, int]: ...
+
+    @property
+    def affinity_match(self) -> KeyValueMap[AffinityMatch, int]: ...
 
     @property
     def conntrack(self) -> KeyValueMap[Flow, ConntrackEntry]:

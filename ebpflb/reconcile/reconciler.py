@@ -16,10 +16,11 @@ from ebpflb.desired import DesiredFrontend
 from ebpflb.metrics import Metrics
 from ebpflb.model import Frontend, NamespacedName
 from ebpflb.reconcile import restore
+from ebpflb.reconcile.affinity import AffinityMatches
 from ebpflb.reconcile.backends import Backends
 from ebpflb.reconcile.plan import Planner, claims
 from ebpflb.reconcile.report import LOG_EACH_MAX, Reporter
-from ebpflb.reconcile.result import ApplyResult
+from ebpflb.reconcile.result import ApplyResult, Failure
 from ebpflb.reconcile.space import Space
 from ebpflb.reconcile.state import Leftovers, MapContents, Realized, RealizedState
 from ebpflb.reconcile.write import Outcome, Writer
@@ -42,6 +43,7 @@ class Reconciler:
         self.backends = Backends(maps.backends.name, maps.backends.capacity)
         self.space = Space(maps)
         self.leftovers = Leftovers()
+        self.affinity = AffinityMatches()
         # Frontends that failed at their last attempt: owner and message (report.Reporter).
         self._last_errors: dict[Frontend, tuple[NamespacedName, str]] = {}
         # An apply raised part-way (a bug, or an error no step expects): what is known may
@@ -64,6 +66,7 @@ class Reconciler:
         self.state, self.backends, self.space, self.leftovers = restore.rebuild(
             contents, self.maps, self.state, self.backends.entries, self.space.quarantined
         )
+        self.affinity = AffinityMatches()  # re-read at the next apply
         self._suspect = False
 
     def apply(
@@ -112,6 +115,7 @@ class Reconciler:
         )
         gone = [f for f in candidates if f not in wanted]
         report.verbose_removals = len(gone) <= LOG_EACH_MAX
+        released = [self.state.frontends[f].entry.svc_id for f in gone]
         for frontend in gone:
             self._remove(frontend, result, report)
 
@@ -140,6 +144,19 @@ class Reconciler:
 
         if full:
             self._remove_leftovers(result)
+        affinity_failed = self.affinity.sync(
+            self.maps,
+            self.state,
+            [o.plan.frontend for o in outcomes],
+            released,
+            result,
+            full=full,
+        )
+        for frontend, realized in self.state.frontends.items() if affinity_failed else ():
+            error = affinity_failed.get(realized.entry.svc_id)
+            if error is not None and realized.owner is not None:
+                failure = Failure.of(error, self.maps.affinity_match.name)
+                report.failed(realized.name, frontend, realized.owner, failure)
         self.backends.collect(self.maps.backends, result)
         self._note_failures(report, desired, full=full)
         self._update_gauges()
