@@ -199,6 +199,10 @@ def frontends_for_port(
         ext_flags = local[1] | SvcFlags.ETP_LOCAL | SvcFlags.INTERNAL_SCOPE
     else:
         ext_backends, ext_flags = cluster_backends, cluster_flags
+    if not cluster_backends:
+        # No usable endpoint anywhere: kube-proxy REJECTs external traffic (a TCP RST
+        # here); with endpoints elsewhere only, an eTP=Local node drops it, as kube-proxy.
+        ext_flags |= SvcFlags.REJECT
     for frontend, flags, ranges in external:
         result.append(DesiredFrontend(frontend, port.name, flags | ext_flags, ext_backends, ranges))
         if ext_flags & SvcFlags.INTERNAL_SCOPE:

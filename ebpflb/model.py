@@ -60,6 +60,7 @@ class SvcFlags(enum.IntFlag):
     ITP_LOCAL = 1 << 7
     INTERNAL_SCOPE = 1 << 8
     AFFINITY = 1 << 9
+    REJECT = 1 << 10
     EXTERNAL = NODE_PORT | LOADBALANCER | EXTERNAL_IP  # frontends the tc/xdp programs serve
 
     def type_name(self) -> str:

@@ -95,6 +95,7 @@ class Counter(enum.IntEnum):
     SNAT_NO_ADDR = 16
     RNAT_STORE_FAIL = 17
     AFFINITY_HIT = 18
+    NP_REJECT = 19
 
     @property
     def label(self) -> str:

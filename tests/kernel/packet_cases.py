@@ -188,7 +188,7 @@ class Case:
     program: Program
     packet: Frame | Packet
     verdict: Verdict
-    out: Frame | Out
+    out: Frame | Packet | Out
     counters: Mapping[Counter, int] = field(default_factory=dict)  # the ones that move
     flows: tuple[FlowRow, ...] = ()
     after: tuple[str, ...] = ()  # case names; "xdp: name" picks a program's variant
@@ -446,10 +446,29 @@ CASES: tuple[Case, ...] = (
         ),
     ),
     # ---- refused: dropped, counted, no flow left behind ----
-    *ingress(
-        "a frontend with no backend: dropped",
+    Case(
+        "a service with no endpoint at all: a TCP RST from the frontend (kube-proxy's REJECT)",
+        Program.TC_INGRESS,
         client(40000, (NODE, 30085)),
-        (SHOT, DROP),
+        REDIRECT,
+        Ether(src=MAC["eth0"], dst=MAC[CLIENT])
+        / IP(src=NODE, dst=CLIENT, ttl=64, flags="DF", id=0)
+        / TCP(sport=30085, dport=40000, seq=0, ack=1, flags="RA", window=0),
+        counters={Counter.NP_NO_BACKEND: 1, Counter.NP_REJECT: 1},
+    ),
+    Case(
+        "a service with no endpoint at all: XDP leaves the RST to tc",
+        Program.XDP,
+        client(40000, (NODE, 30085)),
+        PASS,
+        SAME,
+        counters={Counter.NP_NO_BACKEND: 1},
+    ),
+    Case(
+        "a service with no endpoint at all: a RST is not answered",
+        Program.TC_INGRESS,
+        client(40000, (NODE, 30085), tcp_flags="R"),
+        SHOT,
         UNCHECKED,
         counters={Counter.NP_NO_BACKEND: 1},
     ),

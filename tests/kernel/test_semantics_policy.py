@@ -54,6 +54,14 @@ spec:
 status:
   loadBalancer:
     ingress: [{{ip: {LB_IP}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: empty, namespace: default}}
+spec:
+  type: NodePort
+  clusterIP: 10.96.2.4
+  ports: [{{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30110}}]
 """
 SLICES = "---\n".join(
     [
@@ -103,7 +111,19 @@ def test_external_local_from_outside_uses_local_endpoints_only(env: SemanticsEnv
     assert servers(via_node1) == {"pod11"}
     assert {str(r["seen_as"]).split(":")[0] for r in via_node1} == {CLIENT}  # no SNAT
     via_node2 = env.cluster.requests(env.client, "tcp", f"{NODE2}:30100", 2, None, timeout=1.0)
-    assert not any(r["ok"] for r in via_node2)  # not forwarded to node1's endpoint
+    # Not forwarded to node1's endpoint, and dropped (kube-proxy's DROP for "no local
+    # endpoints"): the client times out, so a load balancer's retry goes elsewhere.
+    assert [r.get("error") for r in via_node2] == ["TimeoutError"] * 2
+
+
+def test_no_endpoint_anywhere_is_rejected_at_once(env: SemanticsEnv) -> None:
+    """kube-proxy's REJECT: a TCP RST from the nodePort, not a drop."""
+    before = env.nodes["node1"].counter("np_reject")
+    started = time.monotonic()
+    results = env.cluster.requests(env.client, "tcp", f"{NODE1}:30110", 3, None, timeout=3.0)
+    assert [r.get("error") for r in results] == ["ECONNREFUSED"] * 3
+    assert time.monotonic() - started < 3.0
+    assert env.nodes["node1"].counter("np_reject") - before == 3
 
 
 def test_maps_hold_both_scopes(env: SemanticsEnv) -> None:

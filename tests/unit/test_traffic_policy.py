@@ -113,3 +113,15 @@ def test_cluster_policies_make_no_internal_entries() -> None:
     fes = frontends(port(), MIXED)
     assert all(fe.frontend.scope is Scope.EXTERNAL for fe in fes.values())
     assert all(not fe.flags & SvcFlags.INTERNAL_SCOPE for fe in fes.values())
+
+
+def test_external_frontends_reject_only_when_no_endpoint_exists_anywhere() -> None:
+    for policy in TrafficPolicy:
+        fes = frontends(port(external_traffic_policy=policy), [])
+        for name in ("192.168.1.10:30080/TCP", "203.0.113.9:80/TCP"):
+            assert SvcFlags.REJECT in fes[name].flags, (policy, name)
+        assert SvcFlags.REJECT not in fes["10.96.0.10:80/TCP"].flags  # socket-LB refuses
+    remote_only = frontends(port(external_traffic_policy=TrafficPolicy.LOCAL), MIXED[1:])
+    assert not remote_only["192.168.1.10:30080/TCP"].usable
+    assert SvcFlags.REJECT not in remote_only["192.168.1.10:30080/TCP"].flags  # dropped
+    assert all(SvcFlags.REJECT not in fe.flags for fe in frontends(port(), MIXED).values())
