@@ -133,8 +133,8 @@
 /* sessionAffinity=ClientIP: a client's new connections reuse its last backend while
  * ebpflb_affmatch4[(svc_id, backend)] exists and its timeout has not passed. */
 #define SVC_F_AFFINITY      (1 << 9)
-/* No usable endpoint in the whole service: external TCP traffic is answered with a RST
- * (kube-proxy's REJECT) instead of dropped. Not set when externalTrafficPolicy=Local has
+/* No usable endpoint in the whole service: external traffic is answered with a TCP RST or
+ * an ICMP port unreachable (kube-proxy's REJECT) instead of dropped. Not set when externalTrafficPolicy=Local has
  * endpoints on other nodes only: that traffic is dropped, as kube-proxy does. */
 #define SVC_F_REJECT        (1 << 10)
 
@@ -180,7 +180,7 @@
 #define STAT_SNAT_NO_ADDR    16 /* dropped: SNAT needed, no node address on the interface */
 #define STAT_RNAT_STORE_FAIL 17 /* dropped: reply translation not stored (ebpflb_rnat4 full) */
 #define STAT_AFFINITY_HIT    18 /* new connection sent to the client's affinity backend */
-#define STAT_NP_REJECT       19 /* TCP RST sent for a service with no endpoint (SVC_F_REJECT) */
+#define STAT_NP_REJECT       19 /* RST / ICMP port unreachable sent (SVC_F_REJECT) */
 #define STAT_MAX             24 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

@@ -1,8 +1,8 @@
 /* kube-proxy's REJECT for external traffic to a service with no endpoint at all: a TCP
- * segment is answered with a RST from the frontend, so the client fails at once instead of
- * retransmitting its SYN until it times out. Built in place from the tc ingress skb (trimmed
- * to the headers, addresses and ports swapped) and sent back out of the interface it came
- * in on. UDP (ICMP port unreachable) is not built here: such datagrams are dropped. */
+ * segment is answered with a RST from the frontend, a UDP datagram with an ICMP port
+ * unreachable, so the client fails at once instead of retrying until it times out. Built
+ * from the tc ingress skb (resized, addresses swapped) and sent back out of the interface
+ * it came in on. */
 #ifndef EBPFLB_REJECT_H
 #define EBPFLB_REJECT_H
 
@@ -10,6 +10,7 @@
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/ip.h>
 #include <uapi/linux/tcp.h>
+#include <uapi/linux/icmp.h>
 #include <uapi/linux/pkt_cls.h>
 #include "pkt.h"
 #include "stats.h"
@@ -108,6 +109,57 @@ static __always_inline int tc_reject4_tcp(struct __sk_buff *skb, const struct pk
 	sum = bpf_csum_diff(0, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
 	sum = bpf_csum_diff(0, 0, (__be32 *)tcp, sizeof(*tcp), (__wsum)sum);
 	tcp->check = csum_fold32(sum);
+	stat_inc(STAT_NP_REJECT);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* An ICMP destination unreachable as built here: the offending datagram's IP header and
+ * first 8 bytes (RFC 792), all of the reply but its Ethernet header checksummed in place. */
+struct icmp4_unreach {
+	struct ethhdr eth;
+	struct iphdr ip;
+	__u8 type;
+	__u8 code;
+	__sum16 check;
+	__be32 unused;
+	struct iphdr inner;
+	__u8 inner_l4[8];
+} __attribute__((packed));
+
+/* Answer a UDP datagram with ICMP port unreachable from the frontend's address.
+ * TC_ACT_REDIRECT on success, TC_ACT_SHOT when it cannot be answered (IP options, a
+ * failed helper). */
+static __always_inline int tc_reject4_udp(struct __sk_buff *skb, const struct pkt4 *pkt)
+{
+	struct icmp4_unreach reply = {};
+	__s64 sum;
+
+	if (pkt->l4_off != sizeof(struct ethhdr) + sizeof(struct iphdr))
+		return TC_ACT_SHOT;
+	if (bpf_skb_load_bytes(skb, 0, &reply.eth, sizeof(reply.eth)) < 0 ||
+	    bpf_skb_load_bytes(skb, pkt->l3_off, &reply.inner, sizeof(reply.inner)) < 0 ||
+	    bpf_skb_load_bytes(skb, pkt->l4_off, reply.inner_l4, sizeof(reply.inner_l4)) < 0)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(reply.eth.h_dest, reply.eth.h_source, ETH_ALEN);
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_dest), reply.eth.h_source,
+			       ETH_ALEN) < 0)
+		return TC_ACT_SHOT;
+	reply.ip.version = 4;
+	reply.ip.ihl = 5;
+	reply.ip.tot_len = bpf_htons(sizeof(reply) - sizeof(reply.eth));
+	reply.ip.ttl = 64;
+	reply.ip.protocol = IPPROTO_ICMP;
+	reply.ip.saddr = pkt->flow.daddr; /* the frontend answers */
+	reply.ip.daddr = pkt->flow.saddr;
+	reply.ip.check = csum_fold32(bpf_csum_diff(0, 0, (__be32 *)&reply.ip, sizeof(reply.ip), 0));
+	reply.type = ICMP_DEST_UNREACH;
+	reply.code = ICMP_PORT_UNREACH;
+	sum = bpf_csum_diff(0, 0, (__be32 *)&reply.type,
+			    sizeof(reply) - offsetof(struct icmp4_unreach, type), 0);
+	reply.check = csum_fold32(sum);
+	if (bpf_skb_change_tail(skb, sizeof(reply), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, &reply, sizeof(reply), 0) < 0)
+		return TC_ACT_SHOT;
 	stat_inc(STAT_NP_REJECT);
 	return bpf_redirect(skb->ifindex, 0);
 }

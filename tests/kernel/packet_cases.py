@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
-from scapy.layers.inet import ICMP, IP, TCP
+from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Packet, Raw
@@ -125,6 +125,7 @@ SERVICES = (
         policy=TrafficPolicy.LOCAL,
     ),
     service("no-endpoints", 30085, ()),
+    service("no-endpoints-udp", 30089, (), proto=Proto.UDP),
     service("unrouted", 30087, ((POD_UNROUTED, "node9"),)),
     service("lb", 30086, ((POD_LOCAL, NODE_NAME),), lb_ip=LB_IP, ranges=(f"{CLIENT}/32",)),
     service("dns", 30053, ((POD_LOCAL, NODE_NAME),), proto=Proto.UDP, target=5353),
@@ -463,6 +464,21 @@ CASES: tuple[Case, ...] = (
         PASS,
         SAME,
         counters={Counter.NP_NO_BACKEND: 1},
+    ),
+    Case(
+        "a service with no endpoint at all: ICMP port unreachable from the frontend (UDP)",
+        Program.TC_INGRESS,
+        client(40000, (NODE, 30089), proto=Proto.UDP, payload=b"anybody there?"),
+        REDIRECT,
+        Ether(src=MAC["eth0"], dst=MAC[CLIENT])
+        / IP(src=NODE, dst=CLIENT, ttl=64, id=0)
+        / ICMP(type=3, code=3)
+        / Raw(
+            bytes(
+                IP(src=CLIENT, dst=NODE) / UDP(sport=40000, dport=30089) / Raw(b"anybody there?")
+            )[:28]
+        ),
+        counters={Counter.NP_NO_BACKEND: 1, Counter.NP_REJECT: 1},
     ),
     Case(
         "a service with no endpoint at all: a RST is not answered",

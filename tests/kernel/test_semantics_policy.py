@@ -61,7 +61,9 @@ metadata: {{name: empty, namespace: default}}
 spec:
   type: NodePort
   clusterIP: 10.96.2.4
-  ports: [{{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30110}}]
+  ports:
+    - {{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30110}}
+    - {{name: dns, protocol: UDP, port: 53, targetPort: 5353, nodePort: 30111}}
 """
 SLICES = "---\n".join(
     [
@@ -117,13 +119,18 @@ def test_external_local_from_outside_uses_local_endpoints_only(env: SemanticsEnv
 
 
 def test_no_endpoint_anywhere_is_rejected_at_once(env: SemanticsEnv) -> None:
-    """kube-proxy's REJECT: a TCP RST from the nodePort, not a drop."""
+    """kube-proxy's REJECT: a TCP RST or an ICMP port unreachable, not a drop."""
     before = env.nodes["node1"].counter("np_reject")
     started = time.monotonic()
     results = env.cluster.requests(env.client, "tcp", f"{NODE1}:30110", 3, None, timeout=3.0)
     assert [r.get("error") for r in results] == ["ECONNREFUSED"] * 3
     assert time.monotonic() - started < 3.0
-    assert env.nodes["node1"].counter("np_reject") - before == 3
+    udp = env.cluster.requests(
+        env.client, "udp", f"{NODE1}:30111", 3, None, "--connected", timeout=3.0
+    )
+    assert [r.get("error") for r in udp] == ["ECONNREFUSED"] * 3  # ICMP port unreachable
+    assert time.monotonic() - started < 6.0
+    assert env.nodes["node1"].counter("np_reject") - before == 6
 
 
 def test_maps_hold_both_scopes(env: SemanticsEnv) -> None:
