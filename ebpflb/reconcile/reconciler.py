@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ebpflb import maglev
-from ebpflb.datapath.maps import MapSet, SourceRange
+from ebpflb.datapath.maps import AddrPort, MapSet, SourceRange
 from ebpflb.desired import DesiredFrontend
 from ebpflb.metrics import Metrics
-from ebpflb.model import Frontend, NamespacedName
+from ebpflb.model import Frontend, NamespacedName, Proto, Scope, SvcFlags
 from ebpflb.reconcile import restore
 from ebpflb.reconcile.affinity import AffinityMatches
 from ebpflb.reconcile.backends import Backends
@@ -22,6 +22,7 @@ from ebpflb.reconcile.plan import Planner, claims
 from ebpflb.reconcile.report import LOG_EACH_MAX, Reporter
 from ebpflb.reconcile.result import ApplyResult, Failure
 from ebpflb.reconcile.space import Space
+from ebpflb.reconcile.stale import purge_udp_flows
 from ebpflb.reconcile.state import Leftovers, MapContents, Realized, RealizedState
 from ebpflb.reconcile.write import Outcome, Writer
 
@@ -138,6 +139,8 @@ class Reconciler:
             else:
                 failed += 1
                 self._give_up(outcome, planner, writer, report)
+        purged = purge_udp_flows(self.maps, self._udp_backends_left(outcomes))
+        result.count_write(self.maps.conntrack.name, purged)
         report.unlogged_failures()
         if not report.verbose or not report.verbose_removals:
             report.summary(len(outcomes) + len(gone), failed)
@@ -194,6 +197,30 @@ class Reconciler:
             return
         if report.log_changes:
             report.changed(outcome, old_ids, self.backends)
+
+    def _udp_backends_left(self, outcomes: list[Outcome]) -> dict[int, set[AddrPort]]:
+        """Backends that left UDP frontends the tc/XDP programs serve (stale.py)."""
+        left: dict[int, set[AddrPort]] = {}
+        entries = self.backends.entries  # before collect(): the leavers are still there
+        for outcome in outcomes:
+            plan, current = outcome.plan, outcome.plan.current
+            if (
+                outcome.failure is not None
+                or current is None
+                or plan.frontend.protocol is not Proto.UDP
+                or plan.frontend.scope is not Scope.EXTERNAL
+                or not current.entry.flags & SvcFlags.EXTERNAL
+            ):
+                continue
+            gone = set(current.backend_ids) - set(outcome.table_ids)
+            addresses = {
+                AddrPort(entries[i].backend.address, entries[i].backend.port)
+                for i in gone
+                if i in entries
+            }
+            if addresses:
+                left[plan.svc_id] = addresses
+        return left
 
     def _give_up(
         self, outcome: Outcome, planner: Planner, writer: Writer, report: Reporter
