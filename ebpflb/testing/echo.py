@@ -14,8 +14,8 @@ backend shows what source it saw, and a reply delivered to the wrong client is d
 request, sends them all and prints a summary; `tcp-hold` keeps one connection and reports
 which backend answered each ping; `udp-hold` does the same over one connected UDP socket
 (one flow), reporting a ping that got no answer by its error and opening a new socket only
-when the kernel aborted the old one, as a resolver would. Everything is bounded: servers exit after --lifetime,
-clients use timeouts.
+when the kernel aborted the old one, as a resolver would. Everything is bounded: servers
+exit after --lifetime, clients use timeouts.
 """
 
 from __future__ import annotations
