@@ -5,7 +5,7 @@ keys whose writes fail on demand, so error paths are tested without a kernel.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -14,6 +14,7 @@ import numpy.typing as npt
 from ebpflb.datapath.contract import Counter, MapName
 from ebpflb.datapath.maps import (
     SLOTS_PER_ELEMENT,
+    AddrPort,
     AffinityMatch,
     BackendEntry,
     ConntrackEntry,
@@ -139,7 +140,15 @@ class FakeMapSet:
         self.affinity_match: FakeMap[AffinityMatch, int] = FakeMap(
             MapName.AFFINITY_MATCH.value, affinity_max
         )
-        self.stats: dict[Counter, int] = {}  # what the programs would have counted
+        self.stats: dict[Counter, int] = {}
+        # What destroy_udp_sockets was asked (no sockets here): frontend -> backends left.
+        self.destroy_requests: list[
+            dict[AddrPort, frozenset[AddrPort]]
+        ] = []  # what the programs would have counted
 
     def counters(self) -> dict[str, int]:
         return {counter.label: self.stats.get(counter, 0) for counter in Counter}
+
+    def destroy_udp_sockets(self, left: Mapping[AddrPort, Set[AddrPort]]) -> int:
+        self.destroy_requests.append({f: frozenset(b) for f, b in left.items()})
+        return 0

@@ -9,7 +9,7 @@ kernel is layout.py's business.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Protocol, TypeVar
@@ -257,4 +257,9 @@ class MapSet(Protocol):
 
     def counters(self) -> dict[str, int]:
         """Datapath event counters summed over CPUs, by Counter.label (STAT_* in C)."""
+        ...
+
+    def destroy_udp_sockets(self, left: Mapping[AddrPort, Set[AddrPort]]) -> int:
+        """Abort the connected UDP sockets socket-LB sent to a backend that has since left
+        the frontend they asked for (frontend -> backends that left); how many."""
         ...

@@ -139,8 +139,10 @@ class Reconciler:
             else:
                 failed += 1
                 self._give_up(outcome, planner, writer, report)
-        purged = purge_udp_flows(self.maps, self._udp_backends_left(outcomes))
-        result.count_write(self.maps.conntrack.name, purged)
+        flows_left, sockets_left = self._udp_backends_left(outcomes)
+        result.count_write(self.maps.conntrack.name, purge_udp_flows(self.maps, flows_left))
+        if sockets_left:
+            self.maps.destroy_udp_sockets(sockets_left)
         report.unlogged_failures()
         if not report.verbose or not report.verbose_removals:
             report.summary(len(outcomes) + len(gone), failed)
@@ -198,19 +200,19 @@ class Reconciler:
         if report.log_changes:
             report.changed(outcome, old_ids, self.backends)
 
-    def _udp_backends_left(self, outcomes: list[Outcome]) -> dict[int, set[AddrPort]]:
-        """Backends that left UDP frontends the tc/XDP programs serve (stale.py)."""
-        left: dict[int, set[AddrPort]] = {}
+    def _udp_backends_left(
+        self, outcomes: list[Outcome]
+    ) -> tuple[dict[int, set[AddrPort]], dict[AddrPort, set[AddrPort]]]:
+        """Backends that left UDP frontends (stale.py): by service id for the frontends
+        tc/XDP serve (their conntrack entries), by frontend address for the entries
+        in-node clients use (their connected sockets)."""
+        by_svc: dict[int, set[AddrPort]] = {}
+        by_frontend: dict[AddrPort, set[AddrPort]] = {}
         entries = self.backends.entries  # before collect(): the leavers are still there
         for outcome in outcomes:
             plan, current = outcome.plan, outcome.plan.current
-            if (
-                outcome.failure is not None
-                or current is None
-                or plan.frontend.protocol is not Proto.UDP
-                or plan.frontend.scope is not Scope.EXTERNAL
-                or not current.entry.flags & SvcFlags.EXTERNAL
-            ):
+            frontend = plan.frontend
+            if outcome.failure is not None or current is None or frontend.protocol is not Proto.UDP:
                 continue
             gone = set(current.backend_ids) - set(outcome.table_ids)
             addresses = {
@@ -218,9 +220,15 @@ class Reconciler:
                 for i in gone
                 if i in entries
             }
-            if addresses:
-                left[plan.svc_id] = addresses
-        return left
+            if not addresses:
+                continue
+            flags = current.entry.flags
+            if frontend.scope is Scope.EXTERNAL and flags & SvcFlags.EXTERNAL:
+                by_svc[plan.svc_id] = addresses
+            if frontend.scope is Scope.INTERNAL or not flags & SvcFlags.INTERNAL_SCOPE:
+                key = AddrPort(frontend.address, frontend.port)
+                by_frontend.setdefault(key, set()).update(addresses)
+        return by_svc, by_frontend
 
     def _give_up(
         self, outcome: Outcome, planner: Planner, writer: Writer, report: Reporter

@@ -224,7 +224,8 @@ def udp_hold(
                 answers.append(reply[0] if reply[2:] == [nonce] else "MISMATCH")
             except OSError as exc:
                 answers.append(str(_error(exc)["error"]))
-                if exc.errno == errno.ECONNABORTED:  # destroyed under us: a new socket
+                # Destroyed under us (aborted, and so disconnected): a new socket.
+                if exc.errno in (errno.ECONNABORTED, errno.EDESTADDRREQ):
                     s.close()
                     s = connect()
                     sockets += 1

@@ -55,3 +55,22 @@ def test_nothing_is_read_when_no_udp_backend_left() -> None:
     add_flow(maps, Proto.UDP, 1001, 1)
     result = rec.apply({WEB: want(Proto.UDP, 1, 2)})  # a backend joins
     assert len(maps.conntrack.data) == 1 and maps.conntrack.name not in result.writes
+
+
+def test_sockets_are_destroyed_for_the_frontends_in_node_clients_use() -> None:
+    maps = FakeMapSet()
+    rec = Reconciler(maps)
+    rec.apply({WEB: {**want(Proto.UDP, 1, 2), **want(Proto.TCP, 1, 2)}}, full=True)
+    rec.apply({WEB: {**want(Proto.UDP, 2), **want(Proto.TCP, 2)}})
+    leaver = AddrPort(IPv4Address("10.244.1.1"), 5353)
+    assert maps.destroy_requests == [{AddrPort(NODE, 30053): frozenset({leaver})}]
+    rec.apply({WEB: {**want(Proto.UDP, 2, 3), **want(Proto.TCP, 2)}})  # joins only
+    assert len(maps.destroy_requests) == 1
+
+
+def test_stale_cookies_match_backend_and_frontend() -> None:
+    from ebpflb.datapath.sockdiag import stale_cookies
+
+    a, b, f = IPv4Address("10.244.1.1"), IPv4Address("10.244.1.2"), IPv4Address("10.96.0.53")
+    entries = [(1, a, 53, f, 53), (2, b, 53, f, 53), (3, a, 53, f, 54), (4, a, 54, f, 53)]
+    assert stale_cookies(iter(entries), {(f, 53): {(a, 53)}}) == {1}
