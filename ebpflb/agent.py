@@ -89,7 +89,9 @@ class Agent:
         self._on_synced = on_synced
         self._health_targets: dict[NamespacedName, tuple[int, HealthTarget]] = {}
         self.node = node or NodeView(
-            config.node_name, external_ips=ExternalIPPolicy(config.external_ip_cidrs)
+            config.node_name,
+            external_ips=ExternalIPPolicy(config.external_ip_cidrs),
+            zone=config.zone,
         )
         self.metrics = metrics
         self.services = ServiceTracker()

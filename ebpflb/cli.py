@@ -89,6 +89,7 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
     ("--ct-max", "ct_max", int, "NodePort conntrack entries"),
     ("--nat-max", "rnat_max", int, "reply-translation (and SNAT port) entries"),
     ("--affinity-max", "affinity_max", int, "session-affinity clients (and backend pairs)"),
+    ("--zone", "zone", str, "this node's topology.kubernetes.io/zone (EndpointSlice hints)"),
     (
         "--ct-udp-timeout",
         "ct_udp_timeout",

@@ -42,6 +42,9 @@ class Config:
     # cgroup v2 directory the socket programs attach to; None = the cgroup2 mount root.
     cgroup_dir: Path | None = None
     node_name: str = ""
+    # This node's topology.kubernetes.io/zone, for EndpointSlice zone hints; "": unknown
+    # (zone hints are then ignored, as kube-proxy does for a node without the label).
+    zone: str = ""
     hash_seed: str = DEFAULT_HASH_SEED
     maglev_max_table_size: int = DEFAULT_MAX_TABLE_SIZE
     max_services: int = 65536

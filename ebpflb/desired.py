@@ -10,6 +10,7 @@ A Service's externalIPs are programmed only inside the node's allow-list
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
@@ -82,6 +83,7 @@ class NodeView:
     name: str = ""
     addresses: tuple[IPv4Address, ...] = ()
     external_ips: ExternalIPPolicy = ExternalIPPolicy()
+    zone: str = ""  # topology.kubernetes.io/zone of this node (--zone); "": unknown
 
 
 LOOPBACK = IPv4Address("127.0.0.1")
@@ -96,10 +98,73 @@ def usable_endpoints(endpoints: Iterable[Endpoint]) -> tuple[tuple[Endpoint, ...
     return tuple(ep for ep in endpoints if ep.serving and ep.terminating), True
 
 
+class TopologyMode(enum.Enum):
+    """How the hints restrict a service's cluster-wide endpoints on this node (kube-proxy's
+    topologyModeFromHints: v1.ServiceTrafficDistributionPreferSameNode/Zone)."""
+
+    NONE = ""
+    SAME_NODE = "PreferSameNode"
+    SAME_ZONE = "PreferSameZone"
+
+
+def topology_mode(endpoints: Iterable[Endpoint], node: NodeView) -> TopologyMode:
+    """kube-proxy's choice, from the ready endpoints' hints alone (the EndpointSlice
+    controller writes them for trafficDistribution and topology-aware routing): same
+    node when every ready endpoint has a node hint and one names this node; else same zone
+    when every ready endpoint has a zone hint and one names this node's zone; else none,
+    so incomplete hints fall back to every endpoint."""
+    ready = False
+    all_node_hints = all_zone_hints = True
+    for_node = for_zone = False
+    for ep in endpoints:
+        if not ep.ready:
+            continue
+        ready = True
+        if not ep.node_hints:
+            all_node_hints = False
+        elif node.name in ep.node_hints:
+            for_node = True
+        if not ep.zone_hints:
+            all_zone_hints = False
+        elif node.zone in ep.zone_hints:
+            for_zone = True
+    if not ready:
+        return TopologyMode.NONE
+    if all_node_hints and for_node:
+        return TopologyMode.SAME_NODE
+    if all_zone_hints and for_zone:
+        return TopologyMode.SAME_ZONE
+    return TopologyMode.NONE
+
+
+def _available(ep: Endpoint, mode: TopologyMode, node: NodeView) -> bool:
+    if mode is TopologyMode.NONE:
+        return True
+    if mode is TopologyMode.SAME_NODE:
+        return node.name in ep.node_hints
+    return node.zone in ep.zone_hints
+
+
+def cluster_endpoints(
+    endpoints: Iterable[Endpoint], node: NodeView
+) -> tuple[tuple[Endpoint, ...], bool]:
+    """The endpoints Cluster traffic policy uses (kube-proxy's CategorizeEndpoints): the
+    ready ones the topology mode allows; with none ready anywhere, the serving terminating
+    ones, whatever their hints. (endpoints, whether they are that fallback)."""
+    endpoints = tuple(endpoints)
+    if not any(ep.node_hints or ep.zone_hints for ep in endpoints):
+        return usable_endpoints(endpoints)  # the usual case: no hints, no topology
+    mode = topology_mode(endpoints, node)
+    ready = tuple(ep for ep in endpoints if ep.ready and _available(ep, mode, node))
+    if ready:
+        return ready, False
+    return tuple(ep for ep in endpoints if ep.serving and ep.terminating), True
+
+
 def _backends(
-    port: ServicePort, endpoints: Iterable[Endpoint], node: NodeView
+    port: ServicePort, chosen_fallback: tuple[tuple[Endpoint, ...], bool], node: NodeView
 ) -> tuple[tuple[WeightedBackend, ...], SvcFlags]:
-    chosen, fallback = usable_endpoints(endpoints)
+    chosen, fallback = chosen_fallback
     protocol = port.protocol
     backends = tuple(
         sorted(
@@ -158,13 +223,15 @@ def frontends_for_port(
     """
     node = node or NodeView()
     endpoints = tuple(endpoints)
-    cluster = _backends(port, endpoints, node)
+    cluster = _backends(port, cluster_endpoints(endpoints, node), node)
     local: tuple[tuple[WeightedBackend, ...], SvcFlags] | None = None
     if (
         port.internal_traffic_policy is TrafficPolicy.LOCAL
         or port.external_traffic_policy is TrafficPolicy.LOCAL
     ):
-        local = _backends(port, (ep for ep in endpoints if _is_local(ep, node)), node)
+        # Local endpoints ignore topology, as kube-proxy's.
+        mine = (ep for ep in endpoints if _is_local(ep, node))
+        local = _backends(port, usable_endpoints(mine), node)
 
     if port.internal_traffic_policy is TrafficPolicy.LOCAL and local is not None:
         internal_backends, internal_flags = local[0], local[1] | SvcFlags.ITP_LOCAL

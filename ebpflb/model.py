@@ -145,6 +145,11 @@ class Endpoint:
     terminating: bool = False
     node_name: str | None = None
     zone: str | None = None
+    # EndpointSlice hints (endpoints[].hints.forZones[].name, .forNodes[].name): where the
+    # EndpointSlice controller wants this endpoint used (topology-aware routing,
+    # trafficDistribution); empty: no hint.
+    zone_hints: tuple[str, ...] = ()
+    node_hints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -74,6 +74,8 @@ class SliceEndpoint:
     terminating: bool
     node_name: str | None
     zone: str | None
+    zone_hints: tuple[str, ...] = ()
+    node_hints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +354,7 @@ def translate_slice(obj: Obj) -> SliceTranslation:
             r.wrong_type(f"endpoints[{index}].nodeName", node_name, "a string")
         if zone is not None and not isinstance(zone, str):
             r.wrong_type(f"endpoints[{index}].zone", zone, "a string")
+        zone_hints, node_hints = _hints(r, raw.get("hints"), f"endpoints[{index}].hints")
         if first is None:
             continue  # not an IPv4 slice: checked, not programmed
         # kube-proxy (endpointslicecache.go): unset ready and serving mean true, unset
@@ -364,6 +367,8 @@ def translate_slice(obj: Obj) -> SliceTranslation:
                 terminating=terminating is True,
                 node_name=shared(node_name) if node_name else None,
                 zone=shared(zone) if zone else None,
+                zone_hints=zone_hints,
+                node_hints=node_hints,
             )
         )
     if not ipv4:
@@ -396,9 +401,35 @@ def endpoints_for_port(
                 if existing is not None and existing.ready and not ep.ready:
                     continue
                 merged[key] = Endpoint(
-                    ep.address, sp.port, ep.ready, ep.serving, ep.terminating, ep.node_name, ep.zone
+                    ep.address,
+                    sp.port,
+                    ep.ready,
+                    ep.serving,
+                    ep.terminating,
+                    ep.node_name,
+                    ep.zone,
+                    ep.zone_hints,
+                    ep.node_hints,
                 )
     return tuple(merged[key] for key in sorted(merged))
+
+
+def _hints(r: Reader, value: Any, field: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """endpoints[].hints: (forZones names, forNodes names), each sorted."""
+    if value is None:
+        return (), ()
+    hints = r.mapping(value, field)
+    found: list[tuple[str, ...]] = []
+    for key in ("forZones", "forNodes"):
+        names = set()
+        for i, item in enumerate(r.array(hints.get(key), f"{field}.{key}")):
+            where = f"{field}.{key}[{i}]"
+            name = r.string(r.mapping(item, where).get("name"), f"{where}.name")
+            if not name:
+                r.fail(f"{where}.name", "is empty", Fault.MISSING)
+            names.add(shared(name))
+        found.append(tuple(sorted(names)))
+    return found[0], found[1]
 
 
 def _policy(r: Reader, value: Any, field: str) -> TrafficPolicy:

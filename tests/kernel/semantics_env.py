@@ -99,7 +99,10 @@ class SemanticsEnv:
 
 @contextlib.contextmanager
 def semantics_cluster(
-    tmp: Path, documents: dict[str, str], *extra_args: str
+    tmp: Path,
+    documents: dict[str, str],
+    *extra_args: str,
+    node_args: dict[str, list[str]] | None = None,
 ) -> Iterator[SemanticsEnv]:
     cluster = Cluster.create(clients={"client": CLIENT})
     env = SemanticsEnv(cluster)
@@ -139,6 +142,7 @@ def semantics_cluster(
                     "--min-sync-period",
                     "0.1",
                     *extra_args,
+                    *(node_args or {}).get(node_name, []),
                 ],
                 netns=node.netns,
                 log_file=tmp / f"{node_name}-agent.log",
