@@ -273,14 +273,24 @@ def _target_port(r: Reader, value: Any, field: str) -> int | str | None:
 
 
 def _ingress_ips(r: Reader, status: Any) -> tuple[IPv4Address, ...]:
-    """status.loadBalancer.ingress[].ip: the IPv4 ones (a hostname-only ingress has none)."""
+    """status.loadBalancer.ingress[].ip: the IPv4 ones (a hostname-only ingress has none)
+    whose ipMode is VIP (the default). With ipMode Proxy the load balancer proxies to the
+    nodePorts itself, and kube-proxy (serviceport.go, 1.30+) leaves the IP alone: traffic
+    from inside the cluster goes out to the load balancer rather than being short-circuited
+    to the endpoints, so the load balancer's features (TLS, PROXY protocol) still apply."""
     balancer = r.mapping(r.mapping(status, "status").get("loadBalancer"), "status.loadBalancer")
     found = []
     for i, ingress in enumerate(r.array(balancer.get("ingress"), "status.loadBalancer.ingress")):
         where = f"status.loadBalancer.ingress[{i}]"
-        text = r.string(r.mapping(ingress, where).get("ip"), f"{where}.ip")
+        entry = r.mapping(ingress, where)
+        text = r.string(entry.get("ip"), f"{where}.ip")
+        mode = r.string(entry.get("ipMode"), f"{where}.ipMode")
+        if mode not in ("", "VIP", "Proxy"):
+            r.fail(f"{where}.ipMode", f"{show(mode)} is not VIP or Proxy")
         if text:  # "": a hostname-only ingress
-            found.append(r.ip(text, f"{where}.ip"))
+            address = r.ip(text, f"{where}.ip")
+            if mode != "Proxy":
+                found.append(address)
     return tuple(ip for ip in found if ip is not None)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from ebpflb.datapath import loader
+from ebpflb.testing.netns import Pod
 from tests.kernel.semantics_env import (
     CLIENT,
     HTTP,
@@ -26,6 +27,7 @@ from tests.kernel.semantics_env import (
     slice_yaml,
 )
 
+PROXY_LB_IP = "192.168.100.51"  # a load balancer in proxy mode: the client namespace
 SERVICES = f"""\
 apiVersion: v1
 kind: Service
@@ -64,12 +66,24 @@ spec:
   ports:
     - {{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30110}}
     - {{name: dns, protocol: UDP, port: 53, targetPort: 5353, nodePort: 30111}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: proxied, namespace: default}}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.2.5
+  ports: [{{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30120}}]
+status:
+  loadBalancer:
+    ingress: [{{ip: {PROXY_LB_IP}, ipMode: Proxy}}]
 """
 SLICES = "---\n".join(
     [
         slice_yaml("itp", HTTP, ["pod11", "pod21"]),
         slice_yaml("itp-remote", HTTP, ["pod22"]),
         slice_yaml("etp", HTTP, ["pod11"]),
+        slice_yaml("proxied", HTTP, ["pod11"]),
     ]
 )
 
@@ -79,6 +93,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SemanticsEnv]:
     with semantics_cluster(
         tmp_path_factory.mktemp("policy"), {"services.yaml": SERVICES, "slices.yaml": SLICES}
     ) as environment:
+        # The proxy-mode load balancer: an address of the client namespace, answering as "lb".
+        cluster = environment.cluster
+        cluster.run(environment.client, ["ip", "addr", "add", f"{PROXY_LB_IP}/24", "dev", "eth0"])
+        cluster.start_server(Pod("lb", environment.client, PROXY_LB_IP), tcp=[80], lifetime=900)
         yield environment
 
 
@@ -140,3 +158,13 @@ def test_maps_hold_both_scopes(env: SemanticsEnv) -> None:
     assert outside["backends"] == [] and "internal_scope" in outside["flags"]
     assert [b["address"] for b in inside["backends"]] == ["10.244.1.11:8080"]
     assert "itp_local" in services["10.96.2.1:80/TCP"]["flags"]
+
+
+def test_proxy_mode_load_balancer_ip_is_not_short_circuited(env: SemanticsEnv) -> None:
+    """ipMode Proxy: in-node clients of the LoadBalancer IP reach the load balancer."""
+    results = env.requests("node1", "tcp", f"{PROXY_LB_IP}:80", 3)
+    assert servers(results) == {"lb"}
+    assert {r["peer"] for r in results} == {f"{PROXY_LB_IP}:80"}
+    frontends = {s["frontend"] for s in env.nodes["node1"].dump()["services"]}
+    assert f"{PROXY_LB_IP}:80/TCP" not in frontends
+    assert f"{LB_IP}:80/TCP" in frontends  # the VIP-mode one is programmed
