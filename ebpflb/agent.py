@@ -92,6 +92,7 @@ class Agent:
             config.node_name,
             external_ips=ExternalIPPolicy(config.external_ip_cidrs),
             zone=config.zone,
+            nodeport_cidrs=config.nodeport_addresses,
         )
         self.metrics = metrics
         self.services = ServiceTracker()

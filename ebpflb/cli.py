@@ -122,6 +122,13 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         " externalIP captures that address's traffic); none by default, like the"
         " DenyServiceExternalIPs admission plugin; 0.0.0.0/0 allows all, like kube-proxy",
     ),
+    (
+        "--nodeport-addresses",
+        "nodeport_addresses",
+        _cidrs,
+        "node addresses NodePorts answer on, CIDR[,CIDR] (kube-proxy's flag); default:"
+        " every node address and 127.0.0.1",
+    ),
 )
 
 

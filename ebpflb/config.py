@@ -76,6 +76,9 @@ class Config:
     # Kubernetes' DenyServiceExternalIPs admission plugin. 0.0.0.0/0: kube-proxy's behaviour.
     healthz_bind_address: str = DEFAULT_HEALTHZ_BIND_ADDRESS
     external_ip_cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
+    # kube-proxy's --nodeport-addresses: the node addresses NodePorts answer on, by CIDR;
+    # empty: every node address (and 127.0.0.1, for host processes).
+    nodeport_addresses: tuple[IPv4Network | IPv6Network, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -123,13 +126,13 @@ class Config:
         ):
             if address:
                 parse_bind_address(address, flag)
-        for network in self.external_ip_cidrs:
+        for network in (*self.external_ip_cidrs, *self.nodeport_addresses):
             if not isinstance(network, (IPv4Network, IPv6Network)):
                 raise ConfigError(f"external-ip-cidrs: {network!r} is not a network (CIDR)")
 
     @staticmethod
     def parse_cidrs(text: str) -> tuple[IPv4Network | IPv6Network, ...]:
-        """"CIDR,CIDR,..." (empty: none) as --external-ip-cidrs takes it; strict: host bits
+        """ "CIDR,CIDR,..." (empty: none) as --external-ip-cidrs takes it; strict: host bits
         set are a mistake worth hearing about (10.0.0.1/8 would allow all of 10/8)."""
         networks = []
         for part in text.split(","):
@@ -192,7 +195,6 @@ class Config:
         """The -D flags that size the maps and place the pins (bpf/lib/consts.h); which
         macro each field sets is ebpflb.datapath.contract's table."""
         return contract.cflags(self)
-
 
 
 def parse_bind_address(address: str, flag: str) -> tuple[str, int]:

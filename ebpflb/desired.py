@@ -84,6 +84,15 @@ class NodeView:
     addresses: tuple[IPv4Address, ...] = ()
     external_ips: ExternalIPPolicy = ExternalIPPolicy()
     zone: str = ""  # topology.kubernetes.io/zone of this node (--zone); "": unknown
+    # --nodeport-addresses: NodePorts answer only on node addresses inside these (and on
+    # 127.0.0.1 only when one holds it); empty: on every address and 127.0.0.1.
+    nodeport_cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
+
+    def nodeport_addresses(self) -> tuple[IPv4Address, ...]:
+        candidates = (*self.addresses, LOOPBACK)
+        if not self.nodeport_cidrs:
+            return candidates
+        return tuple(a for a in candidates if any(a in net for net in self.nodeport_cidrs))
 
 
 LOOPBACK = IPv4Address("127.0.0.1")
@@ -248,7 +257,7 @@ def frontends_for_port(
     ]
     external: list[tuple[Frontend, SvcFlags, tuple[IPv4Network, ...]]] = []
     if port.node_port:
-        for address in (*node.addresses, LOOPBACK):
+        for address in node.nodeport_addresses():
             frontend = Frontend(address, port.node_port, port.protocol)
             external.append((frontend, SvcFlags.NODE_PORT, ()))
     for ip in port.load_balancer_ips:
