@@ -12,12 +12,15 @@
  *
  * Return codes: TC_ACT_OK lets the (possibly rewritten) packet continue; TC_ACT_SHOT drops
  * it (source outside loadBalancerSourceRanges, no usable backend, no SNAT port, no route);
+ * a packet to a service with no endpoint at all is answered instead (TCP RST, ICMP port
+ * unreachable: lib/reject.h);
  * TC_ACT_REDIRECT (from bpf_redirect*) sends it out of the chosen interface.
  */
 #include <uapi/linux/bpf.h>
 
 #include "lib/fib.h"
 #include "lib/nodeport.h"
+#include "lib/reject.h"
 
 int ebpflb_np_in(struct __sk_buff *skb)
 {
@@ -29,6 +32,10 @@ int ebpflb_np_in(struct __sk_buff *skb)
 	switch (np4_ingress(&pkt, skb->ifindex, &out)) {
 	case NP_DROP:
 		return TC_ACT_SHOT;
+	case NP_REJECT:
+		if (pkt.flow.proto == IPPROTO_TCP)
+			return tc_reject4_tcp(skb, &pkt);
+		return tc_reject4_udp(skb, &pkt);
 	case NP_XLATE:
 		if (pkt4_xlate_skb(skb, &pkt, &out) < 0)
 			return TC_ACT_SHOT;

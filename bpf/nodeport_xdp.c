@@ -28,6 +28,7 @@ int ebpflb_np_xdp(struct xdp_md *ctx)
 	case NP_DROP:
 		return XDP_DROP;
 	case NP_PASS:
+	case NP_REJECT: /* the tc program builds the answer (it can resize the packet) */
 		return XDP_PASS;
 	case NP_XLATE:
 		break;

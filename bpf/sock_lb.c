@@ -30,10 +30,11 @@ static __always_inline enum sys_verdict sock4_xlate_fwd(struct bpf_sock_addr *ct
 	struct lb4_backend *backend;
 	__u32 backend_id;
 
-	svc = lb4_lookup_service(vaddr, vport, (__u8)ctx->protocol, LB_SCOPE_EXTERNAL);
+	svc = lb4_lookup_service_in_node(vaddr, vport, (__u8)ctx->protocol);
 	if (!svc)
 		return SYS_PROCEED; /* not a frontend: leave the socket alone */
-	backend = lb4_select_backend(svc, hash, &backend_id);
+	/* A pod's client is its network namespace; a host process's, the host's. */
+	backend = lb4_pick_backend(svc, hash, bpf_get_netns_cookie(ctx), 1, &backend_id);
 	if (!backend) {
 		stat_inc(STAT_NO_BACKEND);
 		svc_stats_refused(svc->svc_id);

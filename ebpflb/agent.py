@@ -90,7 +90,10 @@ class Agent:
         self._on_synced = on_synced
         self._health_targets: dict[NamespacedName, tuple[int, HealthTarget]] = {}
         self.node = node or NodeView(
-            config.node_name, external_ips=ExternalIPPolicy(config.external_ip_cidrs)
+            config.node_name,
+            external_ips=ExternalIPPolicy(config.external_ip_cidrs),
+            zone=config.zone,
+            nodeport_cidrs=config.nodeport_addresses,
         )
         self.metrics = metrics
         self._clock = clock or RealClock()

@@ -192,6 +192,8 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         config.node_name,
         tuple(a for i in interfaces for a in i.addresses),
         ExternalIPPolicy(config.external_ip_cidrs),
+        config.zone,
+        config.nodeport_addresses,
     )
     agent = Agent(
         config, None, metrics, node=node, health=health, on_synced=_pause_gc(), status=status

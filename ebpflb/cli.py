@@ -93,6 +93,8 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
     ("--sync-period", "max_sync_period", float, "seconds between full resyncs that repair drift"),
     ("--ct-max", "ct_max", int, "NodePort conntrack entries"),
     ("--nat-max", "rnat_max", int, "reply-translation (and SNAT port) entries"),
+    ("--affinity-max", "affinity_max", int, "session-affinity clients (and backend pairs)"),
+    ("--zone", "zone", str, "this node's topology.kubernetes.io/zone (EndpointSlice hints)"),
     (
         "--ct-udp-timeout",
         "ct_udp_timeout",
@@ -138,6 +140,13 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         float,
         "seconds to wait for another agent using the same --bpffs directory to exit (a"
         " rolling update's old pod) before giving up; 0: do not wait",
+    ),
+    (
+        "--nodeport-addresses",
+        "nodeport_addresses",
+        _cidrs,
+        "node addresses NodePorts answer on, CIDR[,CIDR] (kube-proxy's flag); default:"
+        " every node address and 127.0.0.1",
     ),
 )
 

@@ -43,6 +43,9 @@ class Config:
     # cgroup v2 directory the socket programs attach to; None = the cgroup2 mount root.
     cgroup_dir: Path | None = None
     node_name: str = ""
+    # This node's topology.kubernetes.io/zone, for EndpointSlice zone hints; "": unknown
+    # (zone hints are then ignored, as kube-proxy does for a node without the label).
+    zone: str = ""
     hash_seed: str = DEFAULT_HASH_SEED
     maglev_max_table_size: int = DEFAULT_MAX_TABLE_SIZE
     max_services: int = 65536
@@ -56,6 +59,7 @@ class Config:
     ct_max: int = 262144
     rnat_max: int = 262144
     src_range_max: int = 16384
+    affinity_max: int = 65536  # session-affinity clients, and affinity backend pairs
     # Source ports of masqueraded NodePort flows. Unless given (snat_port_auto False), the
     # agent places them above the node's ephemeral ports: see place_snat_ports.
     snat_port_min: int = 61000
@@ -82,6 +86,9 @@ class Config:
     # Seconds `run` waits for another agent on the same pin directory to exit (a
     # DaemonSet update whose old pod is still terminating) before giving up.
     lock_timeout: float = 60.0
+    # kube-proxy's --nodeport-addresses: the node addresses NodePorts answer on, by CIDR;
+    # empty: every node address (and 127.0.0.1, for host processes).
+    nodeport_addresses: tuple[IPv4Network | IPv6Network, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -92,6 +99,7 @@ class Config:
             "ct_max",
             "rnat_max",
             "src_range_max",
+            "affinity_max",
             "ct_tcp_timeout",
             "ct_tcp_syn_timeout",
             "ct_tcp_close_timeout",
@@ -130,13 +138,13 @@ class Config:
         ):
             if address:
                 parse_bind_address(address, flag)
-        for network in self.external_ip_cidrs:
+        for network in (*self.external_ip_cidrs, *self.nodeport_addresses):
             if not isinstance(network, (IPv4Network, IPv6Network)):
                 raise ConfigError(f"external-ip-cidrs: {network!r} is not a network (CIDR)")
 
     @staticmethod
     def parse_cidrs(text: str) -> tuple[IPv4Network | IPv6Network, ...]:
-        """"CIDR,CIDR,..." (empty: none) as --external-ip-cidrs takes it; strict: host bits
+        """ "CIDR,CIDR,..." (empty: none) as --external-ip-cidrs takes it; strict: host bits
         set are a mistake worth hearing about (10.0.0.1/8 would allow all of 10/8)."""
         networks = []
         for part in text.split(","):
@@ -199,7 +207,6 @@ class Config:
         """The -D flags that size the maps and place the pins (bpf/lib/consts.h); which
         macro each field sets is ebpflb.datapath.contract's table."""
         return contract.cflags(self)
-
 
 
 def parse_bind_address(address: str, flag: str) -> tuple[str, int]:

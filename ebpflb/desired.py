@@ -10,6 +10,7 @@ A Service's externalIPs are programmed only inside the node's allow-list
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
@@ -19,6 +20,7 @@ from ebpflb.model import (
     BackendFlags,
     Endpoint,
     Frontend,
+    Scope,
     ServicePort,
     ServicePortName,
     SvcFlags,
@@ -45,6 +47,7 @@ class DesiredFrontend:
     flags: SvcFlags
     backends: tuple[WeightedBackend, ...]  # sorted: equal sets compare equal
     source_ranges: tuple[IPv4Network, ...] = ()  # loadBalancerSourceRanges (LB IPs only)
+    affinity_timeout: int = 0  # sessionAffinity=ClientIP seconds (with SvcFlags.AFFINITY)
 
     @property
     def usable(self) -> bool:
@@ -80,6 +83,16 @@ class NodeView:
     name: str = ""
     addresses: tuple[IPv4Address, ...] = ()
     external_ips: ExternalIPPolicy = ExternalIPPolicy()
+    zone: str = ""  # topology.kubernetes.io/zone of this node (--zone); "": unknown
+    # --nodeport-addresses: NodePorts answer only on node addresses inside these (and on
+    # 127.0.0.1 only when one holds it); empty: on every address and 127.0.0.1.
+    nodeport_cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
+
+    def nodeport_addresses(self) -> tuple[IPv4Address, ...]:
+        candidates = (*self.addresses, LOOPBACK)
+        if not self.nodeport_cidrs:
+            return candidates
+        return tuple(a for a in candidates if any(a in net for net in self.nodeport_cidrs))
 
 
 LOOPBACK = IPv4Address("127.0.0.1")
@@ -94,10 +107,73 @@ def usable_endpoints(endpoints: Iterable[Endpoint]) -> tuple[tuple[Endpoint, ...
     return tuple(ep for ep in endpoints if ep.serving and ep.terminating), True
 
 
+class TopologyMode(enum.Enum):
+    """How the hints restrict a service's cluster-wide endpoints on this node (kube-proxy's
+    topologyModeFromHints: v1.ServiceTrafficDistributionPreferSameNode/Zone)."""
+
+    NONE = ""
+    SAME_NODE = "PreferSameNode"
+    SAME_ZONE = "PreferSameZone"
+
+
+def topology_mode(endpoints: Iterable[Endpoint], node: NodeView) -> TopologyMode:
+    """kube-proxy's choice, from the ready endpoints' hints alone (the EndpointSlice
+    controller writes them for trafficDistribution and topology-aware routing): same
+    node when every ready endpoint has a node hint and one names this node; else same zone
+    when every ready endpoint has a zone hint and one names this node's zone; else none,
+    so incomplete hints fall back to every endpoint."""
+    ready = False
+    all_node_hints = all_zone_hints = True
+    for_node = for_zone = False
+    for ep in endpoints:
+        if not ep.ready:
+            continue
+        ready = True
+        if not ep.node_hints:
+            all_node_hints = False
+        elif node.name in ep.node_hints:
+            for_node = True
+        if not ep.zone_hints:
+            all_zone_hints = False
+        elif node.zone in ep.zone_hints:
+            for_zone = True
+    if not ready:
+        return TopologyMode.NONE
+    if all_node_hints and for_node:
+        return TopologyMode.SAME_NODE
+    if all_zone_hints and for_zone:
+        return TopologyMode.SAME_ZONE
+    return TopologyMode.NONE
+
+
+def _available(ep: Endpoint, mode: TopologyMode, node: NodeView) -> bool:
+    if mode is TopologyMode.NONE:
+        return True
+    if mode is TopologyMode.SAME_NODE:
+        return node.name in ep.node_hints
+    return node.zone in ep.zone_hints
+
+
+def cluster_endpoints(
+    endpoints: Iterable[Endpoint], node: NodeView
+) -> tuple[tuple[Endpoint, ...], bool]:
+    """The endpoints Cluster traffic policy uses (kube-proxy's CategorizeEndpoints): the
+    ready ones the topology mode allows; with none ready anywhere, the serving terminating
+    ones, whatever their hints. (endpoints, whether they are that fallback)."""
+    endpoints = tuple(endpoints)
+    if not any(ep.node_hints or ep.zone_hints for ep in endpoints):
+        return usable_endpoints(endpoints)  # the usual case: no hints, no topology
+    mode = topology_mode(endpoints, node)
+    ready = tuple(ep for ep in endpoints if ep.ready and _available(ep, mode, node))
+    if ready:
+        return ready, False
+    return tuple(ep for ep in endpoints if ep.serving and ep.terminating), True
+
+
 def _backends(
-    port: ServicePort, endpoints: Iterable[Endpoint], node: NodeView
+    port: ServicePort, chosen_fallback: tuple[tuple[Endpoint, ...], bool], node: NodeView
 ) -> tuple[tuple[WeightedBackend, ...], SvcFlags]:
-    chosen, fallback = usable_endpoints(endpoints)
+    chosen, fallback = chosen_fallback
     protocol = port.protocol
     backends = tuple(
         sorted(
@@ -135,30 +211,53 @@ def _is_local(ep: Endpoint, node: NodeView) -> bool:
 def frontends_for_port(
     port: ServicePort, endpoints: Iterable[Endpoint], node: NodeView | None = None
 ) -> list[DesiredFrontend]:
-    """Every frontend of one service port on this node.
+    """Every frontend of one service port on this node, with kube-proxy's traffic policies
+    (pkg/proxy/topology.go CategorizeEndpoints; ServicePort.UsesClusterEndpoints/Local).
 
-    The ClusterIP spreads over all endpoints. Node addresses on the nodePort (and
-    127.0.0.1:nodePort, for host processes through socket-LB), LoadBalancer ingress IPs and
-    the external IPs the node's policy allows do too under externalTrafficPolicy=Cluster;
-    under Local they use only this node's endpoints (none: the node refuses rather than
-    forwards, so a cloud load balancer's health check takes it out) and keep the client's
-    source address.
+    Internal traffic (the ClusterIP, socket-LB only) spreads over all endpoints, or under
+    internalTrafficPolicy=Local over this node's only; with none local the ClusterIP
+    refuses at once (ECONNREFUSED) where kube-proxy drops: a socket-LB connect() cannot be
+    dropped, and an immediate error beats a client waiting for its timeout.
+
+    External frontends: node addresses on the nodePort (and 127.0.0.1:nodePort, for host
+    processes through socket-LB), LoadBalancer ingress IPs and the external IPs the node's
+    policy allows. Under externalTrafficPolicy=Cluster they spread over all endpoints.
+    Under Local, traffic from outside the node (tc/XDP) uses only this node's endpoints
+    (none: the node drops rather than forwards, so a cloud load balancer's health check
+    takes it out) and keeps the client's source address, while in-node clients
+    (socket-LB) reach all endpoints through a second, LB_SCOPE_INTERNAL entry of the same
+    frontend: kube-proxy sends in-cluster traffic to external destinations to the cluster
+    chain ("pod traffic for ... external destinations"), as if it had gone out to the load
+    balancer and come back.
     """
     node = node or NodeView()
     endpoints = tuple(endpoints)
-    all_backends, all_flags = _backends(port, endpoints, node)
+    cluster = _backends(port, cluster_endpoints(endpoints, node), node)
+    local: tuple[tuple[WeightedBackend, ...], SvcFlags] | None = None
+    if (
+        port.internal_traffic_policy is TrafficPolicy.LOCAL
+        or port.external_traffic_policy is TrafficPolicy.LOCAL
+    ):
+        # Local endpoints ignore topology, as kube-proxy's.
+        mine = (ep for ep in endpoints if _is_local(ep, node))
+        local = _backends(port, usable_endpoints(mine), node)
+
+    if port.internal_traffic_policy is TrafficPolicy.LOCAL and local is not None:
+        internal_backends, internal_flags = local[0], local[1] | SvcFlags.ITP_LOCAL
+    else:
+        internal_backends, internal_flags = cluster
     result = [
         DesiredFrontend(
             Frontend(ip, port.port, port.protocol),
             port.name,
-            SvcFlags.CLUSTER_IP | all_flags,
-            all_backends,
+            SvcFlags.CLUSTER_IP | internal_flags,
+            internal_backends,
         )
         for ip in port.cluster_ips
     ]
     external: list[tuple[Frontend, SvcFlags, tuple[IPv4Network, ...]]] = []
     if port.node_port:
-        for address in (*node.addresses, LOOPBACK):
+        for address in node.nodeport_addresses():
             frontend = Frontend(address, port.node_port, port.protocol)
             external.append((frontend, SvcFlags.NODE_PORT, ()))
     for ip in port.load_balancer_ips:
@@ -169,17 +268,47 @@ def frontends_for_port(
         if node.external_ips.allows(ip):
             external.append((Frontend(ip, port.port, port.protocol), SvcFlags.EXTERNAL_IP, ()))
     if not external:
-        return result
-    if port.external_traffic_policy is TrafficPolicy.LOCAL:
-        ext_backends, ext_flags = _backends(
-            port, (ep for ep in endpoints if _is_local(ep, node)), node
-        )
-        ext_flags |= SvcFlags.ETP_LOCAL
+        return with_affinity(port, result)
+    cluster_backends, cluster_flags = cluster
+    if port.external_traffic_policy is TrafficPolicy.LOCAL and local is not None:
+        ext_backends = local[0]
+        ext_flags = local[1] | SvcFlags.ETP_LOCAL | SvcFlags.INTERNAL_SCOPE
     else:
-        ext_backends, ext_flags = all_backends, all_flags
+        ext_backends, ext_flags = cluster_backends, cluster_flags
+    if not cluster_backends:
+        # No usable endpoint anywhere: kube-proxy REJECTs external traffic (a TCP RST
+        # here); with endpoints elsewhere only, an eTP=Local node drops it, as kube-proxy.
+        ext_flags |= SvcFlags.REJECT
     for frontend, flags, ranges in external:
         result.append(DesiredFrontend(frontend, port.name, flags | ext_flags, ext_backends, ranges))
-    return result
+        if ext_flags & SvcFlags.INTERNAL_SCOPE:
+            # Socket-LB only: no source ranges (they apply to traffic from outside).
+            inside = Frontend(frontend.address, frontend.port, frontend.protocol, Scope.INTERNAL)
+            result.append(
+                DesiredFrontend(inside, port.name, flags | cluster_flags, cluster_backends)
+            )
+    return with_affinity(port, result)
+
+
+def with_affinity(port: ServicePort, frontends: list[DesiredFrontend]) -> list[DesiredFrontend]:
+    """sessionAffinity=ClientIP on every frontend of the port. Per frontend, as Cilium
+    keys it (kube-proxy's `recent` lists are per service port, shared by its ClusterIP and
+    nodePorts; a client reaches them through different hooks here anyway: socket-LB knows
+    it by network namespace, tc by source address)."""
+    timeout = port.affinity_timeout
+    if not timeout:
+        return frontends
+    return [
+        DesiredFrontend(
+            fe.frontend,
+            fe.service,
+            fe.flags | SvcFlags.AFFINITY,
+            fe.backends,
+            fe.source_ranges,
+            timeout,
+        )
+        for fe in frontends
+    ]
 
 
 def frontends_for_service(

@@ -57,6 +57,10 @@ class SvcFlags(enum.IntFlag):
     TERMINATING = 1 << 4
     ETP_LOCAL = 1 << 5
     SOURCE_RANGES = 1 << 6
+    ITP_LOCAL = 1 << 7
+    INTERNAL_SCOPE = 1 << 8
+    AFFINITY = 1 << 9
+    REJECT = 1 << 10
     EXTERNAL = NODE_PORT | LOADBALANCER | EXTERNAL_IP  # frontends the tc/xdp programs serve
 
     def type_name(self) -> str:
@@ -121,6 +125,9 @@ class ServicePort:
     external_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
     internal_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
     health_check_node_port: int | None = None
+    # sessionAffinity=ClientIP: seconds a client keeps its backend after its last new
+    # connection (sessionAffinityConfig.clientIP.timeoutSeconds); 0: no affinity.
+    affinity_timeout: int = 0
 
     @property
     def protocol(self) -> Proto:
@@ -138,6 +145,11 @@ class Endpoint:
     terminating: bool = False
     node_name: str | None = None
     zone: str | None = None
+    # EndpointSlice hints (endpoints[].hints.forZones[].name, .forNodes[].name): where the
+    # EndpointSlice controller wants this endpoint used (topology-aware routing,
+    # trafficDistribution); empty: no hint.
+    zone_hints: tuple[str, ...] = ()
+    node_hints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, order=True)

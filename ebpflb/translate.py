@@ -79,6 +79,8 @@ class SliceEndpoint:
     terminating: bool
     node_name: str | None
     zone: str | None
+    zone_hints: tuple[str, ...] = ()
+    node_hints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +176,7 @@ def translate_service(obj: Obj) -> ServiceTranslation:
     etp = _policy(r, spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy")
     itp = _policy(r, spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy")
     hc_port = r.port(spec.get("healthCheckNodePort"), "spec.healthCheckNodePort", zero=True)
+    affinity = _affinity_timeout(r, spec)
     lb_ips = _ingress_ips(r, obj.get("status"))
     raw_ports = r.array(spec.get("ports"), "spec.ports")
     ports, skipped_ports = _service_ports(r, ref, raw_ports)
@@ -205,10 +208,32 @@ def translate_service(obj: Obj) -> ServiceTranslation:
             external_traffic_policy=etp,
             internal_traffic_policy=itp,
             health_check_node_port=hc_port,
+            affinity_timeout=affinity,
         )
         for name, (port, target, node_port) in ports.items()
     }
     return ServiceTranslation(ref, programmed, ipv6_skipped=ipv6, skipped_ports=skipped_ports)
+
+
+# kube-proxy's (and the API's) default and limit for sessionAffinityConfig.clientIP.timeoutSeconds.
+DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT = 10800, 86400
+
+
+def _affinity_timeout(r: Reader, spec: Mapping[str, Any]) -> int:
+    """spec.sessionAffinity ("None" or "ClientIP") and its timeout; 0 for no affinity."""
+    mode = r.string(spec.get("sessionAffinity"), "spec.sessionAffinity")
+    if mode not in ("", "None", "ClientIP"):
+        r.fail("spec.sessionAffinity", f"{show(mode)} is not None or ClientIP")
+    config = r.mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+    client_ip = r.mapping(config.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
+    where = "spec.sessionAffinityConfig.clientIP.timeoutSeconds"
+    raw = client_ip.get("timeoutSeconds")
+    timeout = DEFAULT_AFFINITY_TIMEOUT if raw is None else (r.integer(raw, where) or 0)
+    if mode != "ClientIP":
+        return 0
+    if not 0 < timeout <= MAX_AFFINITY_TIMEOUT:
+        r.fail(where, f"{timeout} is not in 1-{MAX_AFFINITY_TIMEOUT}")
+    return timeout
 
 
 def _service_ports(
@@ -257,14 +282,24 @@ def _target_port(r: Reader, value: Any, field: str) -> int | str | None:
 
 
 def _ingress_ips(r: Reader, status: Any) -> tuple[IPv4Address, ...]:
-    """status.loadBalancer.ingress[].ip: the IPv4 ones (a hostname-only ingress has none)."""
+    """status.loadBalancer.ingress[].ip: the IPv4 ones (a hostname-only ingress has none)
+    whose ipMode is VIP (the default). With ipMode Proxy the load balancer proxies to the
+    nodePorts itself, and kube-proxy (serviceport.go, 1.30+) leaves the IP alone: traffic
+    from inside the cluster goes out to the load balancer rather than being short-circuited
+    to the endpoints, so the load balancer's features (TLS, PROXY protocol) still apply."""
     balancer = r.mapping(r.mapping(status, "status").get("loadBalancer"), "status.loadBalancer")
     found = []
     for i, ingress in enumerate(r.array(balancer.get("ingress"), "status.loadBalancer.ingress")):
         where = f"status.loadBalancer.ingress[{i}]"
-        text = r.string(r.mapping(ingress, where).get("ip"), f"{where}.ip")
+        entry = r.mapping(ingress, where)
+        text = r.string(entry.get("ip"), f"{where}.ip")
+        mode = r.string(entry.get("ipMode"), f"{where}.ipMode")
+        if mode not in ("", "VIP", "Proxy"):
+            r.fail(f"{where}.ipMode", f"{show(mode)} is not VIP or Proxy")
         if text:  # "": a hostname-only ingress
-            found.append(r.ip(text, f"{where}.ip"))
+            address = r.ip(text, f"{where}.ip")
+            if mode != "Proxy":
+                found.append(address)
     return tuple(ip for ip in found if ip is not None)
 
 
@@ -339,6 +374,7 @@ def translate_slice(obj: Obj) -> SliceTranslation:
             r.wrong_type(f"endpoints[{index}].nodeName", node_name, "a string")
         if zone is not None and not isinstance(zone, str):
             r.wrong_type(f"endpoints[{index}].zone", zone, "a string")
+        zone_hints, node_hints = _hints(r, raw.get("hints"), f"endpoints[{index}].hints")
         if first is None:
             continue  # not an IPv4 slice: checked, not programmed
         # kube-proxy (endpointslicecache.go): unset ready and serving mean true, unset
@@ -351,6 +387,8 @@ def translate_slice(obj: Obj) -> SliceTranslation:
                 terminating=terminating is True,
                 node_name=shared(node_name) if node_name else None,
                 zone=shared(zone) if zone else None,
+                zone_hints=zone_hints,
+                node_hints=node_hints,
             )
         )
     if not ipv4:
@@ -400,9 +438,35 @@ def endpoints_for_port(
                 if existing is not None and existing.ready and not ep.ready:
                     continue
                 merged[key] = Endpoint(
-                    ep.address, sp.port, ep.ready, ep.serving, ep.terminating, ep.node_name, ep.zone
+                    ep.address,
+                    sp.port,
+                    ep.ready,
+                    ep.serving,
+                    ep.terminating,
+                    ep.node_name,
+                    ep.zone,
+                    ep.zone_hints,
+                    ep.node_hints,
                 )
     return tuple(merged[key] for key in sorted(merged))
+
+
+def _hints(r: Reader, value: Any, field: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """endpoints[].hints: (forZones names, forNodes names), each sorted."""
+    if value is None:
+        return (), ()
+    hints = r.mapping(value, field)
+    found: list[tuple[str, ...]] = []
+    for key in ("forZones", "forNodes"):
+        names = set()
+        for i, item in enumerate(r.array(hints.get(key), f"{field}.{key}")):
+            where = f"{field}.{key}[{i}]"
+            name = r.string(r.mapping(item, where).get("name"), f"{where}.name")
+            if not name:
+                r.fail(f"{where}.name", "is empty", Fault.MISSING)
+            names.add(shared(name))
+        found.append(tuple(sorted(names)))
+    return found[0], found[1]
 
 
 def _policy(r: Reader, value: Any, field: str) -> TrafficPolicy:

@@ -59,6 +59,14 @@
 #define EBPFLB_SRC_RANGE_MAX 16384
 #endif
 
+/* ClientIP session affinity: client entries (ebpflb_aff4, LRU: the coldest client's
+ * entry goes first when full, costing it its affinity, never a connection), and
+ * (service id, backend id) pairs that may be chosen by affinity (ebpflb_affmatch4).
+ * Cilium's affinity map default. */
+#ifndef EBPFLB_AFFINITY_MAX
+#define EBPFLB_AFFINITY_MAX 65536
+#endif
+
 /* Interfaces the tc/xdp programs are attached to (ebpflb_ifaddr4). */
 #define EBPFLB_MAX_IFACES 64
 
@@ -79,6 +87,8 @@
 #ifndef EBPFLB_FLOW_HASH_SEED
 #define EBPFLB_FLOW_HASH_SEED 0x6562706cU
 #endif
+
+#define EBPFLB_NSEC_PER_SEC 1000000000ULL /* bpf_ktime_get_ns() units */
 
 /* Conntrack lifetimes in seconds (Cilium's defaults): a TCP flow before its handshake
  * completes, an established TCP flow, a TCP flow after FIN/RST, a UDP flow. */
@@ -105,8 +115,8 @@
 #endif
 
 /* lb4_svc_key.scope: which backend set a frontend lookup wants. */
-#define LB_SCOPE_EXTERNAL 0 /* all usable backends of the service */
-#define LB_SCOPE_INTERNAL 1 /* reserved: node-local backends (traffic policies) */
+#define LB_SCOPE_EXTERNAL 0 /* the entry every hook looks up first */
+#define LB_SCOPE_INTERNAL 1 /* in-node clients' entry, when SVC_F_INTERNAL_SCOPE says so */
 
 /* lb4_svc_val.flags: service type of the frontend and per-service behaviour. */
 #define SVC_F_CLUSTER_IP    (1 << 0) /* frontend is the ClusterIP */
@@ -116,6 +126,18 @@
 #define SVC_F_TERMINATING   (1 << 4) /* only serving+terminating endpoints are left */
 #define SVC_F_ETP_LOCAL     (1 << 5) /* externalTrafficPolicy=Local: local backends, no SNAT */
 #define SVC_F_SOURCE_RANGES (1 << 6) /* loadBalancerSourceRanges: check ebpflb_srcrng4 */
+#define SVC_F_ITP_LOCAL     (1 << 7) /* internalTrafficPolicy=Local: local backends only */
+/* In-node clients (socket-LB) use this frontend's LB_SCOPE_INTERNAL entry: set on the
+ * external entry of an externalTrafficPolicy=Local frontend, whose own (external) entry
+ * holds the local backends while traffic from inside the cluster may reach all of them. */
+#define SVC_F_INTERNAL_SCOPE (1 << 8)
+/* sessionAffinity=ClientIP: a client's new connections reuse its last backend while
+ * ebpflb_affmatch4[(svc_id, backend)] exists and its timeout has not passed. */
+#define SVC_F_AFFINITY      (1 << 9)
+/* No usable endpoint in the whole service: external traffic is answered with a TCP RST or
+ * an ICMP port unreachable (kube-proxy's REJECT) instead of dropped. Not set when externalTrafficPolicy=Local has
+ * endpoints on other nodes only: that traffic is dropped, as kube-proxy does. */
+#define SVC_F_REJECT        (1 << 10)
 
 /* Frontends the tc/xdp programs serve; a ClusterIP is never reachable from outside. */
 #define SVC_F_EXTERNAL (SVC_F_NODE_PORT | SVC_F_LOADBALANCER | SVC_F_EXTERNAL_IP)
@@ -158,6 +180,8 @@
 #define STAT_FIB_FAIL        15 /* dropped: no route for a translated packet */
 #define STAT_SNAT_NO_ADDR    16 /* dropped: SNAT needed, no node address on the interface */
 #define STAT_RNAT_STORE_FAIL 17 /* dropped: reply translation not stored (ebpflb_rnat4 full) */
+#define STAT_AFFINITY_HIT    18 /* new connection sent to the client's affinity backend */
+#define STAT_NP_REJECT       19 /* RST / ICMP port unreachable sent (SVC_F_REJECT) */
 #define STAT_MAX             24 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

@@ -8,7 +8,6 @@
 #include "maps.h"
 #include "pkt.h"
 
-#define EBPFLB_NSEC_PER_SEC 1000000000ULL
 
 /* Lifetime of a flow after this packet, from what the flow has seen so far. */
 static __always_inline __u64 ct_lifetime(__u8 proto, __u16 flags)

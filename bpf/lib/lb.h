@@ -20,6 +20,22 @@ static __always_inline struct lb4_svc_val *lb4_lookup_service(__be32 addr, __be1
 	return ebpflb_svc4.lookup(&key);
 }
 
+/* The entry an in-node client (socket-LB) uses: the external one, unless that one points
+ * to an internal-scope entry (externalTrafficPolicy=Local: external traffic is limited to
+ * local backends, traffic from inside the cluster is not, as with kube-proxy). A missing
+ * internal entry (written just after its external one) leaves the external one in use. */
+static __always_inline struct lb4_svc_val *lb4_lookup_service_in_node(__be32 addr, __be16 port,
+								       __u8 proto)
+{
+	struct lb4_svc_val *svc, *internal;
+
+	svc = lb4_lookup_service(addr, port, proto, LB_SCOPE_EXTERNAL);
+	if (!svc || !(svc->flags & SVC_F_INTERNAL_SCOPE))
+		return svc;
+	internal = lb4_lookup_service(addr, port, proto, LB_SCOPE_INTERNAL);
+	return internal ? internal : svc;
+}
+
 /* Backend in slot (hash mod M) of the service's table, its id in *backend_id_out; NULL
  * when the service has no usable backend (table_size == 0) or, counted as
  * STAT_SLOT_MISS, when a slot or backend is missing. */
@@ -48,6 +64,64 @@ static __always_inline struct lb4_backend *lb4_select_backend(const struct lb4_s
 miss:
 	stat_inc(STAT_SLOT_MISS);
 	return NULL;
+}
+
+/* The client's affinity backend if it still holds: the entry exists, its backend is still
+ * one of the frontend's (ebpflb_affmatch4, which also gives the timeout) and the timeout
+ * has not passed since the client's last new connection. */
+static __always_inline struct lb4_backend *lb4_affinity_backend(const struct aff4_key *key,
+								__u64 now,
+								__u32 *backend_id_out)
+{
+	struct aff4_match_key match = {};
+	struct lb4_backend *backend;
+	struct aff4_val *aff;
+	__u32 *timeout;
+
+	aff = ebpflb_aff4.lookup((struct aff4_key *)key);
+	if (!aff)
+		return NULL;
+	match.svc_id = key->svc_id;
+	match.backend_id = aff->backend_id;
+	timeout = ebpflb_affmatch4.lookup(&match);
+	if (!timeout || now - aff->last_used > (__u64)*timeout * EBPFLB_NSEC_PER_SEC)
+		return NULL;
+	backend = ebpflb_be4.lookup(&match.backend_id);
+	if (backend)
+		*backend_id_out = match.backend_id;
+	return backend;
+}
+
+/* Backend for a new connection of `client` (a netns cookie when `netns`, else an IPv4
+ * address): with SVC_F_AFFINITY the client's affinity backend while it holds (kube-proxy's
+ * `recent --rcheck --seconds`), else the Maglev slot at `hash`, remembered as the
+ * client's affinity with the time of this connection (`recent --set`). */
+static __always_inline struct lb4_backend *lb4_pick_backend(const struct lb4_svc_val *svc,
+							    __u32 hash, __u64 client, __u8 netns,
+							    __u32 *backend_id_out)
+{
+	struct aff4_key key = {};
+	struct aff4_val val = {};
+	struct lb4_backend *backend;
+	__u64 now;
+
+	if (!(svc->flags & SVC_F_AFFINITY) || svc->table_size == 0)
+		return lb4_select_backend(svc, hash, backend_id_out);
+	key.client = client;
+	key.svc_id = svc->svc_id;
+	key.netns = netns;
+	now = bpf_ktime_get_ns();
+	backend = lb4_affinity_backend(&key, now, backend_id_out);
+	if (backend)
+		stat_inc(STAT_AFFINITY_HIT);
+	else
+		backend = lb4_select_backend(svc, hash, backend_id_out);
+	if (!backend)
+		return NULL;
+	val.last_used = now;
+	val.backend_id = *backend_id_out;
+	ebpflb_aff4.update(&key, &val);
+	return backend;
 }
 
 /* Make the refused syscall fail with ECONNREFUSED, as kube-proxy's REJECT rule does.

@@ -41,6 +41,15 @@ BPF_TABLE_PINNED("hash", struct flow4, struct rnat4_val, ebpflb_rnat4,
 BPF_TABLE_PINNED("lpm_trie", struct src_range4_key, __u8, ebpflb_srcrng4,
 		 EBPFLB_SRC_RANGE_MAX, EBPFLB_PIN_DIR "/ebpflb_srcrng4", BPF_F_NO_PREALLOC);
 
+/* (service id, client) -> backend and last use: ClientIP session affinity. */
+BPF_TABLE_PINNED("lru_hash", struct aff4_key, struct aff4_val, ebpflb_aff4,
+		 EBPFLB_AFFINITY_MAX, EBPFLB_PIN_DIR "/ebpflb_aff4");
+
+/* (service id, backend id) -> affinity timeout in seconds, written by the control plane
+ * for the backends of every frontend with session affinity. */
+BPF_TABLE_PINNED("hash", struct aff4_match_key, __u32, ebpflb_affmatch4,
+		 EBPFLB_AFFINITY_MAX, EBPFLB_PIN_DIR "/ebpflb_affmatch4");
+
 /* ifindex -> the node address on it: the SNAT source for flows arriving there. */
 BPF_TABLE_PINNED("hash", __u32, __be32, ebpflb_ifaddr4,
 		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifaddr4");

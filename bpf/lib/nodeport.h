@@ -15,6 +15,7 @@ enum np_verdict {
 	NP_PASS,  /* not ours: leave the packet alone */
 	NP_DROP,  /* ours, but must not be forwarded */
 	NP_XLATE, /* rewrite to *out, then let it continue */
+	NP_REJECT, /* ours, no endpoint anywhere: answer it (lib/reject.h) or drop it */
 };
 
 /* Whether a LoadBalancer frontend with source ranges accepts this source. */
@@ -61,11 +62,11 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 	__be32 *nat_addr;
 	__u64 deadline;
 
-	backend = lb4_select_backend(svc, hash, &ct->backend_id);
+	backend = lb4_pick_backend(svc, hash, flow->saddr, 0, &ct->backend_id);
 	if (!backend) {
 		stat_inc(STAT_NP_NO_BACKEND);
 		svc_stats_refused(svc->svc_id);
-		return NP_DROP;
+		return (svc->flags & SVC_F_REJECT) ? NP_REJECT : NP_DROP;
 	}
 	ct->backend_addr = backend->addr;
 	ct->backend_port = backend->port;

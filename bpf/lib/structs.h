@@ -121,4 +121,27 @@ struct lb4_svc_stats {
 	__u64 np_bytes;    /* their bytes, as the hook saw them (L2 header included) */
 };
 
+/* ClientIP session affinity: one client of one frontend. */
+struct aff4_key {
+	__u64 client; /* socket-LB: bpf_get_netns_cookie(); tc/XDP: the source address */
+	__u32 svc_id; /* the frontend's service id */
+	__u8 netns;   /* 1: `client` is a network namespace cookie; 0: an IPv4 address */
+	__u8 pad[3];  /* zero */
+};
+
+/* The backend a client was last sent to, and when. */
+struct aff4_val {
+	__u64 last_used;  /* bpf_ktime_get_ns() of the client's last new connection */
+	__u32 backend_id; /* key of ebpflb_be4 */
+	__u32 pad;        /* zero */
+};
+
+/* Key of ebpflb_affmatch4: present while the backend is one of the frontend's backends,
+ * its value the frontend's affinity timeout in seconds. An affinity entry naming a backend
+ * that left (or a frontend whose affinity was switched off) is then ignored at once. */
+struct aff4_match_key {
+	__u32 svc_id;     /* the frontend's service id */
+	__u32 backend_id; /* a backend of its table */
+};
+
 #endif /* EBPFLB_STRUCTS_H */

@@ -13,6 +13,7 @@ import numpy as np
 
 from ebpflb.datapath import contract, layout
 from ebpflb.datapath.maps import (
+    AffinityMatch,
     BackendEntry,
     ConntrackEntry,
     Flow,
@@ -106,3 +107,6 @@ CONNTRACK: Codec[ConntrackEntry] = Codec(
     contract.Ct4Entry, layout.encode_conntrack, layout.decode_conntrack
 )
 NAT: Codec[NatEntry] = Codec(contract.Rnat4Val, layout.encode_nat, layout.decode_nat)
+AFFINITY_MATCH: Codec[AffinityMatch] = Codec(
+    contract.Aff4MatchKey, layout.encode_affinity_match, layout.decode_affinity_match
+)

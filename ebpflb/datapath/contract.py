@@ -94,6 +94,8 @@ class Counter(enum.IntEnum):
     FIB_FAIL = 15
     SNAT_NO_ADDR = 16
     RNAT_STORE_FAIL = 17
+    AFFINITY_HIT = 18
+    NP_REJECT = 19
 
     @property
     def label(self) -> str:
@@ -279,6 +281,40 @@ class Lb4SvcStats(ct.Structure):
     _network_order_ = ()
 
 
+class Aff4Key(ct.Structure):
+    """struct aff4_key (client: a netns cookie, or an IPv4 address in network order in
+    its first four bytes; the control plane never writes it)"""
+
+    _fields_ = [
+        ("client", ct.c_uint64),
+        ("svc_id", ct.c_uint32),
+        ("netns", ct.c_uint8),
+        ("pad", ct.c_uint8 * 3),
+    ]
+    _network_order_ = ()
+
+
+class Aff4Val(ct.Structure):
+    """struct aff4_val"""
+
+    _fields_ = [
+        ("last_used", ct.c_uint64),
+        ("backend_id", ct.c_uint32),
+        ("pad", ct.c_uint32),
+    ]
+    _network_order_ = ()
+
+
+class Aff4MatchKey(ct.Structure):
+    """struct aff4_match_key"""
+
+    _fields_ = [
+        ("svc_id", ct.c_uint32),
+        ("backend_id", ct.c_uint32),
+    ]
+    _network_order_ = ()
+
+
 STRUCTS: dict[str, type[ct.Structure]] = {
     "lb4_svc_key": Lb4SvcKey,
     "lb4_svc_val": Lb4SvcVal,
@@ -292,6 +328,9 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "rnat4_val": Rnat4Val,
     "src_range4_key": SrcRange4Key,
     "lb4_svc_stats": Lb4SvcStats,
+    "aff4_key": Aff4Key,
+    "aff4_val": Aff4Val,
+    "aff4_match_key": Aff4MatchKey,
 }
 
 
@@ -318,6 +357,7 @@ REV_SK_MAX = Define("EBPFLB_REV_SK_MAX", lambda c: c.rev_sk_max)
 CT_MAX = Define("EBPFLB_CT_MAX", lambda c: c.ct_max)
 RNAT_MAX = Define("EBPFLB_RNAT_MAX", lambda c: c.rnat_max)
 SRC_RANGE_MAX = Define("EBPFLB_SRC_RANGE_MAX", lambda c: c.src_range_max)
+AFFINITY_MAX = Define("EBPFLB_AFFINITY_MAX", lambda c: c.affinity_max)
 
 DEFINES: tuple[Define, ...] = (
     PIN_DIR,
@@ -328,6 +368,7 @@ DEFINES: tuple[Define, ...] = (
     CT_MAX,
     RNAT_MAX,
     SRC_RANGE_MAX,
+    AFFINITY_MAX,
     Define("EBPFLB_SNAT_PORT_MIN", lambda c: c.snat_port_min),
     Define("EBPFLB_SNAT_PORT_MAX", lambda c: c.snat_port_max),
     Define("EBPFLB_FLOW_HASH_SEED", lambda c: c.flow_hash_seed, "{}U"),
@@ -363,6 +404,8 @@ class MapName(enum.StrEnum):
     SOURCE_RANGES = "ebpflb_srcrng4"
     IFACE_ADDRS = "ebpflb_ifaddr4"
     SERVICE_STATS = "ebpflb_svcstats"
+    AFFINITY = "ebpflb_aff4"
+    AFFINITY_MATCH = "ebpflb_affmatch4"
 
 
 class MapType(enum.IntEnum):
@@ -446,6 +489,8 @@ MAPS: dict[MapName, MapSpec] = {
             flags=BPF_F_NO_PREALLOC,
         ),
         MapSpec(MapName.IFACE_ADDRS, MapType.HASH, ct.c_uint32, ct.c_uint32, MAX_IFACES),
+        MapSpec(MapName.AFFINITY, MapType.LRU_HASH, Aff4Key, Aff4Val, AFFINITY_MAX),
+        MapSpec(MapName.AFFINITY_MATCH, MapType.HASH, Aff4MatchKey, ct.c_uint32, AFFINITY_MAX),
         MapSpec(MapName.STATS, MapType.PERCPU_ARRAY, ct.c_uint32, ct.c_uint64, STAT_MAX),
         # Indexed by service id, 1..max_services (0 is never allocated).
         MapSpec(

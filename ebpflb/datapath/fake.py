@@ -5,7 +5,7 @@ keys whose writes fail on demand, so error paths are tested without a kernel.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from ipaddress import IPv4Address
 from typing import Generic, TypeVar
 
@@ -15,6 +15,8 @@ import numpy.typing as npt
 from ebpflb.datapath.contract import Counter, MapName
 from ebpflb.datapath.maps import (
     SLOTS_PER_ELEMENT,
+    AddrPort,
+    AffinityMatch,
     BackendEntry,
     ConntrackEntry,
     Flow,
@@ -151,6 +153,7 @@ class FakeMapSet:
         src_range_max: int = 1024,
         ct_max: int = 1024,
         rnat_max: int = 1024,
+        affinity_max: int = 1024,
     ) -> None:
         self.services: FakeMap[Frontend, ServiceEntry] = FakeMap(
             MapName.SERVICES.value, max_services
@@ -163,12 +166,21 @@ class FakeMapSet:
         )
         self.conntrack: FakeMap[Flow, ConntrackEntry] = FakeMap(MapName.CONNTRACK.value, ct_max)
         self.reply_nat: FakeMap[Flow, NatEntry] = FakeMap(MapName.REPLY_NAT.value, rnat_max)
-        self.stats: dict[Counter, int] = {}  # what the programs would have counted
         self.iface_addrs: dict[int, IPv4Address] = {}
         self.service_counters = FakeServiceCounters(MapName.SERVICE_STATS.value, max_services + 1)
+        self.affinity_match: FakeMap[AffinityMatch, int] = FakeMap(
+            MapName.AFFINITY_MATCH.value, affinity_max
+        )
+        self.stats: dict[Counter, int] = {}  # what the programs would have counted
+        # What destroy_udp_sockets was asked (no sockets here): frontend -> backends left.
+        self.destroy_requests: list[dict[AddrPort, frozenset[AddrPort]]] = []
 
     def interface_addresses(self) -> dict[int, IPv4Address]:
         return dict(self.iface_addrs)
 
     def counters(self) -> dict[str, int]:
         return {counter.label: self.stats.get(counter, 0) for counter in Counter}
+
+    def destroy_udp_sockets(self, left: Mapping[AddrPort, Set[AddrPort]]) -> int:
+        self.destroy_requests.append({f: frozenset(b) for f, b in left.items()})
+        return 0

@@ -12,7 +12,7 @@ import ctypes as ct
 import errno
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -21,7 +21,7 @@ import numpy as np
 from bcc.libbcc import lib
 from bcc.utils import get_possible_cpus
 
-from ebpflb.datapath import bpfsys, codecs, contract, layout
+from ebpflb.datapath import bpfsys, codecs, contract, layout, sockdiag
 from ebpflb.datapath.codecs import Codec
 from ebpflb.datapath.contract import Counter, MapName
 from ebpflb.datapath.elementio import (
@@ -34,6 +34,7 @@ from ebpflb.datapath.elementio import (
     raw_items,
     raw_keys,
 )
+from ebpflb.datapath.maps import AddrPort
 from ebpflb.datapath.slotpool import KernelSlotPool
 from ebpflb.datapath.svcstats import KernelServiceCounters
 from ebpflb.errors import MapError, MapFullError, NoPinsError
@@ -164,11 +165,12 @@ class KernelMapSet:
         self.backends = KernelMap(pins[MapName.BACKENDS], codecs.U32, codecs.BACKEND)
         self.service_meta = KernelMap(pins[MapName.SERVICE_META], codecs.U32, codecs.META)
         self.slots = KernelSlotPool(pins[MapName.SLOTS])
-        self.source_ranges = KernelMap(
-            pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8
-        )
+        self.source_ranges = KernelMap(pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8)
         self.conntrack = KernelMap(pins[MapName.CONNTRACK], codecs.FLOW, codecs.CONNTRACK)
         self.reply_nat = KernelMap(pins[MapName.REPLY_NAT], codecs.FLOW, codecs.NAT)
+        self.affinity_match = KernelMap(
+            pins[MapName.AFFINITY_MATCH], codecs.AFFINITY_MATCH, codecs.U32
+        )
         self._ncpus = len(get_possible_cpus())
         stats = pins[MapName.SERVICE_STATS]
         self.service_counters = KernelServiceCounters(
@@ -202,6 +204,35 @@ class KernelMapSet:
             raw_key = contract.Flow4.from_buffer_copy(keys, index * size)
             delete(io.fd, raw_key, f"{io.name} entry")
         return len(expired)
+
+    def destroy_udp_sockets(self, left: Mapping[AddrPort, Set[AddrPort]]) -> int:
+        """The sockets in ebpflb_revsk4 sent to a backend that left (sockdiag.py)."""
+        pinned = self._pins[MapName.REVERSE_SOCK]
+        io = ElementIO(
+            pinned.fd,
+            pinned.name,
+            ct.sizeof(contract.Lb4RevskKey),
+            ct.sizeof(contract.Lb4RevskVal),
+        )
+        keys, values, count = io.read_all(contract.Lb4RevskKey, contract.Lb4RevskVal)
+        wanted = {
+            (f.address, f.port): {(b.address, b.port) for b in backends}
+            for f, backends in left.items()
+        }
+
+        def entries() -> Iterator[tuple[int, IPv4Address, int, IPv4Address, int]]:
+            for i in range(count):
+                key = contract.Lb4RevskKey.from_buffer_copy(keys, i * io.key_size)
+                val = contract.Lb4RevskVal.from_buffer_copy(values, i * io.value_size)
+                yield (
+                    int(key.cookie),
+                    layout.be32_to_addr(key.addr),
+                    layout.be16_to_port(key.port),
+                    layout.be32_to_addr(val.addr),
+                    layout.be16_to_port(val.port),
+                )
+
+        return sockdiag.destroy_udp_sockets(sockdiag.stale_cookies(entries(), wanted))
 
     def set_interface_addresses(self, addresses: dict[int, IPv4Address]) -> None:
         """ifindex -> node address used as the SNAT source on that interface."""

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from ebpflb.datapath.contract import (
     SRC_RANGE_ID_PREFIXLEN,
     SVC_NAME_LEN,
+    Aff4MatchKey,
     Ct4Entry,
     CtFlags,
     Flow4,
@@ -38,6 +39,7 @@ from ebpflb.datapath.contract import (
 )
 from ebpflb.datapath.maps import (
     AddrPort,
+    AffinityMatch,
     BackendEntry,
     ConntrackEntry,
     Flow,
@@ -137,6 +139,14 @@ def decode_source_range(raw: SrcRange4Key) -> SourceRange:
     svc_id = int.from_bytes(raw.svc_id.to_bytes(4, "little"), "big")
     prefixlen = raw.prefixlen - SRC_RANGE_ID_PREFIXLEN
     return SourceRange(svc_id, IPv4Network((be32_to_addr(raw.addr), prefixlen)))
+
+
+def encode_affinity_match(key: AffinityMatch) -> Aff4MatchKey:
+    return Aff4MatchKey(key.svc_id, key.backend_id)
+
+
+def decode_affinity_match(raw: Aff4MatchKey) -> AffinityMatch:
+    return AffinityMatch(int(raw.svc_id), int(raw.backend_id))
 
 
 def _addr_port(addr: int, port: int) -> AddrPort:

@@ -9,7 +9,7 @@ kernel is layout.py's business.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Protocol, TypeVar
@@ -24,6 +24,7 @@ from ebpflb.model import Backend, BackendFlags, Frontend, Proto, SvcFlags
 __all__ = [  # MapName and SLOTS_PER_ELEMENT are the contract's, re-exported for convenience
     "SLOTS_PER_ELEMENT",
     "AddrPort",
+    "AffinityMatch",
     "BackendEntry",
     "ConntrackEntry",
     "Flow",
@@ -73,6 +74,15 @@ class SourceRange:
 
     svc_id: int
     network: IPv4Network
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AffinityMatch:
+    """Key of ebpflb_affmatch4: a backend a frontend with session affinity may be sent to
+    by a client's affinity entry; the value is the frontend's timeout in seconds."""
+
+    svc_id: int
+    backend_id: int
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -270,6 +280,9 @@ class MapSet(Protocol):
     def source_ranges(self) -> KeyValueMap[SourceRange, int]: ...
 
     @property
+    def affinity_match(self) -> KeyValueMap[AffinityMatch, int]: ...
+
+    @property
     def conntrack(self) -> KeyValueMap[Flow, ConntrackEntry]:
         """NodePort flows, written by the programs (the control plane only reads them)."""
         ...
@@ -288,4 +301,9 @@ class MapSet(Protocol):
 
     def counters(self) -> dict[str, int]:
         """Datapath event counters summed over CPUs, by Counter.label (STAT_* in C)."""
+        ...
+
+    def destroy_udp_sockets(self, left: Mapping[AddrPort, Set[AddrPort]]) -> int:
+        """Abort the connected UDP sockets socket-LB sent to a backend that has since left
+        the frontend they asked for (frontend -> backends that left); how many."""
         ...

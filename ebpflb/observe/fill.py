@@ -89,6 +89,8 @@ def agent_fill(
         MapName.SLOTS: reconciler.space.slots.used,
         MapName.SOURCE_RANGES: reconciler.space.range_count,
     }
+    if reconciler.affinity.entries is not None:
+        known[MapName.AFFINITY_MATCH] = reconciler.affinity.entries
     return _levels(max_entries, lambda name: known[name] if name in known else count(name))
 
 

@@ -11,16 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ebpflb import maglev
-from ebpflb.datapath.maps import MapSet, SourceRange
+from ebpflb.datapath.maps import AddrPort, MapSet, SourceRange
 from ebpflb.desired import DesiredFrontend
 from ebpflb.metrics import Metrics
-from ebpflb.model import Frontend, NamespacedName
+from ebpflb.model import Frontend, NamespacedName, Proto, Scope, SvcFlags
 from ebpflb.reconcile import restore
+from ebpflb.reconcile.affinity import AffinityMatches
 from ebpflb.reconcile.backends import Backends
 from ebpflb.reconcile.plan import Planner, claims
 from ebpflb.reconcile.report import LOG_EACH_MAX, Reporter
-from ebpflb.reconcile.result import ApplyResult
+from ebpflb.reconcile.result import ApplyResult, Failure
 from ebpflb.reconcile.space import Space
+from ebpflb.reconcile.stale import purge_udp_flows
 from ebpflb.reconcile.state import Leftovers, MapContents, Realized, RealizedState
 from ebpflb.reconcile.write import Outcome, Writer
 
@@ -42,6 +44,7 @@ class Reconciler:
         self.backends = Backends(maps.backends.name, maps.backends.capacity)
         self.space = Space(maps)
         self.leftovers = Leftovers()
+        self.affinity = AffinityMatches()
         # Frontends that failed at their last attempt: owner and message (report.Reporter).
         self._last_errors: dict[Frontend, tuple[NamespacedName, str]] = {}
         # An apply raised part-way (a bug, or an error no step expects): what is known may
@@ -64,6 +67,7 @@ class Reconciler:
         self.state, self.backends, self.space, self.leftovers = restore.rebuild(
             contents, self.maps, self.state, self.backends.entries, self.space.quarantined
         )
+        self.affinity = AffinityMatches()  # re-read at the next apply
         self._suspect = False
 
     def apply(
@@ -113,6 +117,7 @@ class Reconciler:
         )
         gone = [f for f in candidates if f not in wanted]
         report.verbose_removals = len(gone) <= LOG_EACH_MAX
+        released = [self.state.frontends[f].entry.svc_id for f in gone]
         for frontend in gone:
             self._remove(frontend, result, report)
 
@@ -135,10 +140,27 @@ class Reconciler:
             else:
                 failed += 1
                 self._give_up(outcome, planner, writer, report)
+        flows_left, sockets_left = self._udp_backends_left(outcomes)
+        result.count_write(self.maps.conntrack.name, purge_udp_flows(self.maps, flows_left))
+        if sockets_left:
+            self.maps.destroy_udp_sockets(sockets_left)
         report.unlogged_failures()
         if not report.verbose or not report.verbose_removals:
             report.summary(len(outcomes) + len(gone), failed)
 
+        affinity_failed = self.affinity.sync(
+            self.maps,
+            self.state,
+            [o.plan.frontend for o in outcomes],
+            released,
+            result,
+            full=full,
+        )
+        for frontend, realized in self.state.frontends.items() if affinity_failed else ():
+            error = affinity_failed.get(realized.entry.svc_id)
+            if error is not None and realized.owner is not None:
+                failure = Failure.of(error, self.maps.affinity_match.name)
+                report.failed(realized.name, frontend, realized.owner, failure)
         self.backends.collect(self.maps.backends, result)
         self._note_failures(report, desired, full=full)
         self._update_gauges()
@@ -176,6 +198,36 @@ class Reconciler:
             return
         if report.log_changes:
             report.changed(outcome, old_ids, self.backends)
+
+    def _udp_backends_left(
+        self, outcomes: list[Outcome]
+    ) -> tuple[dict[int, set[AddrPort]], dict[AddrPort, set[AddrPort]]]:
+        """Backends that left UDP frontends (stale.py): by service id for the frontends
+        tc/XDP serve (their conntrack entries), by frontend address for the entries
+        in-node clients use (their connected sockets)."""
+        by_svc: dict[int, set[AddrPort]] = {}
+        by_frontend: dict[AddrPort, set[AddrPort]] = {}
+        entries = self.backends.entries  # before collect(): the leavers are still there
+        for outcome in outcomes:
+            plan, current = outcome.plan, outcome.plan.current
+            frontend = plan.frontend
+            if outcome.failure is not None or current is None or frontend.protocol is not Proto.UDP:
+                continue
+            gone = set(current.backend_ids) - set(outcome.table_ids)
+            addresses = {
+                AddrPort(entries[i].backend.address, entries[i].backend.port)
+                for i in gone
+                if i in entries
+            }
+            if not addresses:
+                continue
+            flags = current.entry.flags
+            if frontend.scope is Scope.EXTERNAL and flags & SvcFlags.EXTERNAL:
+                by_svc[plan.svc_id] = addresses
+            if frontend.scope is Scope.INTERNAL or not flags & SvcFlags.INTERNAL_SCOPE:
+                key = AddrPort(frontend.address, frontend.port)
+                by_frontend.setdefault(key, set()).update(addresses)
+        return by_svc, by_frontend
 
     def _give_up(
         self, outcome: Outcome, planner: Planner, writer: Writer, report: Reporter

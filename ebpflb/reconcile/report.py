@@ -36,6 +36,7 @@ _OPTION_OF_MAP = {
     MapName.SERVICE_META.value: "--max-services",
     MapName.BACKENDS.value: "--max-backends",
     MapName.SLOTS.value: "--slot-pool-size",
+    MapName.AFFINITY_MATCH.value: "--affinity-max",
 }
 
 

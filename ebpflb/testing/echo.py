@@ -5,14 +5,17 @@
     python -m ebpflb.testing.echo udp 10.96.0.53:53 --count 30 [--connected]
     python -m ebpflb.testing.echo udp-burst 192.168.100.1:30053 --count 2000
     python -m ebpflb.testing.echo tcp-hold 192.168.100.1:30080 --pings 20 --interval 0.2
+    python -m ebpflb.testing.echo udp-hold 192.168.100.1:30053 --pings 20 --interval 0.2
 
 A server answers every TCP connection and UDP datagram with "<name> <client ip:port>"
 (UDP: followed by the request's payload), so a client learns which backend served it, the
 backend shows what source it saw, and a reply delivered to the wrong client is detected.
 `tcp`/`udp` print one JSON object per request; `udp-burst` opens one socket (one flow) per
 request, sends them all and prints a summary; `tcp-hold` keeps one connection and reports
-which backend answered each ping. Everything is bounded: servers exit after --lifetime,
-clients use timeouts.
+which backend answered each ping; `udp-hold` does the same over one connected UDP socket
+(one flow), reporting a ping that got no answer by its error and opening a new socket only
+when the kernel aborted the old one, as a resolver would. Everything is bounded: servers
+exit after --lifetime, clients use timeouts.
 """
 
 from __future__ import annotations
@@ -195,6 +198,44 @@ def tcp_hold(
     return {"ok": True, "answers": answers}
 
 
+def udp_hold(
+    target: tuple[str, int], pings: int, interval: float, timeout: float
+) -> dict[str, Any]:
+    """One connected UDP socket, `pings` datagrams `interval` apart: which backend (or
+    which error) answered each. Prints a "connected" line after the first answer."""
+
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(timeout)
+        s.connect(target)
+        return s
+
+    answers: list[str] = []
+    sockets = 1
+    s = connect()
+    try:
+        for i in range(pings + 1):
+            if i:
+                time.sleep(interval)
+            nonce = os.urandom(8).hex()
+            try:
+                s.send(nonce.encode())
+                reply = s.recv(256).decode().split()
+                answers.append(reply[0] if reply[2:] == [nonce] else "MISMATCH")
+            except OSError as exc:
+                answers.append(str(_error(exc)["error"]))
+                # Destroyed under us (aborted, and so disconnected): a new socket.
+                if exc.errno in (errno.ECONNABORTED, errno.EDESTADDRREQ):
+                    s.close()
+                    s = connect()
+                    sockets += 1
+            if i == 0:
+                print(json.dumps({"connected": answers[0]}), flush=True)
+    finally:
+        s.close()
+    return {"ok": True, "answers": answers, "sockets": sockets}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ebpflb.testing.echo")
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -203,14 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--tcp", type=int, action="append", default=[])
     srv.add_argument("--udp", type=int, action="append", default=[])
     srv.add_argument("--lifetime", type=float, default=60.0)
-    for mode in ("tcp", "udp", "udp-burst", "tcp-hold"):
+    for mode in ("tcp", "udp", "udp-burst", "tcp-hold", "udp-hold"):
         cli = sub.add_parser(mode)
         cli.add_argument("target", type=_addr, help="IP:PORT")
         cli.add_argument("--count", type=int, default=1)
         cli.add_argument("--timeout", type=float, default=2.0)
         if mode == "udp":
             cli.add_argument("--connected", action="store_true")
-        if mode == "tcp-hold":
+        if mode in ("tcp-hold", "udp-hold"):
             cli.add_argument("--pings", type=int, default=10)
             cli.add_argument("--interval", type=float, default=0.2)
     args = parser.parse_args(argv)
@@ -220,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "udp-burst":
         print(json.dumps(udp_burst(args.target, args.count, args.timeout)), flush=True)
         return 0
-    if args.mode == "tcp-hold":
-        result = tcp_hold(args.target, args.pings, args.interval, args.timeout)
+    if args.mode in ("tcp-hold", "udp-hold"):
+        hold = tcp_hold if args.mode == "tcp-hold" else udp_hold
+        result = hold(args.target, args.pings, args.interval, args.timeout)
         print(json.dumps(result), flush=True)
         return 0
     for _ in range(args.count):

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
-from scapy.layers.inet import ICMP, IP, TCP
+from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Packet, Raw
@@ -125,6 +125,7 @@ SERVICES = (
         policy=TrafficPolicy.LOCAL,
     ),
     service("no-endpoints", 30085, ()),
+    service("no-endpoints-udp", 30089, (), proto=Proto.UDP),
     service("unrouted", 30087, ((POD_UNROUTED, "node9"),)),
     service("lb", 30086, ((POD_LOCAL, NODE_NAME),), lb_ip=LB_IP, ranges=(f"{CLIENT}/32",)),
     service("dns", 30053, ((POD_LOCAL, NODE_NAME),), proto=Proto.UDP, target=5353),
@@ -188,7 +189,7 @@ class Case:
     program: Program
     packet: Frame | Packet
     verdict: Verdict
-    out: Frame | Out
+    out: Frame | Packet | Out
     counters: Mapping[Counter, int] = field(default_factory=dict)  # the ones that move
     flows: tuple[FlowRow, ...] = ()
     after: tuple[str, ...] = ()  # case names; "xdp: name" picks a program's variant
@@ -446,10 +447,44 @@ CASES: tuple[Case, ...] = (
         ),
     ),
     # ---- refused: dropped, counted, no flow left behind ----
-    *ingress(
-        "a frontend with no backend: dropped",
+    Case(
+        "a service with no endpoint at all: a TCP RST from the frontend (kube-proxy's REJECT)",
+        Program.TC_INGRESS,
         client(40000, (NODE, 30085)),
-        (SHOT, DROP),
+        REDIRECT,
+        Ether(src=MAC["eth0"], dst=MAC[CLIENT])
+        / IP(src=NODE, dst=CLIENT, ttl=64, flags="DF", id=0)
+        / TCP(sport=30085, dport=40000, seq=0, ack=1, flags="RA", window=0),
+        counters={Counter.NP_NO_BACKEND: 1, Counter.NP_REJECT: 1},
+    ),
+    Case(
+        "a service with no endpoint at all: XDP leaves the RST to tc",
+        Program.XDP,
+        client(40000, (NODE, 30085)),
+        PASS,
+        SAME,
+        counters={Counter.NP_NO_BACKEND: 1},
+    ),
+    Case(
+        "a service with no endpoint at all: ICMP port unreachable from the frontend (UDP)",
+        Program.TC_INGRESS,
+        client(40000, (NODE, 30089), proto=Proto.UDP, payload=b"anybody there?"),
+        REDIRECT,
+        Ether(src=MAC["eth0"], dst=MAC[CLIENT])
+        / IP(src=NODE, dst=CLIENT, ttl=64, id=0)
+        / ICMP(type=3, code=3)
+        / Raw(
+            bytes(
+                IP(src=CLIENT, dst=NODE) / UDP(sport=40000, dport=30089) / Raw(b"anybody there?")
+            )[:28]
+        ),
+        counters={Counter.NP_NO_BACKEND: 1, Counter.NP_REJECT: 1},
+    ),
+    Case(
+        "a service with no endpoint at all: a RST is not answered",
+        Program.TC_INGRESS,
+        client(40000, (NODE, 30085), tcp_flags="R"),
+        SHOT,
         UNCHECKED,
         counters={Counter.NP_NO_BACKEND: 1},
     ),

@@ -335,7 +335,7 @@ def run_case(dp: Datapath, case: Case) -> list[str]:
         problems.append(f"verdict: {case.verdict!r} != {run.verdict!r}")
     if case.out is Out.SAME:
         problems += frame_diff(frame, run.data)
-    elif isinstance(case.out, Frame):
+    elif isinstance(case.out, (Frame, Packet)):
         problems += frame_diff(build(case.out, flows.snat_port), run.data)
     moved = {c: after[c.label] - before[c.label] for c in Counter}
     want = {c: case.counters.get(c, 0) for c in Counter}

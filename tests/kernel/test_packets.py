@@ -76,7 +76,8 @@ def _same(frame: Frame) -> Callable[[Flows], list[bytes]]:
 
 
 NO_SERVICE = _same(pc.client(40000, (pc.NODE, 30999)))
-NO_BACKEND = _same(pc.client(40000, (pc.NODE, 30085)))
+# eTP=Local without a local backend: still a drop (30085, no endpoint at all, answers a RST)
+NO_BACKEND = _same(pc.client(40000, (pc.NODE, 30084)))
 LOCAL_ACK = _same(pc.client(40000, (pc.NODE, 30080), tcp_flags="A"))
 REMOTE_ACK = _same(pc.client(40001, (pc.NODE, 30081), tcp_flags="A"))
 REMOTE_REPLY = _same(pc.REMOTE_REPLY)

@@ -39,6 +39,8 @@ def max_entries(maps: FakeMapSet) -> dict[MapName, int]:
         MapName.REPLY_NAT: maps.reply_nat.capacity,
         MapName.SOURCE_RANGES: maps.source_ranges.capacity,
         MapName.IFACE_ADDRS: 64,
+        MapName.AFFINITY: maps.affinity_match.capacity,
+        MapName.AFFINITY_MATCH: maps.affinity_match.capacity,
     }
 
 
@@ -49,6 +51,7 @@ def counted(maps: FakeMapSet) -> dict[MapName, int]:
         MapName.REPLY_NAT: len(maps.reply_nat),
         MapName.REVERSE_SOCK: 17,
         MapName.IFACE_ADDRS: 1,
+        MapName.AFFINITY: 0,
     }
 
 
@@ -95,8 +98,15 @@ def test_an_agent_reports_every_pinned_map() -> None:
     assert "ebpflb_stats" not in levels  # fixed counter indexes: nothing fills up
     # Only the programs' maps are counted in the kernel.
     assert sorted(asked) == sorted(
-        [MapName.CONNTRACK, MapName.REPLY_NAT, MapName.REVERSE_SOCK, MapName.IFACE_ADDRS]
+        [
+            MapName.CONNTRACK,
+            MapName.REPLY_NAT,
+            MapName.REVERSE_SOCK,
+            MapName.IFACE_ADDRS,
+            MapName.AFFINITY,
+        ]
     )
+    assert levels["ebpflb_affmatch4"].entries == len(maps.affinity_match)  # the reconciler's
     assert levels["ebpflb_ct4"] == MapFill("ebpflb_ct4", 1, 8)
     assert levels["ebpflb_ct4"].ratio == 0.125
 
@@ -128,7 +138,7 @@ def test_a_failing_read_leaves_the_scrape_working() -> None:
 def test_pins_alone_count_every_hash_map() -> None:
     _, maps = synced_agent()
     sizes = {MapName.SERVICES: 2, MapName.SERVICE_META: 2, MapName.BACKENDS: 3,
-             MapName.SOURCE_RANGES: 0, **counted(maps)}  # fmt: skip
+             MapName.SOURCE_RANGES: 0, MapName.AFFINITY_MATCH: 0, **counted(maps)}  # fmt: skip
     levels = {lv.map: lv for lv in pins_fill(max_entries(maps), sizes.__getitem__, 509)}
     assert levels["ebpflb_slots"] == MapFill("ebpflb_slots", 509, 4096)
     assert levels["ebpflb_be4"].entries == 3

@@ -454,7 +454,7 @@ def test_slice_limits_and_required_fields() -> None:
 
 def test_unread_fields_are_not_checked() -> None:
     """Extra and unknown fields are the API server's business (it prunes them), not ours."""
-    obj = service(selector=[1, 2], sessionAffinity=7)
+    obj = service(selector=[1, 2], allocateLoadBalancerNodePorts=7)
     obj["spec"]["ports"][0]["appProtocol"] = {"x": 1}
     obj["extra"] = {"deep": [[[[{}]]]]}
     assert translate_service(obj).ports

@@ -1,0 +1,167 @@
+/* kube-proxy's REJECT for external traffic to a service with no endpoint at all: a TCP
+ * segment is answered with a RST from the frontend, a UDP datagram with an ICMP port
+ * unreachable, so the client fails at once instead of retrying until it times out. Built
+ * from the tc ingress skb (resized, addresses swapped) and sent back out of the interface
+ * it came in on. */
+#ifndef EBPFLB_REJECT_H
+#define EBPFLB_REJECT_H
+
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/tcp.h>
+#include <uapi/linux/icmp.h>
+#include <uapi/linux/pkt_cls.h>
+#include "pkt.h"
+#include "stats.h"
+
+/* The pseudo-header the TCP checksum covers (RFC 793). */
+struct pseudo4 {
+	__be32 saddr;
+	__be32 daddr;
+	__u8 zero;
+	__u8 proto;
+	__be16 len;
+};
+
+static __always_inline __u16 csum_fold32(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+/* Answer a TCP segment with a RST (RFC 793 "Reset Generation": with the segment's ACK
+ * number as sequence when it has one, else sequence 0 and an ACK of what it carried).
+ * TC_ACT_REDIRECT on success, TC_ACT_SHOT when the segment cannot be answered (a RST
+ * itself, IP options, a failed helper). */
+static __always_inline int tc_reject4_tcp(struct __sk_buff *skb, const struct pkt4 *pkt)
+{
+	const __u32 len = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr);
+	struct pseudo4 pseudo = {};
+	__u8 mac[ETH_ALEN];
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	struct tcphdr *tcp;
+	__be32 seq, ack_seq;
+	__u32 payload;
+	__u16 flags;
+	__s64 sum;
+	void *data, *data_end;
+
+	if (pkt->tcp_flags & TCP_FLAG_RST || pkt->l4_off != sizeof(*eth) + sizeof(*ip))
+		return TC_ACT_SHOT;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip = data + sizeof(*eth);
+	tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > data_end)
+		return TC_ACT_SHOT;
+	payload = bpf_ntohs(ip->tot_len) - sizeof(*ip) - tcp->doff * 4;
+	if (tcp->ack) {
+		seq = tcp->ack_seq;
+		ack_seq = 0;
+		flags = TCP_FLAG_RST;
+	} else {
+		seq = 0;
+		ack_seq = bpf_htonl(bpf_ntohl(tcp->seq) + payload + tcp->syn + tcp->fin);
+		flags = TCP_FLAG_RST | TCP_FLAG_ACK;
+	}
+	if (bpf_skb_change_tail(skb, len, 0) < 0)
+		return TC_ACT_SHOT;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	ip = data + sizeof(*eth);
+	tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > data_end)
+		return TC_ACT_SHOT;
+
+	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(sizeof(*ip) + sizeof(*tcp));
+	ip->id = 0;
+	ip->frag_off = bpf_htons(0x4000); /* DF */
+	ip->ttl = 64;
+	pseudo.saddr = pkt->flow.daddr; /* the frontend answers */
+	pseudo.daddr = pkt->flow.saddr;
+	ip->saddr = pseudo.saddr;
+	ip->daddr = pseudo.daddr;
+	ip->check = 0;
+	ip->check = csum_fold32(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0));
+
+	tcp->source = pkt->flow.dport;
+	tcp->dest = pkt->flow.sport;
+	tcp->seq = seq;
+	tcp->ack_seq = ack_seq;
+	((__u8 *)tcp)[12] = 5 << 4; /* data offset: 5 words, no options */
+	((__u8 *)tcp)[TCP_FLAGS_OFF] = (__u8)flags;
+	tcp->window = 0;
+	tcp->urg_ptr = 0;
+	tcp->check = 0;
+	pseudo.proto = IPPROTO_TCP;
+	pseudo.len = bpf_htons(sizeof(*tcp));
+	sum = bpf_csum_diff(0, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
+	sum = bpf_csum_diff(0, 0, (__be32 *)tcp, sizeof(*tcp), (__wsum)sum);
+	tcp->check = csum_fold32(sum);
+	stat_inc(STAT_NP_REJECT);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* An ICMP destination unreachable as built here: the offending datagram's IP header and
+ * first 8 bytes (RFC 792), all of the reply but its Ethernet header checksummed in place. */
+struct icmp4_unreach {
+	struct ethhdr eth;
+	struct iphdr ip;
+	__u8 type;
+	__u8 code;
+	__sum16 check;
+	__be32 unused;
+	struct iphdr inner;
+	__u8 inner_l4[8];
+} __attribute__((packed));
+
+/* Answer a UDP datagram with ICMP port unreachable from the frontend's address.
+ * TC_ACT_REDIRECT on success, TC_ACT_SHOT when it cannot be answered (IP options, a
+ * failed helper). */
+static __always_inline int tc_reject4_udp(struct __sk_buff *skb, const struct pkt4 *pkt)
+{
+	struct icmp4_unreach reply = {};
+	__s64 sum;
+
+	if (pkt->l4_off != sizeof(struct ethhdr) + sizeof(struct iphdr))
+		return TC_ACT_SHOT;
+	if (bpf_skb_load_bytes(skb, 0, &reply.eth, sizeof(reply.eth)) < 0 ||
+	    bpf_skb_load_bytes(skb, pkt->l3_off, &reply.inner, sizeof(reply.inner)) < 0 ||
+	    bpf_skb_load_bytes(skb, pkt->l4_off, reply.inner_l4, sizeof(reply.inner_l4)) < 0)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(reply.eth.h_dest, reply.eth.h_source, ETH_ALEN);
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_dest), reply.eth.h_source,
+			       ETH_ALEN) < 0)
+		return TC_ACT_SHOT;
+	reply.ip.version = 4;
+	reply.ip.ihl = 5;
+	reply.ip.tot_len = bpf_htons(sizeof(reply) - sizeof(reply.eth));
+	reply.ip.ttl = 64;
+	reply.ip.protocol = IPPROTO_ICMP;
+	reply.ip.saddr = pkt->flow.daddr; /* the frontend answers */
+	reply.ip.daddr = pkt->flow.saddr;
+	reply.ip.check = csum_fold32(bpf_csum_diff(0, 0, (__be32 *)&reply.ip, sizeof(reply.ip), 0));
+	reply.type = ICMP_DEST_UNREACH;
+	reply.code = ICMP_PORT_UNREACH;
+	sum = bpf_csum_diff(0, 0, (__be32 *)&reply.type,
+			    sizeof(reply) - offsetof(struct icmp4_unreach, type), 0);
+	reply.check = csum_fold32(sum);
+	if (bpf_skb_change_tail(skb, sizeof(reply), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, &reply, sizeof(reply), 0) < 0)
+		return TC_ACT_SHOT;
+	stat_inc(STAT_NP_REJECT);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+#endif /* EBPFLB_REJECT_H */
