@@ -62,8 +62,8 @@ class Config:
     affinity_max: int = 65536  # session-affinity clients, and affinity backend pairs
     # Source ports of masqueraded NodePort flows. Unless given (snat_port_auto False), the
     # agent places them above the node's ephemeral ports: see place_snat_ports.
-    snat_port_min: int = 61000
-    snat_port_max: int = 65535
+    snat_port_min: int = 1024
+    snat_port_max: int = 29999
     snat_port_auto: bool = True
     ct_tcp_timeout: int = 21600
     ct_tcp_syn_timeout: int = 60
@@ -222,6 +222,8 @@ def parse_bind_address(address: str, flag: str) -> tuple[str, int]:
 
 
 MIN_SNAT_PORTS = 1024  # fewer would exhaust under an ordinary burst of flows to one backend
+# Kubernetes' default --service-node-port-range: replies from backends never come to these.
+NODEPORT_RANGE = (30000, 32767)
 
 
 def place_snat_ports(config: Config, ephemeral: tuple[int, int]) -> Config:
@@ -230,18 +232,26 @@ def place_snat_ports(config: Config, ephemeral: tuple[int, int]) -> Config:
 
     A reply to a host connection whose port lies in the SNAT range would be taken for the
     reply of a masqueraded flow that once used that port towards the same backend, and
-    translated away from the socket waiting for it. Not given: the ports above the
-    ephemeral range. Given and overlapping: refused, naming both ranges.
+    translated away from the socket waiting for it. Not given: the larger of the gaps
+    below and above the ephemeral range, outside the default NodePort range (with Linux's
+    32768-60999: 1024-29999, 28,976 ports per node address and backend). Given and
+    overlapping: refused, naming both ranges.
     """
     low, high = ephemeral
     if config.snat_port_auto:
-        if 65535 - high < MIN_SNAT_PORTS:
+        gaps = [
+            (1024, min(low, NODEPORT_RANGE[0]) - 1),
+            (max(high, NODEPORT_RANGE[1]) + 1, 65535),
+        ]
+        first, last = max(gaps, key=lambda gap: gap[1] - gap[0])
+        if last - first + 1 < MIN_SNAT_PORTS:
             raise ConfigError(
-                f"net.ipv4.ip_local_port_range {low}-{high} leaves {65535 - high} ports above"
-                f" it for SNAT (at least {MIN_SNAT_PORTS} needed): narrow the ephemeral range"
-                " or give --snat-port-range outside it"
+                f"net.ipv4.ip_local_port_range {low}-{high} leaves fewer than"
+                f" {MIN_SNAT_PORTS} ports outside it (and outside NodePorts"
+                f" {NODEPORT_RANGE[0]}-{NODEPORT_RANGE[1]}) for SNAT: narrow the ephemeral"
+                " range or give --snat-port-range outside it"
             )
-        return dataclasses.replace(config, snat_port_min=high + 1, snat_port_max=65535)
+        return dataclasses.replace(config, snat_port_min=first, snat_port_max=last)
     if config.snat_port_min <= high and low <= config.snat_port_max:
         raise ConfigError(
             f"snat-port-range {config.snat_port_min}-{config.snat_port_max} overlaps the"

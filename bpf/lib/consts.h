@@ -70,13 +70,14 @@
 /* Interfaces the tc/xdp programs are attached to (ebpflb_ifaddr4). */
 #define EBPFLB_MAX_IFACES 64
 
-/* SNAT source ports, host order, inclusive: by default above Linux's ephemeral ports
- * (net.ipv4.ip_local_port_range 32768-60999); the agent places them (config.py). */
+/* SNAT source ports, host order, inclusive: by default outside Linux's ephemeral ports
+ * (net.ipv4.ip_local_port_range 32768-60999) and the NodePort range; the agent places
+ * them from the node's actual range (config.py, place_snat_ports). */
 #ifndef EBPFLB_SNAT_PORT_MIN
-#define EBPFLB_SNAT_PORT_MIN 61000
+#define EBPFLB_SNAT_PORT_MIN 1024
 #endif
 #ifndef EBPFLB_SNAT_PORT_MAX
-#define EBPFLB_SNAT_PORT_MAX 65535
+#define EBPFLB_SNAT_PORT_MAX 29999
 #endif
 /* Ports tried per new SNATed flow before counting STAT_SNAT_EXHAUSTED (unrolled: each
  * try costs instructions in the verifier's budget). */

@@ -11,15 +11,24 @@ from ebpflb.config import Config, place_snat_ports
 from ebpflb.errors import ConfigError
 
 
-def test_unset_range_goes_above_the_ephemeral_ports() -> None:
-    placed = place_snat_ports(Config(), (32768, 60999))
-    assert (placed.snat_port_min, placed.snat_port_max) == (61000, 65535)
-    placed = place_snat_ports(Config(), (1024, 50000))
-    assert (placed.snat_port_min, placed.snat_port_max) == (50001, 65535)
+@pytest.mark.parametrize(
+    ("ephemeral", "placed"),
+    [
+        ((32768, 60999), (1024, 29999)),  # Linux's default: the larger gap is below
+        ((1024, 50000), (50001, 65535)),
+        ((40000, 65535), (1024, 29999)),
+        ((20000, 40000), (40001, 65535)),
+    ],
+)
+def test_unset_range_takes_the_larger_gap_outside_ephemeral_and_nodeports(
+    ephemeral: tuple[int, int], placed: tuple[int, int]
+) -> None:
+    config = place_snat_ports(Config(), ephemeral)
+    assert (config.snat_port_min, config.snat_port_max) == placed
 
 
-def test_unset_range_with_no_room_above_names_the_sysctl() -> None:
-    with pytest.raises(ConfigError, match=r"ip_local_port_range 1024-65000 leaves 535 ports"):
+def test_unset_range_with_no_room_names_the_sysctl() -> None:
+    with pytest.raises(ConfigError, match=r"ip_local_port_range 1024-65000 leaves fewer than"):
         place_snat_ports(Config(), (1024, 65000))
 
 
