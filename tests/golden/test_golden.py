@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, ip_network
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from ebpflb.datapath import dump
 from ebpflb.datapath.fake import FakeMapSet
-from ebpflb.desired import DesiredFrontend, NodeView, frontends_for_service
+from ebpflb.desired import DesiredFrontend, ExternalIPPolicy, NodeView, frontends_for_service
 from ebpflb.errors import InvalidObjectError
 from ebpflb.metrics import Metrics
 from ebpflb.model import Frontend, NamespacedName
@@ -55,7 +55,10 @@ def format_txtar(comment: str, files: dict[str, str]) -> str:
 def run_case(files: dict[str, str], tmp_path: Path) -> dict[str, Any]:
     node_doc = yaml.safe_load(files.get("node.yaml", "")) or {}
     node = NodeView(
-        node_doc.get("name", ""), tuple(IPv4Address(a) for a in node_doc.get("addresses", ()))
+        node_doc.get("name", ""),
+        tuple(IPv4Address(a) for a in node_doc.get("addresses", ())),
+        # --external-ip-cidrs: none unless the case allows some (CVE-2020-8554).
+        ExternalIPPolicy(tuple(ip_network(c) for c in node_doc.get("externalIPCIDRs", ()))),
     )
     path = tmp_path / "manifests.yaml"
     path.write_text(files["manifests.yaml"])
