@@ -74,10 +74,10 @@ def nodeport_client(topo: BenchTopology, mode: Mode, n: int) -> tuple[Client, in
 
 
 @contextlib.contextmanager
-def _network() -> Iterator[BenchTopology]:
+def _network(settings: CompareSettings) -> Iterator[BenchTopology]:
     """A fresh topology with the backend server running: every mode starts from nothing,
     on a quiet machine."""
-    wait_until_quiet()
+    wait_until_quiet(timeout=settings.quiet_timeout)
     topo = BenchTopology.create()
     try:
         with loadgen.start_server(
@@ -92,7 +92,8 @@ def _data_plane(
     topo: BenchTopology, modes: Sequence[Mode], n: int, settings: CompareSettings
 ) -> dict[Mode, DataPlane]:
     clients = {mode: cluster_client(topo, mode) for mode in modes}
-    wait_until_quiet()  # after programming: e.g. rules replaced by a partial sync being freed
+    # After programming: e.g. rules replaced by a partial sync being freed.
+    wait_until_quiet(timeout=settings.quiet_timeout)
     latency = measure_latency(
         clients, n, rounds=settings.rounds, batch=settings.batch, flush=topo.flush_conntrack
     )
@@ -121,7 +122,7 @@ def kube_proxy_phase(
 ) -> ModeResult:
     n = len(services)
     started = time.perf_counter()
-    with _network() as topo:
+    with _network(settings) as topo:
         control = program_kube_proxy(topo, mode, services, settings)
         data = _data_plane(topo, [mode], n, settings)[mode]
         nodeport = _nodeport(topo, mode, n, settings)
@@ -140,7 +141,7 @@ def ebpflb_phase(
     n = len(services)
     started = time.perf_counter()
     results: list[ModeResult] = []
-    with _network() as topo:
+    with _network(settings) as topo:
         none_nodeport = _nodeport(topo, Mode.NONE, n, settings)
         if not with_ebpflb:
             none = _data_plane(topo, [Mode.NONE], n, settings)[Mode.NONE]

@@ -63,6 +63,9 @@ class CompareSettings:
     # Services with session affinity and Local traffic policies (scenario.Mix); none by
     # default, so the published figures keep measuring the same services.
     mix: tuple[scenario.Mix, ...] = ()
+    # Longest wait for the machine to go idle before each phase (a deleted namespace's rules
+    # are freed in the background); a test on a busy machine measures nothing and waits less.
+    quiet_timeout: float = 120.0
 
     def validate(self) -> None:
         for mode in self.modes:

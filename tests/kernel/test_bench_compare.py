@@ -21,7 +21,13 @@ N = 30
 
 def test_every_mode_measured_with_real_traffic() -> None:
     settings = CompareSettings(
-        services=(N,), rounds=1, batch=30, rate_seconds=0.3, rate_repeats=1, changes=1
+        services=(N,),
+        rounds=1,
+        batch=30,
+        rate_seconds=0.3,
+        rate_repeats=1,
+        changes=1,
+        quiet_timeout=5,
     )
     report = run_compare(settings, progress=lambda _line: None)
     (size,) = report.sizes
