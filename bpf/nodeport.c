@@ -33,6 +33,8 @@ int ebpflb_np_in(struct __sk_buff *skb)
 	case NP_DROP:
 		return TC_ACT_SHOT;
 	case NP_REJECT:
+		stat_inc(STAT_NP_NO_BACKEND);
+		svc_stats_refused(out.svc_id);
 		if (pkt.flow.proto == IPPROTO_TCP)
 			return tc_reject4_tcp(skb, &pkt);
 		return tc_reject4_udp(skb, &pkt);

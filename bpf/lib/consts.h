@@ -61,7 +61,7 @@
 
 /* ClientIP session affinity: client entries (ebpflb_aff4, LRU: the coldest client's
  * entry goes first when full, costing it its affinity, never a connection), and
- * (service id, backend id) pairs that may be chosen by affinity (ebpflb_affmatch4).
+ * (service id, backend id) pairs that may be chosen by affinity (ebpflb_affpair4).
  * Cilium's affinity map default. */
 #ifndef EBPFLB_AFFINITY_MAX
 #define EBPFLB_AFFINITY_MAX 65536
@@ -133,7 +133,7 @@
  * holds the local backends while traffic from inside the cluster may reach all of them. */
 #define SVC_F_INTERNAL_SCOPE (1 << 8)
 /* sessionAffinity=ClientIP: a client's new connections reuse its last backend while
- * ebpflb_affmatch4[(svc_id, backend)] exists and its timeout has not passed. */
+ * ebpflb_affpair4[(svc_id, backend)] exists and its timeout has not passed. */
 #define SVC_F_AFFINITY      (1 << 9)
 /* No usable endpoint in the whole service: external traffic is answered with a TCP RST or
  * an ICMP port unreachable (kube-proxy's REJECT) instead of dropped. Not set when externalTrafficPolicy=Local has

@@ -67,7 +67,7 @@ miss:
 }
 
 /* The client's affinity backend if it still holds: the entry exists, its backend is still
- * one of the frontend's (ebpflb_affmatch4, which also gives the timeout) and the timeout
+ * one of the frontend's (ebpflb_affpair4, which also gives the timeout) and the timeout
  * has not passed since the client's last new connection. */
 static __always_inline struct lb4_backend *lb4_affinity_backend(const struct aff4_key *key,
 								__u64 now,
@@ -83,7 +83,7 @@ static __always_inline struct lb4_backend *lb4_affinity_backend(const struct aff
 		return NULL;
 	match.svc_id = key->svc_id;
 	match.backend_id = aff->backend_id;
-	timeout = ebpflb_affmatch4.lookup(&match);
+	timeout = ebpflb_affpair4.lookup(&match);
 	if (!timeout || now - aff->last_used > (__u64)*timeout * EBPFLB_NSEC_PER_SEC)
 		return NULL;
 	backend = ebpflb_be4.lookup(&match.backend_id);

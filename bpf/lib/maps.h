@@ -47,8 +47,8 @@ BPF_TABLE_PINNED("lru_hash", struct aff4_key, struct aff4_val, ebpflb_aff4,
 
 /* (service id, backend id) -> affinity timeout in seconds, written by the control plane
  * for the backends of every frontend with session affinity. */
-BPF_TABLE_PINNED("hash", struct aff4_match_key, __u32, ebpflb_affmatch4,
-		 EBPFLB_AFFINITY_MAX, EBPFLB_PIN_DIR "/ebpflb_affmatch4");
+BPF_TABLE_PINNED("hash", struct aff4_match_key, __u32, ebpflb_affpair4,
+		 EBPFLB_AFFINITY_MAX, EBPFLB_PIN_DIR "/ebpflb_affpair4");
 
 /* ifindex -> the node address on it: the SNAT source for flows arriving there. */
 BPF_TABLE_PINNED("hash", __u32, __be32, ebpflb_ifaddr4,

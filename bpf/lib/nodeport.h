@@ -64,9 +64,13 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 
 	backend = lb4_pick_backend(svc, hash, flow->saddr, 0, &ct->backend_id);
 	if (!backend) {
+		/* A rejected packet is counted where the answer is built (tc): XDP passes it
+		 * there, and counting here would count it in both. */
+		if (svc->flags & SVC_F_REJECT)
+			return NP_REJECT;
 		stat_inc(STAT_NP_NO_BACKEND);
 		svc_stats_refused(svc->svc_id);
-		return (svc->flags & SVC_F_REJECT) ? NP_REJECT : NP_DROP;
+		return NP_DROP;
 	}
 	ct->backend_addr = backend->addr;
 	ct->backend_port = backend->port;
@@ -162,6 +166,7 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 		stat_inc(STAT_NP_FWD);
 	} else {
 		verdict = np4_new_flow(pkt, svc, ifindex, now, &new_ct);
+		out->svc_id = svc->svc_id; /* NP_REJECT: the tc hook counts the refusal */
 		if (verdict != NP_XLATE)
 			return verdict;
 		ct = &new_ct;

@@ -136,7 +136,7 @@ struct aff4_val {
 	__u32 pad;        /* zero */
 };
 
-/* Key of ebpflb_affmatch4: present while the backend is one of the frontend's backends,
+/* Key of ebpflb_affpair4: present while the backend is one of the frontend's backends,
  * its value the frontend's affinity timeout in seconds. An affinity entry naming a backend
  * that left (or a frontend whose affinity was switched off) is then ignored at once. */
 struct aff4_match_key {

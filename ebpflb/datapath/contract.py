@@ -405,7 +405,7 @@ class MapName(enum.StrEnum):
     IFACE_ADDRS = "ebpflb_ifaddr4"
     SERVICE_STATS = "ebpflb_svcstats"
     AFFINITY = "ebpflb_aff4"
-    AFFINITY_MATCH = "ebpflb_affmatch4"
+    AFFINITY_MATCH = "ebpflb_affpair4"
 
 
 class MapType(enum.IntEnum):

@@ -78,7 +78,7 @@ class SourceRange:
 
 @dataclass(frozen=True, slots=True, order=True)
 class AffinityMatch:
-    """Key of ebpflb_affmatch4: a backend a frontend with session affinity may be sent to
+    """Key of ebpflb_affpair4: a backend a frontend with session affinity may be sent to
     by a client's affinity entry; the value is the frontend's timeout in seconds."""
 
     svc_id: int

@@ -1,4 +1,4 @@
-"""ebpflb_affmatch4 kept equal to what the realized frontends with session affinity need:
+"""ebpflb_affpair4 kept equal to what the realized frontends with session affinity need:
 one (service id, backend id) -> timeout entry per backend of each such frontend's table.
 
 The datapath honours a client's affinity entry only while that pair exists (bpf/lib/lb.h
@@ -27,7 +27,7 @@ Pairs = dict[int, int]
 
 
 def expected(realized: Realized) -> Pairs:
-    """What one realized frontend needs in ebpflb_affmatch4."""
+    """What one realized frontend needs in ebpflb_affpair4."""
     want = realized.desired
     if want is None or not want.affinity_timeout or not realized.entry.flags & SvcFlags.AFFINITY:
         return {}
@@ -40,7 +40,7 @@ class AffinityMatches:
 
     @property
     def entries(self) -> int | None:
-        """Pairs written to ebpflb_affmatch4 (None before the first sync read them)."""
+        """Pairs written to ebpflb_affpair4 (None before the first sync read them)."""
         return None if self._written is None else sum(map(len, self._written.values()))
 
     def sync(

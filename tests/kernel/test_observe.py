@@ -90,6 +90,7 @@ def test_status_metrics_and_health_over_http(
     assert status["ready"] is True
     phases = status["phases"]
     assert set(phases) == {
+        "pin_dir_locked",
         "socket_lb_compiled",
         "attached",
         "services_listed",

@@ -48,7 +48,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SemanticsEnv]:
 
 
 def wait_matches(env: SemanticsEnv, want: Callable[[dict[int, int]], bool], what: str) -> None:
-    """Until node1's ebpflb_affmatch4 (backend id -> timeout) satisfies `want`."""
+    """Until node1's ebpflb_affpair4 (backend id -> timeout) satisfies `want`."""
     with KernelMapSet(env.nodes["node1"].bpffs) as maps:
         wait_until(
             lambda: want({key.backend_id: t for key, t in maps.affinity_match.items()}), what

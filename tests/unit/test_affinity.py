@@ -1,4 +1,4 @@
-"""sessionAffinity=ClientIP: translation, desired frontends and ebpflb_affmatch4."""
+"""sessionAffinity=ClientIP: translation, desired frontends and ebpflb_affpair4."""
 
 from __future__ import annotations
 
@@ -139,5 +139,5 @@ def test_a_full_match_map_is_reported_and_other_frontends_still_apply() -> None:
     assert len(maps.affinity_match.data) == 1
     assert result.added == 1  # the frontend itself is programmed (its affinity half-kept)
     (error,) = result.errors
-    assert "default/web:http 10.96.0.10:80/TCP" in error and "ebpflb_affmatch4" in error
+    assert "default/web:http 10.96.0.10:80/TCP" in error and "ebpflb_affpair4" in error
     assert "--affinity-max" in error

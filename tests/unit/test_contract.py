@@ -258,3 +258,10 @@ def test_the_parser_reads_what_the_headers_use() -> None:
         ("c", 8, 6),
     ]
     assert struct_size(structs["s"]) == 16
+
+
+@pytest.mark.parametrize("name", list(contract.MapName), ids=str)
+def test_map_names_fit_the_kernels_object_name(name: contract.MapName) -> None:
+    # BPF_OBJ_NAME_LEN is 16 with the NUL: a longer name is cut in the kernel's map info,
+    # and then no longer matches its pin (the program cache compares the two).
+    assert len(name.value) <= 15, name.value

@@ -106,7 +106,7 @@ def test_an_agent_reports_every_pinned_map() -> None:
             MapName.AFFINITY,
         ]
     )
-    assert levels["ebpflb_affmatch4"].entries == len(maps.affinity_match)  # the reconciler's
+    assert levels["ebpflb_affpair4"].entries == len(maps.affinity_match)  # the reconciler's
     assert levels["ebpflb_ct4"] == MapFill("ebpflb_ct4", 1, 8)
     assert levels["ebpflb_ct4"].ratio == 0.125
 
