@@ -407,3 +407,17 @@ def test_columns_come_from_the_runs_output(tmp_path: Path) -> None:
     columns = features.load_columns(tmp_path)
     assert [c.label for c in columns] == ["5.10", "6.1"]
     assert len(columns[0].cases) == 4 and columns[0].report is None
+
+
+def test_the_guest_gets_the_hosts_pip_configuration(tmp_path: Path) -> None:
+    (tmp_path / ".config" / "pip").mkdir(parents=True)
+    (tmp_path / ".config" / "pip" / "pip.conf").write_text("[global]\nfind-links = /opt/w\n")
+    environ = {"PIP_FIND_LINKS": "/opt/wheels", "HOME": str(tmp_path), "OTHER": "x"}
+    assert plan.pip_settings(environ, tmp_path) == {
+        "PIP_FIND_LINKS": "/opt/wheels",
+        "PIP_CONFIG_FILE": str(tmp_path / ".config" / "pip" / "pip.conf"),
+    }
+    assert plan.pip_settings({"PIP_CONFIG_FILE": "/etc/x"}, tmp_path) == {
+        "PIP_CONFIG_FILE": "/etc/x"
+    }
+    assert plan.pip_settings({}, tmp_path / "nobody") == {}

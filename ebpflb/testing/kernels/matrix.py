@@ -23,9 +23,10 @@ from ebpflb.testing.kernels import debian, junit, plan, vm
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_OUT = REPO / ".ci" / "out" / "kernels"
-# A hard limit per VM. The whole suite takes ~40 CPU-minutes per kernel under emulation
-# (52-60 minutes of wall time on a loaded 2-core host); a stalled guest is killed here, early
-# enough for .ci/run (make test first) to end within CI's 90 minutes.
+# A hard limit per VM. The whole suite (153 tests) takes 23-27 CPU-minutes per kernel under
+# emulation, 36-40 minutes of wall time with both kernels at once on a loaded 2-core host
+# (with the program cache: one BCC compile per program per boot); a stalled guest is killed
+# here, early enough for .ci/run (make test first) to end within CI's 90 minutes.
 DEFAULT_VM_TIMEOUT = 75 * 60
 # The agent's own kernel feature probe; its report (features.json) feeds the README table.
 FEATURE_PROBE = ("ebpflb.datapath.probes", "--json")
