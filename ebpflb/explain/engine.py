@@ -256,8 +256,7 @@ def table(work: Work) -> Explanation | None:
             why += ", endpoints on other nodes only (as kube-proxy: dropped, not rejected)"
         return work.done(Verdict.DROPPED, f"{why}: the packet is dropped (np_no_backend)")
     answer = (
-        "a TCP RST from the frontend (a RST segment, or one with IP options, is dropped"
-        " instead)"
+        "a TCP RST from the frontend (a RST segment, or one with IP options, is dropped instead)"
         if q.protocol is Proto.TCP
         else "an ICMP port unreachable from the frontend (packets with IP options are"
         " dropped instead)"
