@@ -291,7 +291,8 @@ def affinity(work: Work) -> Explanation | None:
     timeout = next(iter(timeouts.values()), None)
     table = work.affinity_table
     if table is None:
-        work.affinity = Affinity(keyed_by, None if client is None else str(client), timeout, "?")
+        shown = None if client is None else str(AffinityKey(client, entry.svc_id))
+        work.affinity = Affinity(keyed_by, shown, timeout, "not read")
         work.note("affinity", "ebpflb_aff4 not read: the client's entry may decide")
         return None
     if client is None:
@@ -344,7 +345,8 @@ def affinity(work: Work) -> Explanation | None:
     work.selection = Selection(f"affinity entry of {key}", True, hash_value, from_affinity=True)
     work.note(
         "affinity",
-        f"entry of {key}: {view.backend}, used {view.age_s:.0f} s ago (timeout {timeout} s),"
+        f"entry of {key}: {view.backend}, used {view.age_s:.0f} s ago"
+        f" (timeout {timeouts[value.backend_id]} s),"
         " still the frontend's: followed (affinity_hit), its time becomes now",
     )
     return None

@@ -172,7 +172,8 @@ class Affinity:
     client: str | None  # None: the client's netns cookie is not known
     timeout_s: int | None  # the frontend's timeout (from ebpflb_affmatch4)
     # "hit": its entry decides; "miss": no usable entry, the Maglev choice is remembered;
-    # "unknown": the client is not known (entries lists every client of the frontend).
+    # "unknown": the client is not known (entries lists every client of the frontend);
+    # "not read": ebpflb_aff4 was not given to explain().
     outcome: str
     entries: list[AffinityClient] = field(default_factory=list)
 
