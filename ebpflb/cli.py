@@ -323,6 +323,13 @@ def _add_explain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "--socket-cookie", type=int, metavar="N", help="with --sendmsg: the socket's cookie"
     )
     explain.add_argument(
+        "--netns-cookie",
+        type=int,
+        metavar="N",
+        help="socket-LB: the client's network namespace cookie (SO_NETNS_COOKIE), which keys"
+        " its session affinity",
+    )
+    explain.add_argument(
         "--hash-seed",
         default=DEFAULTS.hash_seed,
         help="the agent's --hash-seed (the NodePort flow hash derives from it)",
@@ -443,6 +450,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from ebpflb.datapath.kernel import KernelMapSet
     from ebpflb.explain import explain
+    from ebpflb.explain.affinity import PinnedAffinity
     from ebpflb.explain.engine import Settings
     from ebpflb.explain.model import parse_query
     from ebpflb.explain.render import render_text
@@ -454,11 +462,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         ingress=args.ingress,
         sendmsg=args.sendmsg,
         socket_cookie=args.socket_cookie,
+        netns_cookie=args.netns_cookie,
     )
     seed = Config(hash_seed=args.hash_seed).flow_hash_seed
     settings = Settings(seed, args.snat_port_range, socket.if_nametoindex)
-    with KernelMapSet(args.bpffs) as maps:
-        result = explain(maps, query, settings)
+    with KernelMapSet(args.bpffs) as maps, PinnedAffinity(args.bpffs) as affinity:
+        result = explain(maps, query, settings, affinity)
     print(json.dumps(result.to_json(), indent=2) if args.json else render_text(result))
     return 0
 

@@ -4,8 +4,9 @@ computed from the maps (read only).
 Each step function mirrors one decision of bpf/sock_lb.c (`Path.SOCKET`) or
 bpf/lib/nodeport.h (`Path.OUTSIDE`), in the order the C code takes them, and either
 records what it found and returns None (go on) or returns the final Explanation. A new
-datapath step (session affinity, say) is one more function in SOCKET_STEPS/OUTSIDE_STEPS
-at the place the C code has it.
+datapath step is one more function in SOCKET_STEPS/OUTSIDE_STEPS at the place the C code
+has it. Over 400 lines: the two paths share most steps, and splitting them across modules
+would hide the C order this file exists to show.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from ipaddress import IPv4Address
 
 from ebpflb.datapath.contract import CtFlags, NatFlags
 from ebpflb.datapath.maps import AddrPort, BackendEntry, Flow, MapSet, ServiceEntry
+from ebpflb.explain.affinity import AffinityEntry, AffinityKey, AffinityTable
 from ebpflb.explain.flowhash import flow4_hash, mix64
 from ebpflb.explain.model import (
+    Affinity,
+    AffinityClient,
     Candidate,
     Explanation,
     MatchedFrontend,
@@ -33,6 +37,8 @@ from ebpflb.explain.model import (
 from ebpflb.model import BackendFlags, Frontend, Proto, Scope, SvcFlags
 
 TYPE_FLAGS = SvcFlags.CLUSTER_IP | SvcFlags.EXTERNAL
+MASK64 = (1 << 64) - 1
+NSEC_PER_SEC = 1_000_000_000  # EBPFLB_NSEC_PER_SEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,14 @@ class Work:
     selection: Selection | None = None
     backend: Candidate | None = None
     nat: Nat | None = None
+    affinity_table: AffinityTable | None = None  # ebpflb_aff4; None: not read
+    affinity: Affinity | None = None
+
+    @property
+    def now_ns(self) -> int:
+        """CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns()."""
+        now = self.settings.now_ns
+        return now if now is not None else time.monotonic_ns()
 
     def note(self, name: str, outcome: str) -> None:
         self.steps.append(Step(name, outcome))
@@ -80,6 +94,7 @@ class Work:
             self.candidates,
             self.nat,
             counters,
+            self.affinity,
         )
 
     @property
@@ -98,14 +113,44 @@ StepFn = Callable[[Work], Explanation | None]
 
 
 def lookup_frontend(work: Work) -> Explanation | None:
-    """lb4_lookup_service(): the frontend entry for (address, port, protocol, scope)."""
+    """lb4_lookup_service(..., LB_SCOPE_EXTERNAL): the entry every hook looks up first."""
     q = work.query
     frontend = Frontend(q.address, q.port, q.protocol, Scope.EXTERNAL)
     entry = work.maps.services.get(frontend)
     if entry is None:
-        work.note("frontend", f"{frontend} is not in ebpflb_svc4")
+        work.note("frontend", f"{frontend} is not in ebpflb_svc4" + not_a_frontend(work))
         verb = "connect()/sendmsg() proceeds" if q.path is Path.SOCKET else "the packet passes"
         return work.done(Verdict.NOT_TRANSLATED, f"not a frontend: {verb} untranslated")
+    use_entry(work, frontend, entry)
+    return None
+
+
+def not_a_frontend(work: Work) -> str:
+    """Why an address a client uses may have no entry: --nodeport-addresses left this node
+    address out, or a LoadBalancer ingress IP in ipMode Proxy (never programmed)."""
+    q = work.query
+    nodeports, known = set(), False
+    for frontend, entry in work.maps.services.items():
+        known = known or frontend.address == q.address
+        if (frontend.port, frontend.protocol) == (q.port, q.protocol) and (
+            entry.flags & SvcFlags.NODE_PORT
+        ):
+            nodeports.add(frontend.address)
+    if nodeports:
+        where = ", ".join(map(str, sorted(nodeports)))
+        return (
+            f"; port {q.port}/{q.protocol.name} is a NodePort on {where} only"
+            " (--nodeport-addresses: the node addresses NodePorts answer on)"
+        )
+    if not known:
+        return (
+            f"; no frontend has the address {q.address} (a LoadBalancer ingress IP with"
+            " ipMode: Proxy is never programmed: its traffic goes out to the load balancer)"
+        )
+    return ""
+
+
+def use_entry(work: Work, frontend: Frontend, entry: ServiceEntry) -> None:
     work.frontend, work.entry = frontend, entry
     work.matched = MatchedFrontend(
         str(frontend),
@@ -117,12 +162,48 @@ def lookup_frontend(work: Work) -> Explanation | None:
         entry.table_off,
         entry.table_size,
     )
+    policies = [
+        text
+        for flag, text in (
+            (SvcFlags.ITP_LOCAL, "internalTrafficPolicy: Local, this node's endpoints only"),
+            (SvcFlags.ETP_LOCAL, "externalTrafficPolicy: Local, this node's endpoints only"),
+            (SvcFlags.AFFINITY, "sessionAffinity: ClientIP"),
+        )
+        if entry.flags & flag
+    ]
     work.note(
-        "frontend",
+        "frontend" if frontend.scope is Scope.EXTERNAL else "internal scope",
         f"{frontend}: {work.matched.service} ({work.matched.type}), service id {entry.svc_id},"
-        f" {entry.backend_count} backends in a table of M={entry.table_size}",
+        f" {entry.backend_count} backends in a table of M={entry.table_size}"
+        + "".join(f"; {p}" for p in policies),
     )
     work.candidates = candidates(work.maps, entry)
+
+
+def lookup_frontend_in_node(work: Work) -> Explanation | None:
+    """lb4_lookup_service_in_node(): the external entry, then, when it has
+    SVC_F_INTERNAL_SCOPE (externalTrafficPolicy: Local), the internal one: in-node clients
+    reach every endpoint, as kube-proxy sends in-cluster traffic to external addresses to
+    the cluster-wide chain."""
+    found = lookup_frontend(work)
+    entry = work.entry
+    if found is not None or entry is None or not entry.flags & SvcFlags.INTERNAL_SCOPE:
+        return found
+    q = work.query
+    inside = Frontend(q.address, q.port, q.protocol, Scope.INTERNAL)
+    internal = work.maps.services.get(inside)
+    if internal is None:
+        work.note(
+            "internal scope",
+            f"{inside} is missing (being written): the external entry stays in use",
+        )
+        return None
+    use_entry(work, inside, internal)
+    work.steps[-1] = Step(
+        "internal scope",
+        "SVC_F_INTERNAL_SCOPE (externalTrafficPolicy: Local): in-node clients use the"
+        f" internal entry, every endpoint of the service: {work.steps[-1].outcome}",
+    )
     return None
 
 
@@ -152,20 +233,155 @@ def candidate(backend_id: int, be: BackendEntry | None, slots: int, size: int) -
 
 
 def table(work: Work) -> Explanation | None:
-    """lb4_select_backend()'s first test: table_size 0 means no usable backend."""
-    assert work.entry is not None
-    if work.entry.table_size:
+    """lb4_select_backend()'s first test: table_size 0 means no usable backend (before
+    any affinity: lb4_pick_backend() goes straight to it then)."""
+    entry, q = work.entry, work.query
+    assert entry is not None
+    if entry.table_size:
         return None
-    local = work.query.path is Path.OUTSIDE and work.entry.flags & SvcFlags.ETP_LOCAL
-    why = "no usable endpoint" + (" on this node (externalTrafficPolicy: Local)" if local else "")
+    why = "no usable endpoint"
+    if q.path is Path.OUTSIDE and entry.flags & SvcFlags.ETP_LOCAL:
+        why += " on this node (externalTrafficPolicy: Local)"
+    elif entry.flags & SvcFlags.ITP_LOCAL:
+        why += " on this node (internalTrafficPolicy: Local)"
     work.note("table", f"empty (M=0): {why}")
-    if work.query.path is Path.SOCKET:
+    if q.path is Path.SOCKET:
         return work.done(
             Verdict.REFUSED,
             f"{why}: the call fails with ECONNREFUSED (EPERM on kernels before 5.18),"
             " as kube-proxy's REJECT rule; counted as refused",
         )
-    return work.done(Verdict.DROPPED, f"{why}: the packet is dropped (np_no_backend)")
+    if not entry.flags & SvcFlags.REJECT:
+        if entry.flags & SvcFlags.ETP_LOCAL:
+            why += ", endpoints on other nodes only (as kube-proxy: dropped, not rejected)"
+        return work.done(Verdict.DROPPED, f"{why}: the packet is dropped (np_no_backend)")
+    answer = (
+        "a TCP RST from the frontend (a RST segment, or one with IP options, is dropped instead)"
+        if q.protocol is Proto.TCP
+        else "an ICMP port unreachable from the frontend (packets with IP options are"
+        " dropped instead)"
+    )
+    work.note(
+        "reject",
+        "SVC_F_REJECT: no endpoint in the whole service; tc answers (XDP passes the packet"
+        " to tc), counted np_reject and np_no_backend",
+    )
+    return work.done(
+        Verdict.REJECTED,
+        f"no endpoint anywhere: answered with {answer}, as kube-proxy's REJECT; the client"
+        " fails at once (ECONNREFUSED)",
+    )
+
+
+def affinity(work: Work) -> Explanation | None:
+    """lb4_pick_backend() with SVC_F_AFFINITY: lb4_affinity_backend() follows the client's
+    ebpflb_aff4 entry while ebpflb_affmatch4 holds (service, backend) and the timeout has
+    not passed since its last new connection; else the Maglev choice below, which is then
+    remembered as the client's entry (either way the entry's time becomes now)."""
+    entry, q = work.entry, work.query
+    assert entry is not None
+    if not entry.flags & SvcFlags.AFFINITY:
+        return None
+    socket = q.path is Path.SOCKET
+    keyed_by = "network namespace" if socket else "source address"
+    client: int | IPv4Address | None = q.netns_cookie if socket else q.client
+    timeouts = {
+        m.backend_id: t for m, t in work.maps.affinity_match.items() if m.svc_id == entry.svc_id
+    }
+    timeout = next(iter(timeouts.values()), None)
+    table = work.affinity_table
+    if table is None:
+        shown = None if client is None else str(AffinityKey(client, entry.svc_id))
+        work.affinity = Affinity(keyed_by, shown, timeout, "not read")
+        work.note("affinity", "ebpflb_aff4 not read: the client's entry may decide")
+        return None
+    if client is None:
+        views = [
+            affinity_view(work, key, value, timeouts)
+            for key, value in table.items()
+            if key.svc_id == entry.svc_id and key.netns
+        ]
+        work.affinity = Affinity(keyed_by, None, timeout, "unknown", views)
+        followed = [v for v in views if v.followed]
+        listed = "; ".join(
+            f"{v.client} -> {v.backend} ({'fresh' if v.followed else why_not(v)})"
+            for v in views[:8]
+        ) + ("; ..." if len(views) > 8 else "")
+        work.note(
+            "affinity",
+            f"keyed by the client's network namespace (bpf_get_netns_cookie): {len(views)}"
+            f" entries for service id {entry.svc_id}, {len(followed)} fresh"
+            + (f": {listed}" if views else "")
+            + "; the client's netns decides (give --netns-cookie): a fresh entry's backend,"
+            " else the choice below",
+        )
+        return None
+    key = AffinityKey(client, entry.svc_id)
+    value = table.get(key)
+    if value is None:
+        work.affinity = Affinity(keyed_by, str(key), timeout, "miss")
+        work.note(
+            "affinity",
+            f"no entry for {key} (service id {entry.svc_id}): the choice below,"
+            " remembered as its affinity",
+        )
+        return None
+    view = affinity_view(work, key, value, timeouts)
+    if not view.followed:
+        work.affinity = Affinity(keyed_by, str(key), timeout, "miss", [view])
+        work.note(
+            "affinity",
+            f"entry of {key}: {view.backend}, {why_not(view)}: ignored; the choice below"
+            " replaces it",
+        )
+        return None
+    work.affinity = Affinity(keyed_by, str(key), timeout, "hit", [view])
+    work.backend = next((c for c in work.candidates if c.backend_id == value.backend_id), None)
+    if work.backend is None:  # in ebpflb_affmatch4 but not in the table: still followed
+        be = work.maps.backends.get(value.backend_id)
+        work.backend = candidate(value.backend_id, be, 0, entry.table_size)
+    flow = work.flow
+    hash_value = flow4_hash(flow, work.settings.flow_hash_seed) if flow and not socket else None
+    work.selection = Selection(f"affinity entry of {key}", True, hash_value, from_affinity=True)
+    work.note(
+        "affinity",
+        f"entry of {key}: {view.backend}, used {view.age_s:.0f} s ago"
+        f" (timeout {timeouts[value.backend_id]} s),"
+        " still the frontend's: followed (affinity_hit), its time becomes now",
+    )
+    return None
+
+
+def affinity_view(
+    work: Work, key: AffinityKey, value: AffinityEntry, timeouts: dict[int, int]
+) -> AffinityClient:
+    """lb4_affinity_backend()'s tests on one entry."""
+    age_ns = (work.now_ns - value.last_used_ns) & MASK64  # the C code's u64 subtraction
+    timeout = timeouts.get(value.backend_id)
+    fresh = timeout is not None and age_ns <= timeout * NSEC_PER_SEC
+    if timeout is None:  # the timeout is the frontend's, shared by its matches
+        any_timeout = next(iter(timeouts.values()), None)
+        fresh = any_timeout is not None and age_ns <= any_timeout * NSEC_PER_SEC
+    be = work.maps.backends.get(value.backend_id)
+    name = str(be.backend) if be is not None else f"(backend id {value.backend_id}, gone)"
+    matched = timeout is not None
+    return AffinityClient(
+        str(key),
+        name,
+        value.backend_id,
+        round(age_ns / NSEC_PER_SEC, 3),
+        fresh,
+        matched,
+        fresh and matched and be is not None,
+    )
+
+
+def why_not(view: AffinityClient) -> str:
+    if not view.matched:
+        return "no longer one of the frontend's backends (not in ebpflb_affmatch4)"
+    if not view.fresh:
+        return f"expired ({view.age_s:.0f} s since its last new connection)"
+    return "its backend is gone from ebpflb_be4"
 
 
 def pick(work: Work, hash_value: int | None, inputs: str) -> Explanation | None:
@@ -201,6 +417,8 @@ def pick(work: Work, hash_value: int | None, inputs: str) -> Explanation | None:
 
 def socket_select(work: Work) -> Explanation | None:
     q = work.query
+    if work.selection is not None and work.selection.from_affinity:
+        return None
     if q.protocol is Proto.UDP and not q.connected:
         inputs = "mix64(socket cookie) (sendmsg4: every datagram of one socket, one backend)"
         cookie = q.socket_cookie
@@ -219,7 +437,13 @@ def socket_nat(work: Work) -> Explanation | None:
     return work.done(Verdict.TRANSLATED, f"destination rewritten to {backend}, no NAT")
 
 
-SOCKET_STEPS: Sequence[StepFn] = (lookup_frontend, table, socket_select, socket_nat)
+SOCKET_STEPS: Sequence[StepFn] = (
+    lookup_frontend_in_node,
+    table,
+    affinity,
+    socket_select,
+    socket_nat,
+)
 
 
 # ---- tc/XDP ingress (bpf/lib/nodeport.h np4_ingress) ---------------------------------------
@@ -290,6 +514,8 @@ def conntrack(work: Work) -> Explanation | None:
 
 
 def outside_select(work: Work) -> Explanation | None:
+    if work.selection is not None and work.selection.from_affinity:
+        return None
     flow = work.flow
     inputs = f"jhash(client, frontend, ports ^ proto, seed {work.settings.flow_hash_seed:#x})"
     if flow is None:
@@ -346,13 +572,18 @@ OUTSIDE_STEPS: Sequence[StepFn] = (
     source_ranges,
     conntrack,
     table,
+    affinity,
     outside_select,
     outside_nat,
 )
 
 
-def explain(maps: MapSet, query: Query, settings: Settings) -> Explanation:
-    work = Work(query, maps, settings)
+def explain(
+    maps: MapSet, query: Query, settings: Settings, affinity: AffinityTable | None = None
+) -> Explanation:
+    """`affinity`: the pinned ebpflb_aff4 (explain.affinity.PinnedAffinity); None: not
+    read (a frontend with session affinity then says the client's entry may decide)."""
+    work = Work(query, maps, settings, affinity_table=affinity)
     steps = SOCKET_STEPS if query.path is Path.SOCKET else OUTSIDE_STEPS
     for step in steps:
         found = step(work)

@@ -28,6 +28,7 @@ class Verdict(enum.Enum):
     TRANSLATED = "translated"  # to a backend
     REFUSED = "refused"  # socket-LB: the syscall fails (ECONNREFUSED, EPERM before 5.18)
     DROPPED = "dropped"  # tc/XDP: the packet is dropped
+    REJECTED = "rejected"  # tc: answered with a TCP RST or ICMP port unreachable (REJECT)
     REPLY = "reply translated"  # a reply of a SNATed flow, sent back to its client
 
 
@@ -42,6 +43,9 @@ class Query:
     ingress: str | None = None  # interface the packet arrives on (Path.OUTSIDE)
     connected: bool = True  # UDP over socket-LB: connect() (True) or sendmsg() to an address
     socket_cookie: int | None = None  # unconnected UDP: the socket's cookie, when known
+    # Socket-LB: the client's network namespace cookie (SO_NETNS_COOKIE), which keys its
+    # session affinity; None: not known.
+    netns_cookie: int | None = None
 
     def __str__(self) -> str:
         client = f"{self.client}:{self.client_port}" if self.client_port else str(self.client)
@@ -56,6 +60,7 @@ def parse_query(
     ingress: str | None = None,
     sendmsg: bool = False,
     socket_cookie: int | None = None,
+    netns_cookie: int | None = None,
 ) -> Query:
     """CLIENT ("IP" or "IP:PORT") and "VIP:PORT[/PROTO]" (TCP by default) as a Query;
     ConfigError naming the argument when one is not that."""
@@ -64,6 +69,11 @@ def parse_query(
     port, _, proto = rest.partition("/")
     if sendmsg and (proto or "TCP").upper() != "UDP":
         raise ConfigError(f"explain {target}: --sendmsg is for UDP (sendmsg4 sees UDP only)")
+    if netns_cookie is not None and (outside or ingress):
+        raise ConfigError(
+            f"explain {target}: --netns-cookie is for socket-LB (tc/XDP key affinity by the"
+            " client's address)"
+        )
     try:
         return Query(
             IPv4Address(client_ip),
@@ -75,6 +85,7 @@ def parse_query(
             ingress,
             connected=not sendmsg,
             socket_cookie=socket_cookie,
+            netns_cookie=netns_cookie,
         )
     except ValueError as exc:
         raise ConfigError(f"explain {client} {target}: {exc}") from None
@@ -128,6 +139,7 @@ class Selection:
     slot: int | None = None  # index in the table (0..M-1)
     pool_slot: int | None = None  # table_off + slot, in ebpflb_slots
     from_conntrack: bool = False  # an existing flow keeps the backend it has
+    from_affinity: bool = False  # the client's session-affinity entry decides
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +148,34 @@ class Nat:
     reason: str
     source: str | None = None  # what the client's address becomes ("IP", port dynamic)
     first_port: int | None = None  # first SNAT port tried (a live flow's port is skipped)
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityClient:
+    """One entry of ebpflb_aff4 for the frontend, and whether lb4_affinity_backend() would
+    follow it now."""
+
+    client: str  # the source address, or "netns cookie N"
+    backend: str  # "IP:PORT"; "(backend id N, gone)" when ebpflb_be4 lacks it
+    backend_id: int
+    age_s: float  # since its last new connection
+    fresh: bool  # age within the timeout
+    matched: bool  # ebpflb_affmatch4 holds (service id, backend id): still the frontend's
+    followed: bool  # fresh, matched and the backend exists: the next connection goes there
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    """sessionAffinity: ClientIP: what lb4_pick_backend() finds for this client."""
+
+    keyed_by: str  # "network namespace" (socket-LB) or "source address" (tc/XDP)
+    client: str | None  # None: the client's netns cookie is not known
+    timeout_s: int | None  # the frontend's timeout (from ebpflb_affmatch4)
+    # "hit": its entry decides; "miss": no usable entry, the Maglev choice is remembered;
+    # "unknown": the client is not known (entries lists every client of the frontend);
+    # "not read": ebpflb_aff4 was not given to explain().
+    outcome: str
+    entries: list[AffinityClient] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +190,7 @@ class Explanation:
     candidates: list[Candidate] = field(default_factory=list)  # every backend of the table
     nat: Nat | None = None
     counters: ServiceCounters | None = None  # the frontend's datapath counters so far
+    affinity: Affinity | None = None  # sessionAffinity: ClientIP frontends
 
     def to_json(self) -> dict[str, Any]:
         document = asdict(self)

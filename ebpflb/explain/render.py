@@ -19,7 +19,8 @@ def render_text(ex: Explanation) -> str:
     for number, step in enumerate(ex.steps, 1):
         lines.append(f"  {number}. {step.name:<{width}}  {step.outcome}")
     if ex.backend is not None:
-        lines.append(f"backend: {ex.backend.backend}{_where(ex.backend.local)}")
+        how = " (session affinity)" if ex.selection and ex.selection.from_affinity else ""
+        lines.append(f"backend: {ex.backend.backend}{_where(ex.backend.local)}{how}")
     if ex.nat is not None:
         nat = "SNAT" if ex.nat.snat else "no SNAT"
         if ex.nat.snat and ex.nat.source:
@@ -40,6 +41,16 @@ def render_text(ex: Explanation) -> str:
                 f"  {c.backend:<21} {c.slots:>6}/{size} slots {c.share:>7.2%}"
                 f"{_where(c.local)}{' terminating' if c.terminating else ''}{mark}"
             )
+    if ex.affinity is not None:
+        a = ex.affinity
+        timeout = f", timeout {a.timeout_s} s" if a.timeout_s is not None else ""
+        client = f" {a.client}" if a.client is not None else ""
+        lines.append(f"affinity: by {a.keyed_by}{client}{timeout}: {a.outcome}")
+        for e in a.entries:
+            state = "followed" if e.followed else ("expired" if not e.fresh else "ignored")
+            if not e.matched:
+                state = "ignored (not the frontend's)"
+            lines.append(f"  {e.client:<24} -> {e.backend:<21} {e.age_s:>8.0f} s ago  {state}")
     if ex.counters is not None:
         n = ex.counters
         lines.append(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from tests.kernel.test_nodeport import (  # noqa: F401 (env: the fixture)
     Env,
     NodeAgent,
     env,
+    slice_yaml,
 )
 
 EMPTY_SERVICE = """\
@@ -39,6 +41,20 @@ spec:
     - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30098}
     - {name: dns, protocol: UDP, port: 53, targetPort: 5353, nodePort: 30099}
 """
+# sessionAffinity: ClientIP over every pod, on node1 only (test_nodeport has none).
+STICKY_SERVICE = """\
+apiVersion: v1
+kind: Service
+metadata: {name: sticky, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.1.10
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 3600}}
+  ports:
+    - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30210}
+---
+""" + slice_yaml("sticky-1", "sticky", "[{name: http, protocol: TCP, port: 8080}]", ALL_PODS)
 # A datagram of the echo client: Ethernet 14 + IPv4 20 + UDP 8 + a 16-byte nonce.
 UDP_REQUEST_BYTES = 14 + 20 + 8 + 16
 
@@ -55,6 +71,18 @@ def empty_service(env: Env) -> None:  # noqa: F811
         (node.manifests / "empty.yaml").write_text(EMPTY_SERVICE)
     for node, address in ((env.nodes["node1"], NODE1), (env.nodes["node2"], NODE2)):
         wait_until(programmed(agent_of(node), address), f"default/empty programmed on {node.name}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sticky_service(env: Env, empty_service: None) -> None:  # noqa: F811
+    node1 = env.nodes["node1"]
+    (node1.manifests / "sticky.yaml").write_text(STICKY_SERVICE)
+
+    def ready() -> bool:
+        services = {s["frontend"]: s for s in node1.dump()["services"]}  # type: ignore[union-attr]
+        return len(services.get(f"{NODE1}:30210/TCP", {}).get("backends", [])) == 4
+
+    wait_until(ready, "default/sticky programmed on node1")
 
 
 def programmed(agent: AgentProcess, address: str) -> Callable[[], bool]:
@@ -279,9 +307,84 @@ def test_explain_no_endpoints(env: Env) -> None:  # noqa: F811
     refused = env.cluster.requests(node1.netns, "tcp", "10.96.1.9:80", 1, node1.cgroup)
     assert refused[0].get("error") == "ECONNREFUSED"
     ex = explain_json(env, node1, f"{CLIENT}:5000", f"{NODE1}:30099/UDP", "--from-outside")
-    assert ex["verdict"] == "dropped"
+    assert ex["verdict"] == "rejected" and "ICMP port unreachable" in ex["reason"]
     ex = explain_json(env, node1, f"{CLIENT}:5000", "10.96.1.1:80/TCP", "--from-outside")
     assert ex["verdict"] == "not translated"  # a ClusterIP is never served from outside
+
+
+def test_explain_rejects_tcp_without_endpoints_with_a_rst(env: Env) -> None:  # noqa: F811
+    node1 = env.nodes["node1"]
+    port = fresh_ports(1)[0]
+    args = (f"{CLIENT}:{port}", f"{NODE1}:30098/TCP", "--ingress", "eth0")
+    ex = explain_json(env, node1, *args)
+    assert ex["verdict"] == "rejected" and "TCP RST" in ex["reason"]
+    assert "reject" in ex["frontend"]["flags"] and ex["steps"][-1]["name"] == "reject"
+    assert "verdict: rejected" in explain_text(env, node1, *args)
+    before = node1.counter("np_reject")
+    started = time.monotonic()
+    (result,) = run_lines(env, env.client, FIXED_PORT_CLIENT, f"{NODE1}:30098", str(port))
+    assert result.get("error") == "ConnectionRefusedError", result
+    assert time.monotonic() - started < 2.5  # answered, not timed out (the client waits 3 s)
+    assert node1.counter("np_reject") - before == 1
+
+
+def test_explain_external_policy_local_from_inside_the_node(env: Env) -> None:  # noqa: F811
+    """node2 has no endpoint of default/local (eTP Local, pod11 only): from outside its
+    nodePort drops (test_explain_external_traffic_policy_local), while node2's own
+    clients use the internal scope and reach pod11 on node1."""
+    node2 = env.nodes["node2"]
+    ex = explain_json(env, node2, NODE2, f"{NODE2}:30081/TCP")
+    assert ex["verdict"] == "translated" and ex["frontend"]["scope"] == "internal"
+    assert ex["frontend"]["frontend"] == f"{NODE2}:30081/TCP/internal"
+    assert [s["name"] for s in ex["steps"]][:2] == ["frontend", "internal scope"]
+    assert [c["backend"] for c in ex["candidates"]] == ["10.244.1.11:8080"]
+    assert "internal scope" in explain_text(env, node2, NODE2, f"{NODE2}:30081/TCP")
+    served = env.cluster.requests(node2.netns, "tcp", f"{NODE2}:30081", 5, node2.cgroup)
+    assert {r.get("server") for r in served} == {"pod11"}, served
+
+
+NETNS_COOKIE_CLIENT = """\
+import socket
+SO_NETNS_COOKIE = 71
+s = socket.socket()
+print(int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little"))
+"""
+
+
+def test_explain_session_affinity(env: Env) -> None:  # noqa: F811
+    """At the nodePort the client's first connection goes where its 5-tuple hashes (explain
+    says so, with no entry yet) and the next ones, from other ports, follow the entry it
+    left (explain names that backend from it). In socket-LB the client is its network
+    namespace: with --netns-cookie explain names the backend too."""
+    node1 = env.nodes["node1"]
+    first, *rest = fresh_ports(8)
+    target = f"{NODE1}:30210/TCP"
+    ex = explain_json(env, node1, f"{CLIENT}:{first}", target, "--ingress", "eth0", *SNAT)
+    assert ex["affinity"]["outcome"] == "miss" and ex["selection"]["deterministic"]
+    predicted = ex["backend"]["backend"]
+    seen = run_lines(env, env.client, FIXED_PORT_CLIENT, f"{NODE1}:30210", str(first))
+    assert [f"{POD_IPS[r['server']]}:8080" for r in seen] == [predicted], seen
+    for args in ((f"{CLIENT}:{rest[0]}", "--ingress", "eth0", *SNAT), (CLIENT, "--from-outside")):
+        ex = explain_json(env, node1, args[0], target, *args[1:])
+        assert ex["affinity"]["outcome"] == "hit" and ex["selection"]["from_affinity"]
+        assert ex["affinity"]["client"] == CLIENT and ex["affinity"]["timeout_s"] == 3600
+        assert ex["backend"]["backend"] == predicted
+    explain_text(env, node1, f"{CLIENT}:{rest[0]}", target, "--ingress", "eth0", *SNAT)
+    seen = run_lines(env, env.client, FIXED_PORT_CLIENT, f"{NODE1}:30210", *map(str, rest))
+    assert {f"{POD_IPS[r['server']]}:8080" for r in seen} == {predicted}, seen
+    # Socket-LB: node1's host network namespace is one client.
+    (cookie,) = run_lines(env, node1.netns, NETNS_COOKIE_CLIENT)
+    served = env.cluster.requests(node1.netns, "tcp", "10.96.1.10:80", 10, node1.cgroup)
+    (server,) = {r["server"] for r in served}
+    ex = explain_json(env, node1, NODE1, "10.96.1.10:80/TCP", "--netns-cookie", str(cookie))
+    assert ex["affinity"]["outcome"] == "hit" and ex["affinity"]["keyed_by"] == "network namespace"
+    assert ex["backend"]["backend"] == f"{POD_IPS[server]}:8080"
+    explain_text(env, node1, NODE1, "10.96.1.10:80/TCP", "--netns-cookie", str(cookie))
+    ex = explain_json(env, node1, NODE1, "10.96.1.10:80/TCP")
+    assert ex["affinity"]["outcome"] == "unknown" and ex["backend"] is None
+    entries = {e["client"]: e for e in ex["affinity"]["entries"]}
+    assert entries[f"netns cookie {cookie}"]["followed"]
+    assert entries[f"netns cookie {cookie}"]["backend"] == f"{POD_IPS[server]}:8080"
 
 
 def test_a_reused_service_id_counts_from_zero(env: Env) -> None:  # noqa: F811

@@ -5,17 +5,26 @@ same explanations against where real traffic goes."""
 from __future__ import annotations
 
 import json
+import sys
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
 from ebpflb.cli import parse_args
 from ebpflb.datapath.contract import CtFlags
-from ebpflb.datapath.fake import FakeMapSet
-from ebpflb.datapath.maps import AddrPort, ConntrackEntry, Flow, ServiceCounters
-from ebpflb.desired import DesiredFrontend, WeightedBackend
+from ebpflb.datapath.fake import FakeMap, FakeMapSet
+from ebpflb.datapath.maps import (
+    AddrPort,
+    AffinityMatch,
+    ConntrackEntry,
+    Flow,
+    ServiceCounters,
+    ServiceEntry,
+)
+from ebpflb.desired import DesiredFrontend, NodeView, WeightedBackend, frontends_for_port
 from ebpflb.errors import ConfigError
 from ebpflb.explain import Path, Verdict, explain
+from ebpflb.explain.affinity import AffinityEntry, AffinityKey, decode_key, encode_key
 from ebpflb.explain.engine import Settings
 from ebpflb.explain.flowhash import flow4_hash, jhash_3words, mix64
 from ebpflb.explain.model import parse_query
@@ -23,11 +32,16 @@ from ebpflb.explain.render import render_text
 from ebpflb.model import (
     Backend,
     BackendFlags,
+    Endpoint,
     Frontend,
     NamespacedName,
     Proto,
+    Scope,
+    ServicePort,
     ServicePortName,
+    ServiceType,
     SvcFlags,
+    TrafficPolicy,
 )
 from ebpflb.reconcile import Reconciler
 
@@ -254,3 +268,229 @@ def test_the_explain_command_line() -> None:
     )
     with pytest.raises(SystemExit):  # one path at a time
         parse_args(["explain", "10.0.0.1", "10.96.0.10:80", "--ingress", "eth0", "--from-outside"])
+
+
+# ---- the semantics: internal scope, REJECT, session affinity, why no frontend -------------
+
+N1, N2 = IPv4Address("192.168.1.1"), IPv4Address("192.168.2.1")  # N2: outside NodePort CIDRs
+VIEW = NodeView("n1", (N1, N2), nodeport_cidrs=(IPv4Network("192.168.1.0/24"),))
+MIXED = (
+    Endpoint(IPv4Address("10.244.1.11"), 8080, node_name="n1"),
+    Endpoint(IPv4Address("10.244.2.21"), 8080, node_name="n2"),
+    Endpoint(IPv4Address("10.244.2.22"), 8080, node_name="n2"),
+)
+NOW = 10**12
+CLUSTER_IPS = ["etp", "etpremote", "itp", "gone", "goneudp", "sticky"]  # 10.96.1.1-6
+
+
+def service_port(name: str, proto: Proto = Proto.TCP, **kw: object) -> ServicePort:
+    base: dict[str, object] = dict(
+        name=ServicePortName(NamespacedName("default", name), "http", proto),
+        type=ServiceType.NODE_PORT,
+        cluster_ips=(IPv4Address(f"10.96.1.{CLUSTER_IPS.index(name) + 1}"),),
+        port=80,
+        target_port=8080,
+    )
+    base.update(kw)
+    return ServicePort(**base)  # type: ignore[arg-type]
+
+
+SEMANTICS = {
+    # eTP Local with one endpoint here, two elsewhere: outside reaches pod 11 only.
+    "etp": (
+        service_port("etp", node_port=30100, external_traffic_policy=TrafficPolicy.LOCAL),
+        MIXED,
+    ),
+    # eTP Local with endpoints on other nodes only: outside dropped, in-node served.
+    "etpremote": (
+        service_port("etpremote", node_port=30101, external_traffic_policy=TrafficPolicy.LOCAL),
+        MIXED[1:],
+    ),
+    "itp": (
+        service_port(
+            "itp", type=ServiceType.CLUSTER_IP, internal_traffic_policy=TrafficPolicy.LOCAL
+        ),
+        MIXED[1:],
+    ),
+    "gone": (service_port("gone", node_port=30102), ()),
+    "goneudp": (service_port("goneudp", Proto.UDP, node_port=30103), ()),
+    "sticky": (service_port("sticky", node_port=30104, affinity_timeout=60), MIXED),
+}
+
+
+@pytest.fixture
+def sem() -> FakeMapSet:
+    maps = FakeMapSet()
+    desired = {
+        NamespacedName("default", name): {
+            fe.frontend: fe for fe in frontends_for_port(port, endpoints, VIEW)
+        }
+        for name, (port, endpoints) in SEMANTICS.items()
+    }
+    assert not Reconciler(maps).apply(desired).errors
+    maps.iface_addrs = {2: N1}
+    return maps
+
+
+def test_in_node_clients_of_an_etp_local_frontend_use_its_internal_scope(sem: FakeMapSet) -> None:
+    ex = explain(sem, parse_query("10.244.1.5", f"{N1}:30101"), SETTINGS)
+    assert ex.verdict is Verdict.TRANSLATED and ex.frontend is not None
+    assert ex.frontend.scope == "internal" and ex.frontend.frontend.endswith("/internal")
+    assert [s.name for s in ex.steps] == ["frontend", "internal scope", "selection"]
+    assert "SVC_F_INTERNAL_SCOPE" in ex.steps[1].outcome
+    assert {c.backend for c in ex.candidates} == {"10.244.2.21:8080", "10.244.2.22:8080"}
+    # From outside the same address is the external entry: no local endpoint, dropped (not
+    # rejected: the service has endpoints, elsewhere).
+    out = explain(sem, parse_query("192.168.1.100:4000", f"{N1}:30101", outside=True), SETTINGS)
+    assert out.verdict is Verdict.DROPPED and out.frontend is not None
+    assert out.frontend.scope == "external" and "externalTrafficPolicy: Local" in out.reason
+    # With a local endpoint: outside gets it only, in-node clients every endpoint.
+    inside = explain(sem, parse_query("10.244.1.5", f"{N1}:30100"), SETTINGS)
+    assert len(inside.candidates) == 3
+    out = explain(sem, parse_query("192.168.1.100:4000", f"{N1}:30100", outside=True), SETTINGS)
+    assert out.backend is not None and out.backend.backend == "10.244.1.11:8080"
+
+
+def test_a_missing_internal_entry_leaves_the_external_one(sem: FakeMapSet) -> None:
+    sem.services.data.pop(Frontend(N1, 30100, Proto.TCP, Scope.INTERNAL))
+    ex = explain(sem, parse_query("10.244.1.5", f"{N1}:30100"), SETTINGS)
+    assert ex.frontend is not None and ex.frontend.scope == "external"
+    assert "external entry stays in use" in ex.steps[1].outcome
+    assert [c.backend for c in ex.candidates] == ["10.244.1.11:8080"]
+
+
+def test_internal_traffic_policy_local_without_a_local_endpoint_refuses(sem: FakeMapSet) -> None:
+    ex = explain(sem, parse_query("10.244.1.5", "10.96.1.3:80"), SETTINGS)
+    assert ex.verdict is Verdict.REFUSED and "internalTrafficPolicy: Local" in ex.reason
+
+
+def test_no_endpoint_anywhere_is_answered_with_a_rst_or_icmp(sem: FakeMapSet) -> None:
+    tcp = explain(sem, parse_query("192.168.1.100:4000", f"{N1}:30102", outside=True), SETTINGS)
+    assert tcp.verdict is Verdict.REJECTED and "TCP RST" in tcp.reason
+    assert tcp.steps[-1].name == "reject" and "XDP passes" in tcp.steps[-1].outcome
+    assert tcp.frontend is not None and "reject" in tcp.frontend.flags
+    assert "verdict: rejected" in render_text(tcp)
+    udp = explain(sem, parse_query("192.168.1.100:4000", f"{N1}:30103/UDP", outside=True), SETTINGS)
+    assert udp.verdict is Verdict.REJECTED and "ICMP port unreachable" in udp.reason
+    # Socket-LB refuses (the flag is for tc/XDP).
+    sock = explain(sem, parse_query("10.244.1.5", f"{N1}:30102"), SETTINGS)
+    assert sock.verdict is Verdict.REFUSED
+    assert json.loads(json.dumps(tcp.to_json()))["verdict"] == "rejected"
+
+
+def sticky_entry(maps: FakeMapSet, address: IPv4Address = N1) -> ServiceEntry:
+    entry = maps.services.data[Frontend(address, 30104, Proto.TCP)]
+    assert entry.flags & SvcFlags.AFFINITY
+    return entry
+
+
+def backend_id(maps: FakeMapSet, address: str) -> int:
+    return next(i for i, b in maps.backends.data.items() if str(b.backend.address) == address)
+
+
+def affinity_table() -> FakeMap[AffinityKey, AffinityEntry]:
+    return FakeMap("ebpflb_aff4", 64)
+
+
+def test_a_fresh_affinity_entry_decides_at_the_nodeport(sem: FakeMapSet) -> None:
+    entry, table = sticky_entry(sem), affinity_table()
+    client = IPv4Address("192.168.1.100")
+    remote = backend_id(sem, "10.244.2.22")
+    table.data[AffinityKey(client, entry.svc_id)] = AffinityEntry(NOW - 30 * 10**9, remote)
+    for port in (4000, 4001, 4002, None):
+        source = f"{client}:{port}" if port else str(client)
+        query = parse_query(source, f"{N1}:30104", ingress="eth0")
+        ex = explain(sem, query, SETTINGS, table)
+        assert ex.verdict is Verdict.TRANSLATED and ex.backend is not None
+        assert ex.backend.backend == "10.244.2.22:8080" and ex.backend.backend_id == remote
+        assert ex.selection is not None and ex.selection.from_affinity
+        assert ex.affinity is not None and ex.affinity.outcome == "hit"
+        assert ex.affinity.keyed_by == "source address" and ex.affinity.timeout_s == 60
+        assert ex.nat is not None and ex.nat.snat  # the backend runs on another node
+        if port is not None:  # the SNAT port still follows the 5-tuple's hash
+            assert 40000 <= (ex.nat.first_port or 0) <= 40063
+    text = render_text(ex)
+    assert "(session affinity)" in text and "followed" in text
+    document = json.loads(json.dumps(ex.to_json()))
+    assert document["affinity"]["entries"][0]["backend"] == "10.244.2.22:8080"
+
+
+def test_an_expired_or_unmatched_affinity_entry_is_ignored(sem: FakeMapSet) -> None:
+    entry, table = sticky_entry(sem), affinity_table()
+    client = IPv4Address("192.168.1.100")
+    key = AffinityKey(client, entry.svc_id)
+    query = parse_query(f"{client}:4000", f"{N1}:30104", ingress="eth0")
+    maglev = explain(sem, query, SETTINGS, table)  # no entry: the 5-tuple's slot
+    assert maglev.affinity is not None and maglev.affinity.outcome == "miss"
+    assert maglev.selection is not None and maglev.selection.slot is not None
+    assert "remembered" in maglev.steps[-3].outcome
+    other = next(c for c in maglev.candidates if c.backend_id != maglev.backend.backend_id)  # type: ignore[union-attr]
+    table.data[key] = AffinityEntry(NOW - 61 * 10**9, other.backend_id)  # timeout 60 s
+    ex = explain(sem, query, SETTINGS, table)
+    assert ex.affinity is not None and ex.affinity.outcome == "miss"
+    assert "expired" in ex.steps[-3].outcome and ex.backend == maglev.backend
+    table.data[key] = AffinityEntry(NOW - 10**9, other.backend_id)
+    sem.affinity_match.data.pop(AffinityMatch(entry.svc_id, other.backend_id))
+    ex = explain(sem, query, SETTINGS, table)
+    assert "not in ebpflb_affmatch4" in ex.steps[-3].outcome and ex.backend == maglev.backend
+
+
+def test_socket_lb_affinity_is_per_network_namespace(sem: FakeMapSet) -> None:
+    entry, table = sticky_entry(sem), affinity_table()
+    cluster_ip = sem.services.data[Frontend(IPv4Address("10.96.1.6"), 80, Proto.TCP)]
+    assert cluster_ip.flags & SvcFlags.AFFINITY
+    mine = backend_id(sem, "10.244.2.21")
+    table.data[AffinityKey(777, cluster_ip.svc_id)] = AffinityEntry(NOW - 10**9, mine)
+    table.data[AffinityKey(888, cluster_ip.svc_id)] = AffinityEntry(NOW - 100 * 10**9, mine)
+    # The address key of another frontend is not this one's.
+    table.data[AffinityKey(IPv4Address("10.244.1.5"), entry.svc_id)] = AffinityEntry(NOW, mine)
+    known = explain(
+        sem, parse_query("10.244.1.5", "10.96.1.6:80", netns_cookie=777), SETTINGS, table
+    )
+    assert known.backend is not None and known.backend.backend == "10.244.2.21:8080"
+    assert known.affinity is not None and known.affinity.client == "netns cookie 777"
+    assert known.verdict is Verdict.TRANSLATED and "10.244.2.21:8080" in known.reason
+    stale = explain(
+        sem, parse_query("10.244.1.5", "10.96.1.6:80", netns_cookie=888), SETTINGS, table
+    )
+    assert stale.backend is None and stale.affinity is not None
+    assert stale.affinity.outcome == "miss"
+    unknown = explain(sem, parse_query("10.244.1.5", "10.96.1.6:80"), SETTINGS, table)
+    assert unknown.affinity is not None and unknown.affinity.outcome == "unknown"
+    assert {e.client for e in unknown.affinity.entries} == {"netns cookie 777", "netns cookie 888"}
+    assert [e.followed for e in sorted(unknown.affinity.entries, key=lambda e: e.client)] == [
+        True,
+        False,
+    ]
+    assert "--netns-cookie" in unknown.steps[1].outcome
+    not_read = explain(sem, parse_query("10.244.1.5", "10.96.1.6:80"), SETTINGS)
+    assert not_read.affinity is not None and "not read" in not_read.steps[1].outcome
+
+
+def test_the_affinity_key_is_laid_out_as_the_c_code_stores_it() -> None:
+    key = AffinityKey(IPv4Address("192.168.100.100"), 7)
+    raw = bytes(encode_key(key))
+    assert raw[:8] == IPv4Address("192.168.100.100").packed + bytes(4)
+    assert raw[8:12] == (7).to_bytes(4, sys.byteorder) and raw[12] == 0
+    assert decode_key(encode_key(key)) == key and not key.netns
+    cookie = AffinityKey(2**40 + 5, 7)
+    assert bytes(encode_key(cookie))[12] == 1 and decode_key(encode_key(cookie)) == cookie
+
+
+def test_an_address_left_out_of_nodeport_addresses_is_named(sem: FakeMapSet) -> None:
+    ex = explain(sem, parse_query("192.168.1.100:4000", f"{N2}:30104", outside=True), SETTINGS)
+    assert ex.verdict is Verdict.NOT_TRANSLATED
+    assert f"NodePort on {N1} only" in ex.steps[0].outcome  # 127.0.0.1 not listed
+    assert "--nodeport-addresses" in ex.steps[0].outcome
+
+
+def test_an_unknown_address_may_be_a_proxy_mode_load_balancer(sem: FakeMapSet) -> None:
+    ex = explain(sem, parse_query("10.244.1.5", "203.0.113.9:443"), SETTINGS)
+    assert ex.verdict is Verdict.NOT_TRANSLATED and "ipMode: Proxy" in ex.steps[0].outcome
+
+
+def test_netns_cookie_is_for_socket_lb() -> None:
+    with pytest.raises(ConfigError, match="netns-cookie"):
+        parse_query("10.0.0.1", "10.96.0.10:80", outside=True, netns_cookie=5)
+    args = parse_args(["explain", "10.0.0.1", "10.96.0.10:80", "--netns-cookie", "4097"])
+    assert args.netns_cookie == 4097

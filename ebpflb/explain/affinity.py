@@ -1,0 +1,113 @@
+"""The clients' session-affinity entries (ebpflb_aff4) as explain reads them.
+
+The MapSet does not carry ebpflb_aff4: only the datapath writes it (the control plane
+never does), and only explain reads it. So explain opens the pin itself, through the
+datapath's pinned-map classes and the contract's struct, with byte order from layout.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from ebpflb.datapath import contract, layout
+from ebpflb.datapath.contract import MapName
+
+if TYPE_CHECKING:
+    from ebpflb.datapath.kernel import KernelMap, PinnedMap
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AffinityKey:
+    """struct aff4_key: one client of one frontend. Socket-LB knows a client by its network
+    namespace (bpf_get_netns_cookie), tc/XDP by its source address."""
+
+    client: int | IPv4Address  # a netns cookie (int) or a source address
+    svc_id: int
+
+    @property
+    def netns(self) -> bool:
+        return not isinstance(self.client, IPv4Address)
+
+    def __str__(self) -> str:
+        return f"netns cookie {self.client}" if self.netns else str(self.client)
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityEntry:
+    """struct aff4_val: the backend a client was last sent to, and when."""
+
+    last_used_ns: int  # bpf_ktime_get_ns() (CLOCK_MONOTONIC) of its last new connection
+    backend_id: int
+
+
+class AffinityTable(Protocol):
+    def get(self, key: AffinityKey) -> AffinityEntry | None: ...
+
+    def items(self) -> Iterator[tuple[AffinityKey, AffinityEntry]]: ...
+
+
+def encode_key(key: AffinityKey) -> contract.Aff4Key:
+    raw = contract.Aff4Key()
+    if isinstance(key.client, IPv4Address):
+        # The C code stores the packet's __be32 source zero-extended into the u64.
+        raw.client = layout.addr_to_be32(key.client)
+    else:
+        raw.client = key.client
+    raw.svc_id, raw.netns = key.svc_id, int(key.netns)
+    return raw
+
+
+def decode_key(raw: contract.Aff4Key) -> AffinityKey:
+    if raw.netns:
+        return AffinityKey(int(raw.client), int(raw.svc_id))
+    return AffinityKey(layout.be32_to_addr(int(raw.client) & 0xFFFFFFFF), int(raw.svc_id))
+
+
+def encode_value(entry: AffinityEntry) -> contract.Aff4Val:
+    return contract.Aff4Val(entry.last_used_ns, entry.backend_id, 0)
+
+
+def decode_value(raw: contract.Aff4Val) -> AffinityEntry:
+    return AffinityEntry(int(raw.last_used), int(raw.backend_id))
+
+
+class PinnedAffinity:
+    """ebpflb_aff4 under a bpffs directory (AffinityTable), opened read-only by use."""
+
+    def __init__(self, bpffs_dir: Path) -> None:
+        # Imported here: the datapath's kernel module loads libbcc, which unit tests of
+        # explain (against the fake map set) do not need.
+        from ebpflb.datapath.codecs import Codec
+        from ebpflb.datapath.kernel import KernelMap, PinnedMap
+
+        spec = contract.MAPS[MapName.AFFINITY]
+        self._pinned: PinnedMap = PinnedMap(bpffs_dir / MapName.AFFINITY.value)
+        try:
+            self._pinned.check(spec)
+        except Exception:
+            self._pinned.close()
+            raise
+        self._map: KernelMap[AffinityKey, AffinityEntry] = KernelMap(
+            self._pinned,
+            Codec(contract.Aff4Key, encode_key, decode_key),
+            Codec(contract.Aff4Val, encode_value, decode_value),
+        )
+
+    def get(self, key: AffinityKey) -> AffinityEntry | None:
+        return self._map.get(key)
+
+    def items(self) -> Iterator[tuple[AffinityKey, AffinityEntry]]:
+        return self._map.items()
+
+    def close(self) -> None:
+        self._pinned.close()
+
+    def __enter__(self) -> PinnedAffinity:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
