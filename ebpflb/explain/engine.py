@@ -275,7 +275,7 @@ def table(work: Work) -> Explanation | None:
 
 def affinity(work: Work) -> Explanation | None:
     """lb4_pick_backend() with SVC_F_AFFINITY: lb4_affinity_backend() follows the client's
-    ebpflb_aff4 entry while ebpflb_affmatch4 holds (service, backend) and the timeout has
+    ebpflb_aff4 entry while ebpflb_affpair4 holds (service, backend) and the timeout has
     not passed since its last new connection; else the Maglev choice below, which is then
     remembered as the client's entry (either way the entry's time becomes now)."""
     entry, q = work.entry, work.query
@@ -337,7 +337,7 @@ def affinity(work: Work) -> Explanation | None:
         return None
     work.affinity = Affinity(keyed_by, str(key), timeout, "hit", [view])
     work.backend = next((c for c in work.candidates if c.backend_id == value.backend_id), None)
-    if work.backend is None:  # in ebpflb_affmatch4 but not in the table: still followed
+    if work.backend is None:  # in ebpflb_affpair4 but not in the table: still followed
         be = work.maps.backends.get(value.backend_id)
         work.backend = candidate(value.backend_id, be, 0, entry.table_size)
     flow = work.flow
@@ -378,7 +378,7 @@ def affinity_view(
 
 def why_not(view: AffinityClient) -> str:
     if not view.matched:
-        return "no longer one of the frontend's backends (not in ebpflb_affmatch4)"
+        return "no longer one of the frontend's backends (not in ebpflb_affpair4)"
     if not view.fresh:
         return f"expired ({view.age_s:.0f} s since its last new connection)"
     return "its backend is gone from ebpflb_be4"

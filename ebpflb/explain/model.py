@@ -160,7 +160,7 @@ class AffinityClient:
     backend_id: int
     age_s: float  # since its last new connection
     fresh: bool  # age within the timeout
-    matched: bool  # ebpflb_affmatch4 holds (service id, backend id): still the frontend's
+    matched: bool  # ebpflb_affpair4 holds (service id, backend id): still the frontend's
     followed: bool  # fresh, matched and the backend exists: the next connection goes there
 
 
@@ -170,7 +170,7 @@ class Affinity:
 
     keyed_by: str  # "network namespace" (socket-LB) or "source address" (tc/XDP)
     client: str | None  # None: the client's netns cookie is not known
-    timeout_s: int | None  # the frontend's timeout (from ebpflb_affmatch4)
+    timeout_s: int | None  # the frontend's timeout (from ebpflb_affpair4)
     # "hit": its entry decides; "miss": no usable entry, the Maglev choice is remembered;
     # "unknown": the client is not known (entries lists every client of the frontend);
     # "not read": ebpflb_aff4 was not given to explain().

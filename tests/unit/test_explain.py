@@ -432,7 +432,7 @@ def test_an_expired_or_unmatched_affinity_entry_is_ignored(sem: FakeMapSet) -> N
     table.data[key] = AffinityEntry(NOW - 10**9, other.backend_id)
     sem.affinity_match.data.pop(AffinityMatch(entry.svc_id, other.backend_id))
     ex = explain(sem, query, SETTINGS, table)
-    assert "not in ebpflb_affmatch4" in ex.steps[-3].outcome and ex.backend == maglev.backend
+    assert "not in ebpflb_affpair4" in ex.steps[-3].outcome and ex.backend == maglev.backend
 
 
 def test_socket_lb_affinity_is_per_network_namespace(sem: FakeMapSet) -> None:
