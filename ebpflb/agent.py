@@ -94,7 +94,10 @@ class Agent:
             external_ips=ExternalIPPolicy(config.external_ip_cidrs),
             zone=config.zone,
             nodeport_cidrs=config.nodeport_addresses,
+            nodeport_primary=config.nodeport_primary,
         )
+        self._node_lock = threading.Lock()
+        self._node_changed = False  # every service's frontends to be recomputed
         self.metrics = metrics
         self._clock = clock or RealClock()
         self.services = ServiceTracker()
@@ -257,6 +260,31 @@ class Agent:
         self.proxy_sync.queued()
         self.runner.request()
 
+    def set_node_addresses(
+        self, addresses: tuple[IPv4Address, ...], primary: tuple[IPv4Address, ...] = ()
+    ) -> bool:
+        """The node's addresses changed (any thread): the next sync recomputes every
+        service, so NodePort frontends follow them. Whether anything changed."""
+        with self._node_lock:
+            before = self.node
+            after = before.with_addresses(addresses, primary)
+            if after == before:
+                return False
+            self.node = after
+            self._node_changed = True
+        added = [a for a in after.addresses if a not in before.addresses]
+        removed = [a for a in before.addresses if a not in after.addresses]
+        self.metrics.node_address_changes.labels("added").inc(len(added))
+        self.metrics.node_address_changes.labels("removed").inc(len(removed))
+        log.info(
+            "node addresses changed: added %s, removed %s; NodePorts now on %s",
+            ", ".join(map(str, added)) or "none",
+            ", ".join(map(str, removed)) or "none",
+            ", ".join(map(str, after.nodeport_addresses())) or "no address",
+        )
+        self._changed()
+        return True
+
     # ---- sync ----------------------------------------------------------------------------
 
     def _sync(self, kind: SyncKind) -> bool:
@@ -270,6 +298,10 @@ class Agent:
             self.status.sync_started()
         self.proxy_sync.taking_changes()
         changed = self.services.take_changes() | self.slices.take_changes() | self._retry
+        with self._node_lock:
+            if self._node_changed:
+                changed |= self.services.refs()
+            self._node_changed = False
         self._retry = set()
         self.metrics.pending_changes.set(0)
         self.proxy_sync.changes_taken()

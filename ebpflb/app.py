@@ -28,7 +28,7 @@ from ebpflb import maglev
 from ebpflb.agent import Agent
 from ebpflb.clock import RealClock
 from ebpflb.config import Config, XdpMode, place_snat_ports
-from ebpflb.datapath import loader, netdev, pins, probes
+from ebpflb.datapath import addrwatch, loader, netdev, pins, probes
 from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
@@ -188,13 +188,23 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     metrics = Metrics(registry)
     registry.register(StatusCollector(status.phases, status.frontend_changes))
     health = HealthCheckServers()
+    # The attached interfaces' addresses are followed while the agent runs (addrwatch).
+    watched = {i.index: i.name for i in interfaces}
+    addresses = addrwatch.read_state()
     node = NodeView(
         config.node_name,
-        tuple(a for i in interfaces for a in i.addresses),
+        addresses.node_addresses(watched),
         ExternalIPPolicy(config.external_ip_cidrs),
         config.zone,
         config.nodeport_addresses,
+        config.nodeport_primary,
+        addresses.primary_addresses(),
     )
+    if config.nodeport_primary and not node.primary:
+        log.warning(
+            "--nodeport-addresses=primary: no IPv4 default route, so no primary address:"
+            " NodePorts answer nowhere until one appears"
+        )
     agent = Agent(
         config, None, metrics, node=node, health=health, on_synced=_pause_gc(), status=status
     )
@@ -238,9 +248,8 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
         _release_free_memory()  # what the compiler freed
         with KernelMapSet(config.bpffs_dir) as maps:
-            maps.set_interface_addresses(
-                {i.index: i.addresses[0] for i in interfaces if i.addresses}
-            )
+            snat = addrwatch.snat_sources({}, addresses, watched)
+            maps.set_interface_addresses(snat)
             if nodeport is not None:
                 modes = nodeport.attach(interfaces)
                 status.interfaces_attached({name: mode.value for name, mode in modes.items()})
@@ -269,7 +278,26 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 agent.runner.wake()
 
             threading.Thread(target=wake_on_stop, daemon=True).start()
-            agent.run(stop)
+            watcher = None
+            if watched:
+
+                def addresses_changed(state: addrwatch.AddressState) -> None:
+                    nonlocal snat
+                    sources = addrwatch.snat_sources(snat, state, watched)
+                    if sources != snat:
+                        maps.set_interface_addresses(sources)
+                        snat = sources
+                    agent.set_node_addresses(
+                        state.node_addresses(watched), state.primary_addresses()
+                    )
+
+                watcher = addrwatch.AddressWatcher(addresses, addresses_changed)
+                watcher.start()
+            try:
+                agent.run(stop)
+            finally:
+                if watcher is not None:
+                    watcher.stop()  # before the maps it writes are closed
     finally:
         gc.enable()
         source.stop()

@@ -77,6 +77,20 @@ def _cidrs(text: str) -> object:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+PRIMARY = "primary"
+
+
+def _nodeport_addresses(text: str) -> object:
+    """CIDR[,CIDR], or kube-proxy's "primary" (Config.nodeport_primary)."""
+    return PRIMARY if text.strip() == PRIMARY else _cidrs(text)
+
+
+def _nodeport_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    if fields.get("nodeport_addresses") == PRIMARY:
+        return {**fields, "nodeport_addresses": (), "nodeport_primary": True}
+    return fields
+
+
 # Options that each set one Config field: (flag, field, type, help).
 _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
     ("--hash-seed", "hash_seed", str, "Maglev hash seed; must be identical on every node"),
@@ -144,9 +158,10 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
     (
         "--nodeport-addresses",
         "nodeport_addresses",
-        _cidrs,
-        "node addresses NodePorts answer on, CIDR[,CIDR] (kube-proxy's flag); default:"
-        " every node address and 127.0.0.1",
+        _nodeport_addresses,
+        "node addresses NodePorts answer on, CIDR[,CIDR] or primary (the addresses of the"
+        " default route's interface), as kube-proxy's flag; followed as addresses come and"
+        " go; default: every address of the attached interfaces and 127.0.0.1",
     ),
 )
 
@@ -377,7 +392,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         interfaces=args.interfaces,
         xdp=args.xdp,
         **_snat_ports(args.snat_port_range),
-        **{field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS},
+        **_nodeport_fields({field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS}),
     )
     if args.manifests is not None and args.kubeconfig is not None:
         raise ConfigError("--manifests and --kubeconfig are two sources: choose one")

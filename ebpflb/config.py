@@ -89,6 +89,9 @@ class Config:
     # kube-proxy's --nodeport-addresses: the node addresses NodePorts answer on, by CIDR;
     # empty: every node address (and 127.0.0.1, for host processes).
     nodeport_addresses: tuple[IPv4Network | IPv6Network, ...] = ()
+    # --nodeport-addresses=primary instead: only the node's primary addresses (those of the
+    # default route's interface), kube-proxy's value of the same name.
+    nodeport_primary: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -138,6 +141,8 @@ class Config:
         ):
             if address:
                 parse_bind_address(address, flag)
+        if self.nodeport_primary and self.nodeport_addresses:
+            raise ConfigError("nodeport-addresses: either CIDRs or primary, not both")
         for network in (*self.external_ip_cidrs, *self.nodeport_addresses):
             if not isinstance(network, (IPv4Network, IPv6Network)):
                 raise ConfigError(f"external-ip-cidrs: {network!r} is not a network (CIDR)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
 
 from ebpflb.model import (
@@ -87,8 +87,20 @@ class NodeView:
     # --nodeport-addresses: NodePorts answer only on node addresses inside these (and on
     # 127.0.0.1 only when one holds it); empty: on every address and 127.0.0.1.
     nodeport_cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
+    # --nodeport-addresses=primary: NodePorts answer only on the node's primary addresses
+    # (those of the default route's interface; not 127.0.0.1), as kube-proxy's value.
+    nodeport_primary: bool = False
+    primary: tuple[IPv4Address, ...] = ()
+
+    def with_addresses(
+        self, addresses: tuple[IPv4Address, ...], primary: tuple[IPv4Address, ...]
+    ) -> NodeView:
+        """This view after the node's addresses changed (ebpflb.datapath.addrwatch)."""
+        return replace(self, addresses=addresses, primary=primary)
 
     def nodeport_addresses(self) -> tuple[IPv4Address, ...]:
+        if self.nodeport_primary:
+            return self.primary
         candidates = (*self.addresses, LOOPBACK)
         if not self.nodeport_cidrs:
             return candidates

@@ -108,6 +108,13 @@ class Metrics:
             ["map"],
             registry=registry,
         )
+        self.node_address_changes = Counter(
+            "ebpflb_node_address_changes_total",
+            "IPv4 addresses added to and removed from the interfaces the agent is attached"
+            " to while it runs (NodePort frontends follow them).",
+            ["change"],
+            registry=registry,
+        )
         self.frontend_conflicts = Counter(
             "ebpflb_frontend_conflicts_total",
             "Frontends claimed by two services; the later claim is refused.",
