@@ -244,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="interfaces to remove tc programs from (default: every interface here)",
     )
     cleanup.add_argument(
+        "--force",
+        action="store_true",
+        help="also while an agent holds the pins: for a roll-back, run in the agent's own pod"
+        " right before the DaemonSet is deleted (that agent then serves nothing)",
+    )
+    cleanup.add_argument(
         "--kube-proxy",
         action="store_true",
         help="instead: remove kube-proxy's rules from this network namespace, as"
@@ -430,7 +436,14 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     # open, and its programs detached. Held meanwhile, so no agent starts half-way.
     with PinDirLock(args.bpffs) as lock:
         if args.bpffs.is_dir() and not lock.try_acquire():
-            raise PinDirBusyError(args.bpffs, str(lock.holder()))
+            if not args.force:
+                raise PinDirBusyError(args.bpffs, str(lock.holder()))
+            log.warning(
+                "cleanup --force: the agent holding %s (pid %s) keeps running without a"
+                " datapath until it is stopped",
+                args.bpffs,
+                lock.holder(),
+            )
         programs, pins = loader.cleanup(args.bpffs, cgroup, args.interfaces)
     print(f"detached {programs} programs from {cgroup}, removed {pins} pins under {args.bpffs}")
     return 0

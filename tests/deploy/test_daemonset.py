@@ -426,8 +426,16 @@ def test_upgrade_keeps_traffic_flowing_and_adopts_the_datapath(lab: Lab) -> None
 def test_roll_back_cleanup_leaves_nothing(lab: Lab) -> None:
     agent = lab.containers[-1]
     run_ = lab.pod("ebpflb")
-    # README: `kubectl exec` into each agent pod, `ebpflb cleanup` with the pod's config.
-    argv = ["ebpflb", "cleanup", "--config", "/etc/ebpflb/config.yaml", *lab.agent_overrides(run_)]
+    # README: `kubectl exec` into each agent pod, `ebpflb cleanup --force` with the pod's
+    # config (--force: the pod's own agent holds the pins until the DaemonSet is deleted).
+    argv = [
+        "ebpflb",
+        "cleanup",
+        "--force",
+        "--config",
+        "/etc/ebpflb/config.yaml",
+        *lab.agent_overrides(run_),
+    ]
     out = run(["podman", "--runtime", RUNTIME, "exec", agent, *argv])
     assert "detached" in out
     run(["podman", "--runtime", RUNTIME, "rm", "--force", "--time", "30", agent])
