@@ -10,6 +10,9 @@ results: a missing feature the configuration needs stops the start with a Kernel
 naming it and the kernel it needs, before anything is compiled or attached; a missing
 optional one costs one log line saying what the user loses, and is shown in /status
 (`features`) and in the metric ebpflb_kernel_feature{feature}.
+
+Over 400 lines on purpose: each probe is a few hand-assembled instructions or a tiny map
+next to what its absence costs; read as one table, like the README's.
 """
 
 from __future__ import annotations
