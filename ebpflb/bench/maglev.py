@@ -2,7 +2,7 @@
 
 Backend names and removals come from a fixed random seed, so every figure except the
 timings is reproducible. Disruption is put next to its minimum (the removed backends'
-share) and next to the references in /work/shared/notes/anchors.md section 3: the paper
+share) and next to the references in ../shared/notes/anchors.md section 3: the paper
 itself gives disruption only as a graph, the anchors add a separate simulation table.
 """
 

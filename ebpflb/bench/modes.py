@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 
 from ebpflb.bench.agentrun import RunningAgent, running_agent
 from ebpflb.bench.kubeproxy import iptables, nftables
-from ebpflb.bench.measure.cost import KernelMemoryCgroup, memory_cgroup, run_timed
+from ebpflb.bench.measure.cost import KernelMemoryCgroup, Timed, memory_cgroup, run_timed
 from ebpflb.bench.records.compare import ControlPlane, KernelMemory, RulesLoad
 from ebpflb.bench.scenario import AGENT_NODE, BenchService
 from ebpflb.bench.settings import IPTABLES_MODES, CompareSettings, Mode
@@ -60,18 +60,9 @@ def program_iptables(
         run_timed(restore, topo.node, stdin=iptables.partial_sync(services, index, ready))
         for index in change_picks(len(services), settings.changes)
     ]
-    return ControlPlane(
-        program_s=full.seconds,
-        program_cpu_s=full.cpu_seconds,
-        change_s=tuple(c.seconds for c in changes),
-        change_cpu_s=tuple(c.cpu_seconds for c in changes),
-        memory=KernelMemory(cgroup_bytes=kernel),
-        rules=RulesLoad(
-            command=" ".join(restore),
-            input_bytes=len(full_text),
-            rules=sum(1 for line in full_text.splitlines() if line.startswith("-A ")),
-        ),
-    )
+    rules = sum(1 for line in full_text.splitlines() if line.startswith("-A "))
+    load = RulesLoad(" ".join(restore), len(full_text), rules)
+    return _control_plane(full, changes, kernel, load)
 
 
 def program_nftables(
@@ -91,13 +82,20 @@ def program_nftables(
         run_timed(nft, topo.node, stdin=nftables.partial_sync(services, index, ready))
         for index in change_picks(len(services), settings.changes)
     ]
+    return _control_plane(full, changes, kernel, RulesLoad(" ".join(nft), len(full_text)))
+
+
+def _control_plane(
+    full: Timed, changes: list[Timed], kernel: int | None, rules: RulesLoad
+) -> ControlPlane:
+    """A kube-proxy mode's figures: its full load, its partial syncs, its kernel memory."""
     return ControlPlane(
         program_s=full.seconds,
         program_cpu_s=full.cpu_seconds,
         change_s=tuple(c.seconds for c in changes),
         change_cpu_s=tuple(c.cpu_seconds for c in changes),
         memory=KernelMemory(cgroup_bytes=kernel),
-        rules=RulesLoad(command=" ".join(nft), input_bytes=len(full_text)),
+        rules=rules,
     )
 
 

@@ -231,9 +231,9 @@ def test_the_guest_plan_writes_nothing_into_the_checkout() -> None:
 
 
 def test_the_guest_script_quotes_the_checkout_path() -> None:
-    script = plan.guest_script("/work/my repo")
-    assert "cd '/work/my repo' ||" in script
-    assert "exec '/work/my repo/.venv/bin/python' -m ebpflb.testing.kernels.guest" in script
+    script = plan.guest_script("/srv/my repo")
+    assert "cd '/srv/my repo' ||" in script
+    assert "exec '/srv/my repo/.venv/bin/python' -m ebpflb.testing.kernels.guest" in script
 
 
 def test_kernel_lines_are_checked_before_anything_boots() -> None:
