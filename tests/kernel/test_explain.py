@@ -168,6 +168,24 @@ for port in map(int, sys.argv[2:]):
     finally:
         s.close()
 """
+# Connects from a fixed source port, prints what the server saw and holds the connection
+# until the test kills it (at most 300 s: bounded), pinging every 5 s: the echo server
+# closes a connection idle for 30 s.
+HOLDING_CLIENT = """\
+import json, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.settimeout(30)
+s.bind(("0.0.0.0", int(sys.argv[2])))
+host, port = sys.argv[1].split(":")
+s.connect((host, int(port)))
+name, seen = s.recv(256).decode().split()[:2]
+print(json.dumps({"server": name, "seen_as": seen}), flush=True)
+for _ in range(60):
+    time.sleep(5)
+    s.sendall(b"ping")
+    s.recv(64)
+"""
 # Unconnected UDP sockets: each one's cookie (SO_COOKIE, the value bpf_get_socket_cookie
 # returns) and the backend that answered its sendto().
 COOKIE_CLIENT = """\
@@ -248,11 +266,24 @@ def test_explain_names_the_backend_and_snat_of_nodeport_traffic(env: Env) -> Non
             assert low <= ex["nat"]["first_port"] <= high
     # Different client ports reached different backends, as predicted.
     assert len({r["server"] for r in seen}) >= 2
-    # Once the flow exists, explain reads its conntrack entry.
-    again = explain_json(env, node1, f"{CLIENT}:{ports[0]}", f"{NODE1}:30080/TCP", "--from-outside")
-    explain_text(env, node1, f"{CLIENT}:{ports[0]}", f"{NODE1}:30080/TCP", "--from-outside")
+    # Once a flow exists, explain reads its conntrack entry: a connection held open, since
+    # a closed one's entry lasts only EBPFLB_CT_TCP_CLOSE_TIMEOUT (10 s), about what two
+    # `ebpflb explain` runs take under emulation (the kernel matrix).
+    (port,) = fresh_ports(1)
+    holder = env.cluster.spawn(
+        env.client, [sys.executable, "-c", HOLDING_CLIENT, f"{NODE1}:30080", str(port)]
+    )
+    try:
+        assert holder.stdout is not None
+        held = json.loads(holder.stdout.readline() or "{}")
+        assert "server" in held, (held, holder.stderr and holder.stderr.read())
+        again = explain_json(env, node1, f"{CLIENT}:{port}", f"{NODE1}:30080/TCP", "--from-outside")
+        explain_text(env, node1, f"{CLIENT}:{port}", f"{NODE1}:30080/TCP", "--from-outside")
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
     assert again["selection"]["from_conntrack"]
-    assert again["backend"]["backend"] == predicted[ports[0]]["backend"]["backend"]
+    assert again["backend"]["backend"] == f"{POD_IPS[held['server']]}:8080"
 
 
 def test_explain_cluster_ip_connect_and_sendmsg(env: Env) -> None:  # noqa: F811
