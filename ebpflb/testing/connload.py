@@ -1,6 +1,7 @@
 """Bounded, continuous client load for the zero-loss tests: new TCP connections to one
 address at a steady rate for a given time, each one a full exchange with the echo server
-(connect, read its reply, close). Prints one JSON summary when done.
+(connect, read its reply, close). Prints a JSON line when it starts, and one JSON summary
+when done.
 
     python -m ebpflb.testing.connload 10.96.0.10:80 --seconds 10 --rate 400
 
@@ -15,14 +16,19 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
+import select
 import sys
 import time
 from typing import Any
 
+from ebpflb.testing.agentproc import TIMEOUT_SCALE
 from ebpflb.testing.echo import _addr, tcp_request
 from ebpflb.testing.netns import Cgroup, Topology
 
 FAILURES_KEPT = 20  # failed connections listed with their time
+STARTED = {"event": "started"}  # the first line: the client is about to connect
+START_TIMEOUT = 30.0  # seconds for the client to start (Python's start-up; scaled)
 
 
 def run(target: tuple[str, int], seconds: float, rate: float, timeout: float) -> dict[str, Any]:
@@ -77,10 +83,31 @@ class Load:
         argv = [sys.executable, "-m", "ebpflb.testing.connload", target]
         argv += ["--seconds", str(seconds), "--rate", str(rate), "--timeout", str(timeout)]
         self.proc = topology.spawn(netns, argv, cgroup)
+        self._wait_started(START_TIMEOUT * TIMEOUT_SCALE)
+
+    def _wait_started(self, timeout: float) -> None:
+        """Until the client is connecting: what a test does next must happen under load,
+        however long the interpreter takes to start (much longer under emulation)."""
+        assert self.proc.stdout is not None
+        fd, line, deadline = self.proc.stdout.fileno(), b"", time.monotonic() + timeout
+        # Byte by byte from the descriptor: nothing of the summary may sit in a buffer that
+        # communicate() (which reads the descriptor) would not see.
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            byte = os.read(fd, 1)
+            if not byte:
+                break
+            line += byte
+        if not line or json.loads(line) != STARTED:
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=30)
+            raise RuntimeError(f"load client did not start within {timeout:.0f}s: {line!r} {err}")
 
     def result(self) -> dict[str, Any]:
         """Its summary, once it has finished (it ends by itself: bounded)."""
-        out, err = self.proc.communicate(timeout=self.seconds + self.timeout + 30)
+        out, err = self.proc.communicate(timeout=(self.seconds + self.timeout) * TIMEOUT_SCALE + 30)
         if self.proc.returncode != 0:
             raise RuntimeError(f"load client failed ({self.proc.returncode}): {err}")
         summary: dict[str, Any] = json.loads(out)
@@ -94,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=400.0, help="new connections per second")
     parser.add_argument("--timeout", type=float, default=2.0, help="per connection")
     args = parser.parse_args(argv)
+    print(json.dumps(STARTED), flush=True)
     print(json.dumps(run(args.target, args.seconds, args.rate, args.timeout)), flush=True)
     return 0
 

@@ -27,7 +27,7 @@ from typing import Any
 from ebpflb.datapath import dump
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.maps import SLOTS_PER_ELEMENT
-from ebpflb.testing.agentproc import AgentProcess
+from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess
 from tests.kernel.conftest import AgentFactory
 
 SERVICES = 2200
@@ -176,6 +176,7 @@ def wait_first_write(agent: AgentProcess, maps: KernelMapSet, timeout: float = 6
     generation has): when. Anchoring the kills here rather than on the clock keeps them
     inside the sync however loaded the machine is."""
     before = dict(maps.backends.items())
+    timeout *= TIMEOUT_SCALE
     deadline = time.monotonic() + timeout
     while dict(maps.backends.items()) == before:
         assert agent.proc.poll() is None, f"agent exited:\n{agent.output()}"

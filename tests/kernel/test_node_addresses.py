@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from ebpflb.datapath.kernel import KernelMapSet
-from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
+from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Cluster, sh
 
 NODE, EXTRA, CLIENT = "192.168.100.1", "192.168.100.11", "192.168.100.100"
@@ -91,7 +91,8 @@ class Env:
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> float:
-    """Seconds until `check` holds; fails after `timeout`."""
+    """Seconds until `check` holds; fails after `timeout` (scaled under emulation)."""
+    timeout *= TIMEOUT_SCALE
     started = time.monotonic()
     while not check():
         if time.monotonic() - started > timeout:
@@ -148,7 +149,7 @@ def test_nodeports_follow_an_address_added_and_removed(env: Env) -> None:
     env.ip("addr", "add", f"{EXTRA}/24", "dev", "eth0")
     try:
         took = wait_for(lambda: f"{EXTRA}:{NODEPORT}/TCP" in env.frontends(), "frontend added")
-        assert took < 5.0
+        assert took < 5.0 * TIMEOUT_SCALE
         # A second address: the interface's SNAT source stays what it was.
         assert answered(env.nodeport(EXTRA))
         assert env.snat_source() == {IPv4Address(NODE)}

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ebpflb.testing.agentproc import AgentProcess
+from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess
 from ebpflb.testing.connload import Load
 from ebpflb.testing.fakeapi import FakeApiServer, Request
 from ebpflb.testing.netns import Cgroup, Topology
@@ -38,7 +38,8 @@ def check(
     record_property(f"{name}_connections", result["attempted"])
     record_property(f"{name}_failed", result["failed"])
     assert result["failed"] == 0, result["failures"]
-    assert result["ok"] == result["attempted"] >= RATE * result["seconds"] * 0.5
+    # The load kept (at least half) its pace: under emulation (TIMEOUT_SCALE) it cannot.
+    assert result["ok"] == result["attempted"] >= RATE * result["seconds"] * 0.5 / TIMEOUT_SCALE
 
 
 def test_restart_loses_no_connection(
