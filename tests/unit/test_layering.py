@@ -33,6 +33,7 @@ def test_the_package_never_imports_scapy() -> None:
     assert importers_of("scapy") == set()
 
 
-def test_only_the_datapath_adapter_imports_bcc() -> None:
-    assert importers_of("bcc")
-    assert all(path.startswith("ebpflb/datapath/") for path in importers_of("bcc"))
+def test_only_the_compiler_imports_bcc() -> None:
+    """Maps are read and written with raw bpf(2) calls (bpfsys.py): importing libbcc maps
+    LLVM into the process, so nothing but the compile step may."""
+    assert importers_of("bcc") == {"ebpflb/datapath/loader.py"}
