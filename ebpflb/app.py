@@ -239,11 +239,21 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         if not servers and (config.healthz_bind_address or config.metrics_bind_address):
             servers = _serve(config, registry, status, metrics)
         socket_lb = loader.SocketLB(config, features)
-        status.compiled("socket_lb", socket_lb.load_seconds, Phase.SOCKET_LB_COMPILED)
+        status.compiled(
+            "socket_lb",
+            socket_lb.load_seconds,
+            Phase.SOCKET_LB_COMPILED,
+            socket_lb.origin.value,
+        )
         if interfaces:
             started = clock.now()
             nodeport = loader.NodePortLB(config, features)
-            status.compiled("nodeport", clock.now() - started, Phase.NODEPORT_COMPILED)
+            status.compiled(
+                "nodeport",
+                clock.now() - started,
+                Phase.NODEPORT_COMPILED,
+                nodeport.origin.value,
+            )
         status.programs_replaced(socket_lb.attach(cgroup))
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
         _release_free_memory()  # what the compiler freed

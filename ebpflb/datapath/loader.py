@@ -1,10 +1,23 @@
-"""Compile bpf/*.c with BCC, load the programs, attach them, and take them away again.
+"""Get the programs of bpf/*.c into the kernel, attach them, and take them away again.
 
 Attachments outlive the agent on purpose: cgroup programs attached with bpf_prog_attach stay
-until detached, and maps are pinned, so traffic keeps flowing while the agent restarts. A
-new agent attaches its programs next to the old ones (BPF_F_ALLOW_MULTI) and then detaches
-the old ones, so there is no moment without translation; two ebpflb connect4 programs in a
-row are harmless because the second sees an already-translated backend address.
+until detached, tc filters and XDP programs stay on their interfaces, and maps are pinned,
+so traffic keeps flowing while the agent restarts. Programs are pinned too, next to the
+maps, under a name carrying a hash of what they were built from (source, cflags, kernel,
+BCC: progcache.cache_key). Each start takes the cheapest of three ways, per program file:
+
+1. adopted: the pinned programs have the wanted hash and use the maps pinned now; they are
+   already attached (re-attached where they are not), nothing is compiled or loaded;
+2. loaded: BCC's bytecode for that hash is in the bytecode store (progcache.py) and is
+   loaded with BPF_PROG_LOAD;
+3. compiled: BCC compiles in a short-lived child process (compiler.py), which hands the
+   bytecode over; then as 2. The agent never imports bcc, so LLVM is never in its memory.
+
+New programs are attached next to the old ones (cgroup: BPF_F_ALLOW_MULTI; tc: an atomic
+filter replace; XDP: an atomic program swap) and then the old ones are detached, so there
+is no moment without translation; two ebpflb connect4 programs in a row are harmless
+because the second sees an already-translated backend address. Only then are the new
+programs pinned and the old pins removed.
 """
 
 from __future__ import annotations
@@ -13,17 +26,17 @@ import contextlib
 import enum
 import errno
 import importlib.resources
+import json
 import logging
 import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-
-import bcc
-from bcc import BPF, BPFAttachType
 
 from ebpflb.config import Config, XdpMode
 from ebpflb.datapath import bpfsys, contract, netdev, pins, probes, progcache
@@ -36,18 +49,20 @@ log = logging.getLogger(__name__)
 BPF_DIR = Path(str(importlib.resources.files("ebpflb") / "bpf")).resolve()
 PROGRAM_PREFIX = "ebpflb_"  # every program ebpflb loads; cleanup detaches exactly these
 BPF_F_ALLOW_MULTI = 1 << 1
-
-_BCC_VERSION = getattr(bcc, "__version__", "unknown")
+PROG_TYPE_SCHED_CLS = probes.PROG_TYPE_SCHED_CLS
+PROG_TYPE_XDP = probes.PROG_TYPE_XDP
+PROG_TYPE_CGROUP_SOCK_ADDR = probes.PROG_TYPE_CGROUP_SOCK_ADDR
+PROGRAM_PIN = pins.PROGRAM_PIN
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
 
 class SockHook(enum.Enum):
     """Socket-LB programs and the cgroup hook each attaches to (kernel version it needs)."""
 
-    CONNECT4 = ("ebpflb_connect4", BPFAttachType.CGROUP_INET4_CONNECT, "connect4")
-    SENDMSG4 = ("ebpflb_sendmsg4", BPFAttachType.CGROUP_UDP4_SENDMSG, "sendmsg4")
-    RECVMSG4 = ("ebpflb_recvmsg4", BPFAttachType.CGROUP_UDP4_RECVMSG, "recvmsg4")
-    GETPEERNAME4 = ("ebpflb_getpeer4", BPFAttachType.CGROUP_INET4_GETPEERNAME, "getpeername4")
+    CONNECT4 = ("ebpflb_connect4", probes.ATTACH_INET4_CONNECT, "connect4")
+    SENDMSG4 = ("ebpflb_sendmsg4", probes.ATTACH_UDP4_SENDMSG, "sendmsg4")
+    RECVMSG4 = ("ebpflb_recvmsg4", probes.ATTACH_UDP4_RECVMSG, "recvmsg4")
+    GETPEERNAME4 = ("ebpflb_getpeer4", probes.ATTACH_INET4_GETPEERNAME, "getpeername4")
 
     @property
     def function(self) -> str:
@@ -101,64 +116,178 @@ def assemble_source(main: Path) -> str:
     return "".join(expand(main.resolve()))
 
 
-def compile_program(source: Path, cflags: list[str]) -> BPF:
-    try:
-        return BPF(text=assemble_source(source).encode(), cflags=cflags)
-    except Exception as exc:  # BCC raises bare Exception; its message names the file
-        raise BpfLoadError(f"compiling {source.name} failed: {exc}") from exc
-
-
-class CachedPrograms:
-    """Programs from the program cache (progcache.py), with the part of BPF's interface
-    the loader uses: load_func and cleanup."""
-
-    def __init__(self, entry: progcache.Entry, map_fds: list[int]) -> None:
-        self._entry = entry
-        self._maps = map_fds
-        self._functions: list[BPF.Function] = []
-
-    def load_func(self, name: bytes, prog_type: int, attach_type: int = -1) -> BPF.Function:
-        fd = progcache.load_function(self._entry, self._maps, name.decode(), prog_type, attach_type)
-        function = BPF.Function(None, name, fd)
-        self._functions.append(function)
-        return function
-
-    def cleanup(self) -> None:
-        for fd in [*self._maps, *(f.fd for f in self._functions)]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._maps, self._functions = [], []
-
-
-def compile_cached(
+def compile_in_child(
     source: Path, cflags: list[str], functions: Sequence[str], pin_dir: Path
-) -> BPF | CachedPrograms:
-    """compile_program, or its bytecode from the program cache when EBPFLB_PROGRAM_CACHE
-    names one (filled on a miss): the same programs without running clang."""
-    directory = progcache.cache_dir()
-    if directory is None:
-        return compile_program(source, cflags)
-    text = assemble_source(source)
-    # The pin directory only tells BCC where the maps are (the cache finds them itself):
-    # agents on different pin directories share entries.
-    pin_flag = f"-D{contract.PIN_DIR.macro}="
-    shape = [flag for flag in cflags if not flag.startswith(pin_flag)]
-    path = directory / f"{progcache.cache_key(text, shape, functions, _BCC_VERSION)}.json"
-    entry = progcache.load(path)
-    if entry is not None and set(functions) <= set(entry.functions):
+) -> progcache.Entry:
+    """BCC's bytecode for `functions` of `source`, compiled by a child process
+    (compiler.py) so that LLVM never enters this one; the child creates and pins the maps
+    the source declares, as BCC does."""
+    request = {
+        "source": str(source),
+        "cflags": cflags,
+        "functions": list(functions),
+        "pin_dir": str(pin_dir),
+    }
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "ebpflb.datapath.compiler"],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as exc:
+        raise BpfLoadError(f"cannot start the compiler for {source.name}: {exc}") from exc
+    if done.returncode != 0:
+        detail = "\n".join(done.stderr.strip().splitlines()[-40:])
+        raise BpfLoadError(f"compiling {source.name} failed: {detail}")
+    try:
+        return progcache.Entry.from_json(done.stdout)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BpfLoadError(f"the compiler's answer for {source.name} is unreadable: {exc}") from exc
+
+
+class Origin(enum.StrEnum):
+    """Where a start got a program file's programs from (cheapest first)."""
+
+    ADOPTED = "adopted"  # pinned by a previous agent with the same build hash
+    LOADED = "loaded"  # bytecode from the store, loaded with BPF_PROG_LOAD
+    COMPILED = "compiled"  # compiled in a child process, then loaded
+
+
+@dataclass(frozen=True, slots=True)
+class Function:
+    name: str
+    prog_type: int
+    attach_type: int = 0  # expected_attach_type (cgroup sock_addr programs)
+    needs: str = ""  # what the kernel must have, for error messages
+
+
+def program_pin(pin_dir: Path, key: str, function: str) -> Path:
+    return pin_dir / f"prog-{key[:16]}-{function}"
+
+
+def pinned_map_ids(pin_dir: Path) -> set[int]:
+    """Kernel ids of the contract's maps pinned under `pin_dir` now."""
+    ids = set()
+    for name in contract.MAPS:
         try:
-            return CachedPrograms(entry, progcache.open_maps(entry, pin_dir))
-        except bpfsys.BpfError as exc:
-            log.warning("program cache entry %s unusable, compiling: %s", path.name, exc)
-    bpf = compile_program(source, cflags)
-    recorded = progcache.record(
-        {f: bpf.dump_func(f.encode()) for f in functions},
-        pin_dir,
-        also=[name.value for name in contract.MAPS],
-    )
-    if recorded is not None:
-        progcache.store(path, recorded)
-    return bpf
+            fd = bpfsys.obj_get(str(pin_dir / name.value))
+        except bpfsys.BpfError:
+            continue
+        try:
+            ids.add(bpfsys.map_info(fd, name.value).id)
+        finally:
+            os.close(fd)
+    return ids
+
+
+class ProgramSet:
+    """The programs of one source file, open in this process (fds), however they came:
+    adopted from their pins, loaded from stored bytecode, or compiled in a child first."""
+
+    def __init__(
+        self, source: Path, cflags: list[str], functions: Sequence[Function], pin_dir: Path
+    ) -> None:
+        self.source = source
+        self.pin_dir = pin_dir
+        self.functions = tuple(functions)
+        # The pin directory only tells BCC where the maps are: programs built for another
+        # directory are the same programs.
+        pin_flag = f"-D{contract.PIN_DIR.macro}="
+        shape = [flag for flag in cflags if not flag.startswith(pin_flag)]
+        names = [f.name for f in functions]
+        self.key = progcache.cache_key(
+            assemble_source(source), shape, names, progcache.bcc_version()
+        )
+        self.fds: dict[str, int] = {}
+        adopted = self._adopt()
+        if adopted is not None:
+            self.fds, self.origin = adopted, Origin.ADOPTED
+            return
+        entry, self.origin = self._entry(cflags)
+        self._load(entry)
+
+    def _adopt(self) -> dict[str, int] | None:
+        """The pinned programs of this build hash, if all are there and use the maps pinned
+        now (a map recreated since, e.g. for a new size, needs programs loaded again)."""
+        fds: dict[str, int] = {}
+        maps: set[int] | None = None
+        try:
+            for function in self.functions:
+                try:
+                    fd = bpfsys.obj_get(str(program_pin(self.pin_dir, self.key, function.name)))
+                except bpfsys.BpfError:
+                    return None
+                fds[function.name] = fd
+                if maps is None:
+                    maps = pinned_map_ids(self.pin_dir)
+                if not set(bpfsys.prog_info(fd, function.name).map_ids) <= maps:
+                    log.info(
+                        "pinned %s uses maps no longer pinned: loading it again", function.name
+                    )
+                    return None
+            result, fds = fds, {}
+            return result
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def _entry(self, cflags: list[str]) -> tuple[progcache.Entry, Origin]:
+        names = [f.name for f in self.functions]
+        directory = progcache.cache_dir()
+        path = directory / f"{self.key}.json" if directory is not None else None
+        if path is not None:
+            entry = progcache.load(path)
+            if entry is not None and set(names) <= set(entry.functions):
+                try:
+                    progcache.close_fds(progcache.open_maps(entry, self.pin_dir))
+                    return entry, Origin.LOADED
+                except bpfsys.BpfError as exc:
+                    log.warning("stored bytecode %s unusable, compiling: %s", path.name, exc)
+        entry = compile_in_child(self.source, cflags, names, self.pin_dir)
+        if path is not None:
+            progcache.store(path, entry)
+        return entry, Origin.COMPILED
+
+    def _load(self, entry: progcache.Entry) -> None:
+        map_fds = progcache.open_maps(entry, self.pin_dir)
+        try:
+            for function in self.functions:
+                try:
+                    self.fds[function.name] = progcache.load_function(
+                        entry, map_fds, function.name, function.prog_type, function.attach_type
+                    )
+                except bpfsys.BpfError as exc:
+                    self.close()
+                    needs = f" (needs {function.needs})" if function.needs else ""
+                    raise BpfLoadError(f"loading {function.name} failed{needs}: {exc}") from exc
+        finally:
+            progcache.close_fds(map_fds)  # the loaded programs hold their maps
+
+    def ids(self) -> dict[str, int]:
+        return {name: bpfsys.prog_info(fd, name).id for name, fd in self.fds.items()}
+
+    def commit_pins(self) -> None:
+        """Pin these programs (unless adopted: they are) and unpin other builds of the same
+        functions, once these are attached and the old ones detached."""
+        names = {f.name for f in self.functions}
+        for name, fd in self.fds.items():
+            path = program_pin(self.pin_dir, self.key, name)
+            if self.origin is not Origin.ADOPTED:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()  # this hash's programs on maps since replaced
+                bpfsys.obj_pin(fd, str(path))
+        for pin in self.pin_dir.iterdir():
+            match = PROGRAM_PIN.match(pin.name)
+            if match and match.group(2) in names and match.group(1) != self.key[:16]:
+                with contextlib.suppress(FileNotFoundError):
+                    pin.unlink()
+
+    def close(self) -> None:
+        """Drop this process's handles; attachments and pins keep the programs."""
+        progcache.close_fds(list(self.fds.values()))
+        self.fds = {}
 
 
 @cache
@@ -169,7 +298,7 @@ def probe_features() -> Features:
 
 
 class SocketLB:
-    """The compiled socket-LB programs; attaching leaves them in the kernel after exit."""
+    """The socket-LB programs; attaching leaves them in the kernel after exit."""
 
     def __init__(self, config: Config, features: Features | None = None) -> None:
         self.config = config
@@ -177,54 +306,67 @@ class SocketLB:
         pins.ensure_bpffs(config.bpffs_dir)
         pins.drop_incompatible(config)
         started = time.monotonic()
-        self._bpf = compile_cached(
+        self.programs = ProgramSet(
             BPF_DIR / "sock_lb.c",
             config.cflags() + self.features.cflags(),
-            [hook.function for hook in SockHook],
+            [
+                Function(
+                    hook.function,
+                    PROG_TYPE_CGROUP_SOCK_ADDR,
+                    hook.attach_type,
+                    f"the {hook.name.lower()} hook, kernel {hook.since}+",
+                )
+                for hook in SockHook
+            ],
             config.bpffs_dir,
         )
-        self._functions = {}
-        for hook in SockHook:
-            try:
-                self._functions[hook] = self._bpf.load_func(
-                    hook.function.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=hook.attach_type
-                )
-            except Exception as exc:
-                raise BpfLoadError(
-                    f"loading {hook.function} for the {hook.name.lower()} hook failed "
-                    f"(needs kernel {hook.since}+): {exc}"
-                ) from exc
         self.load_seconds = time.monotonic() - started
-        log.info("compiled and loaded socket-LB programs in %.2fs", self.load_seconds)
+        log.info("socket-LB programs %s in %.2fs", self.programs.origin.value, self.load_seconds)
+
+    @property
+    def origin(self) -> Origin:
+        return self.programs.origin
+
+    def program_fds(self) -> dict[str, int]:
+        return dict(self.programs.fds)
 
     def attach(self, cgroup: Path) -> int:
-        """Attach to `cgroup`, then detach any older ebpflb programs there (restart); how
-        many older programs were replaced."""
+        """Attach to `cgroup` (where not attached yet), then detach any other ebpflb
+        programs there (a previous agent's); how many were replaced."""
         fd = _open_cgroup(cgroup)
         try:
             mine = set()
-            for hook, function in self._functions.items():
+            for hook in SockHook:
+                prog_fd = self.programs.fds[hook.function]
+                prog_id = bpfsys.prog_info(prog_fd, hook.function).id
                 try:
-                    BPF.attach_func(function, fd, hook.attach_type, BPF_F_ALLOW_MULTI)
-                except Exception as exc:
-                    raise AttachError(
-                        f"attaching {hook.function} to cgroup {cgroup} failed: {exc}"
-                    ) from exc
-                mine.add(bpfsys.prog_info(function.fd, hook.function).id)
+                    if prog_id not in bpfsys.prog_query(fd, hook.attach_type, str(cgroup)):
+                        bpfsys.prog_attach(
+                            fd,
+                            prog_fd,
+                            hook.attach_type,
+                            BPF_F_ALLOW_MULTI,
+                            f"{hook.function} to cgroup {cgroup}",
+                        )
+                except bpfsys.BpfError as exc:
+                    raise AttachError(str(exc)) from exc
+                mine.add(prog_id)
             replaced = _detach_ebpflb_programs(fd, cgroup, keep=mine)
         finally:
             os.close(fd)
+        self.programs.commit_pins()
         if replaced:
             log.info("replaced %d programs of a previous ebpflb on %s", replaced, cgroup)
         return replaced
 
     def close(self) -> None:
         """Drop this process's handles; attached programs and pins stay in the kernel."""
-        self._bpf.cleanup()
+        self.programs.close()
 
 
 class NodePortLB:
-    """The tc programs for NodePort, LoadBalancer and external IPs (bpf/nodeport.c).
+    """The tc programs for NodePort, LoadBalancer and external IPs (bpf/nodeport.c), and
+    the XDP one (bpf/nodeport_xdp.c) when asked for.
 
     tc filters keep their programs loaded after the agent exits, like the cgroup
     attachments; a restarted agent replaces them in place (netdev.attach_tc)."""
@@ -238,30 +380,51 @@ class NodePortLB:
         self.features = features or probe_features()
         started = time.monotonic()
         cflags = config.cflags() + self.features.cflags()
-        self._bpf = compile_cached(
-            BPF_DIR / "nodeport.c", cflags, [self.INGRESS, self.EGRESS], config.bpffs_dir
+        self.programs = ProgramSet(
+            BPF_DIR / "nodeport.c",
+            cflags,
+            [
+                Function(self.INGRESS, PROG_TYPE_SCHED_CLS),
+                Function(self.EGRESS, PROG_TYPE_SCHED_CLS),
+            ],
+            config.bpffs_dir,
         )
-        self._xdp_bpf: BPF | CachedPrograms | None = None
-        try:
-            self._ingress = self._bpf.load_func(self.INGRESS.encode(), BPF.SCHED_CLS)
-            self._egress = self._bpf.load_func(self.EGRESS.encode(), BPF.SCHED_CLS)
-            if config.xdp is not XdpMode.OFF:
-                self._xdp_bpf = compile_cached(
-                    BPF_DIR / "nodeport_xdp.c", cflags, [self.XDP], config.bpffs_dir
+        self.xdp_programs: ProgramSet | None = None
+        if config.xdp is not XdpMode.OFF:
+            try:
+                self.xdp_programs = ProgramSet(
+                    BPF_DIR / "nodeport_xdp.c",
+                    cflags,
+                    [Function(self.XDP, PROG_TYPE_XDP)],
+                    config.bpffs_dir,
                 )
-                self._xdp = self._xdp_bpf.load_func(self.XDP.encode(), BPF.XDP)
-        except Exception as exc:
-            raise BpfLoadError(f"loading the NodePort programs failed: {exc}") from exc
-        log.info("compiled and loaded NodePort programs in %.2fs", time.monotonic() - started)
+            except BaseException:
+                self.programs.close()
+                raise
+        origins = [self.programs.origin.value]
+        if self.xdp_programs is not None:
+            origins.append(self.xdp_programs.origin.value)
+        log.info("NodePort programs %s in %.2fs", "/".join(origins), time.monotonic() - started)
+
+    @property
+    def origin(self) -> Origin:
+        """The costliest way any of its program files took."""
+        order = list(Origin)
+        sets = [self.programs, *([self.xdp_programs] if self.xdp_programs else [])]
+        return max((s.origin for s in sets), key=order.index)
 
     def attach(self, interfaces: Sequence[netdev.Interface]) -> dict[str, XdpMode]:
         """Attach tc on every interface, and XDP where asked and possible; the XDP mode
         each interface ended up with."""
         modes = {}
         for iface in interfaces:
-            netdev.attach_tc(iface, netdev.TcDirection.INGRESS, self._ingress.fd, self.INGRESS)
-            netdev.attach_tc(iface, netdev.TcDirection.EGRESS, self._egress.fd, self.EGRESS)
-            modes[iface.name] = self._attach_xdp(iface.name)
+            netdev.attach_tc(
+                iface, netdev.TcDirection.INGRESS, self.program_fd(self.INGRESS), self.INGRESS
+            )
+            netdev.attach_tc(
+                iface, netdev.TcDirection.EGRESS, self.program_fd(self.EGRESS), self.EGRESS
+            )
+            modes[iface.name] = self._attach_xdp(iface)
             addresses = ", ".join(map(str, iface.addresses)) or "no IPv4 address"
             log.info(
                 "NodePort programs attached to %s (%s), ingress in %s",
@@ -269,34 +432,42 @@ class NodePortLB:
                 addresses,
                 "tc" if modes[iface.name] is XdpMode.OFF else f"XDP ({modes[iface.name].value})",
             )
+        self.programs.commit_pins()
+        if self.xdp_programs is not None:
+            self.xdp_programs.commit_pins()
         return modes
 
     def program_fd(self, name: str) -> int:
         """The fd of one loaded program (INGRESS, EGRESS, or XDP when config.xdp is not
         off), to run it on test packets (ebpflb.datapath.testrun)."""
-        programs = {self.INGRESS: self._ingress, self.EGRESS: self._egress}
-        if self._xdp_bpf is not None:
-            programs[self.XDP] = self._xdp
+        programs = dict(self.programs.fds)
+        if self.xdp_programs is not None:
+            programs.update(self.xdp_programs.fds)
         if name not in programs:
             raise BpfLoadError(f"{name} is not loaded (loaded: {', '.join(programs)})")
-        return int(programs[name].fd)
+        return programs[name]
 
-    def _attach_xdp(self, ifname: str) -> XdpMode:
+    def _attach_xdp(self, iface: netdev.Interface) -> XdpMode:
         mode = self.config.xdp
-        if mode is XdpMode.OFF or self._xdp_bpf is None:
+        if mode is XdpMode.OFF or self.xdp_programs is None:
             return XdpMode.OFF
+        fd = self.xdp_programs.fds[self.XDP]
+        if netdev.xdp_program_id(iface.name) == bpfsys.prog_info(fd, self.XDP).id:
+            return mode  # adopted, and still attached
         try:
-            BPF.attach_xdp(ifname.encode(), self._xdp, XDP_FLAGS[mode])
-        except Exception as exc:
-            log.warning("XDP (%s) on %s failed, falling back to tc: %s", mode.value, ifname, exc)
+            netdev.attach_xdp(iface, fd, XDP_FLAGS[mode])
+        except AttachError as exc:
+            log.warning(
+                "XDP (%s) on %s failed, falling back to tc: %s", mode.value, iface.name, exc
+            )
             return XdpMode.OFF
         return mode
 
     def close(self) -> None:
         """Drop this process's handles; tc filters and XDP attachments keep the programs."""
-        self._bpf.cleanup()
-        if self._xdp_bpf is not None:
-            self._xdp_bpf.cleanup()
+        self.programs.close()
+        if self.xdp_programs is not None:
+            self.xdp_programs.close()
 
 
 XDP_FLAGS = {XdpMode.GENERIC: 1 << 1, XdpMode.NATIVE: 1 << 2}  # XDP_FLAGS_SKB/DRV_MODE
@@ -321,8 +492,8 @@ def detach_xdp(ifname: str) -> int:
     finally:
         os.close(prog_fd)
     for flags in XDP_FLAGS.values():
-        with contextlib.suppress(Exception):  # the mode it was attached in is the one that works
-            BPF.remove_xdp(ifname.encode(), flags)
+        with contextlib.suppress(AttachError):  # the mode it was attached in is the one that works
+            netdev.detach_xdp(ifname, flags)
     return 1
 
 

@@ -129,7 +129,8 @@ def test_restart_keeps_traffic_flowing_and_rewrites_nothing(
     assert (first_sync["added"], first_sync["updated"], first_sync["removed"]) == (0, 0, 0)
     assert first_sync["unchanged"] == 3
     assert second.metrics().value("ebpflb_maglev_slots_written_total") == 0
-    assert status["programs"]["replaced_previous"] == 4
+    # The pinned programs were adopted as they were: still attached, nothing replaced.
+    assert status["programs"] == {"replaced_previous": 0, "origin": {"socket_lb": "adopted"}}
     attached = loader.attached_programs(cgroup.path)
     assert sorted(name for _, name in attached) == [
         "ebpflb_connect4",

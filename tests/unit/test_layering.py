@@ -34,6 +34,7 @@ def test_the_package_never_imports_scapy() -> None:
 
 
 def test_only_the_compiler_imports_bcc() -> None:
-    """Maps are read and written with raw bpf(2) calls (bpfsys.py): importing libbcc maps
-    LLVM into the process, so nothing but the compile step may."""
-    assert importers_of("bcc") == {"ebpflb/datapath/loader.py"}
+    """The agent loads, attaches and reads maps with raw bpf(2) calls (bpfsys.py); importing
+    bcc maps libbcc and LLVM into a process, so only the compile step does, in a child
+    process of its own (compiler.py)."""
+    assert importers_of("bcc") == {"ebpflb/datapath/compiler.py"}
