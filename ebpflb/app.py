@@ -181,6 +181,8 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
 
+    # Large Maglev builds run numba in a helper process: its LLVM never enters the agent.
+    maglev.use_fill_worker()
     interfaces = netdev.interfaces(config.interfaces) if config.interfaces != () else []
     if interfaces:
         config = place_snat_ports(config, netdev.ephemeral_port_range())
