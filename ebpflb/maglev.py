@@ -12,6 +12,10 @@ change of backends remaps only a little more than the flows of the backends that
 
 This module is pure (no kernel, no I/O, no logging) so that the reconciler, the tests and
 the benchmark can call it freely; the datapath adapter writes the result into BPF maps.
+The one exception is opt-in: the agent routes large builds' compiled loop through a helper
+process (use_fill_worker, maglev_worker.py) so numba's LLVM stays out of its memory.
+Over 400 lines on purpose: the table sizes, the hashing, both fill loops and their
+dispatch, single and batch builds and the slot diff share private helpers.
 Weights follow Katran's MaglevHashV2: in each round a backend adds its weight to a running
 counter and takes a turn whenever the counter reaches the largest weight.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 from bcc import BPF
 
 from ebpflb.datapath import contract, progcache
-from ebpflb.datapath.loader import assemble_source
+from ebpflb.datapath.programs import assemble_source
 from ebpflb.errors import BpfLoadError
 
 

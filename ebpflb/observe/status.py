@@ -129,7 +129,7 @@ class AgentStatus:
 
     def compiled(self, program: str, seconds: float, phase: Phase, origin: str = "") -> None:
         """`program`'s programs are in the kernel after `seconds`; `origin` says how they
-        got there ("adopted", "loaded", "compiled": ebpflb.datapath.loader.Origin)."""
+        got there ("adopted", "loaded", "compiled": ebpflb.datapath.programs.Origin)."""
         with self._lock:
             self._compile[program] = seconds
             if origin:
