@@ -12,6 +12,10 @@ change of backends remaps only a little more than the flows of the backends that
 
 This module is pure (no kernel, no I/O, no logging) so that the reconciler, the tests and
 the benchmark can call it freely; the datapath adapter writes the result into BPF maps.
+The one exception is opt-in: the agent routes large builds' compiled loop through a helper
+process (use_fill_worker, maglev_worker.py) so numba's LLVM stays out of its memory.
+Over 400 lines on purpose: the table sizes, the hashing, both fill loops and their
+dispatch, single and batch builds and the slot diff share private helpers.
 Weights follow Katran's MaglevHashV2: in each round a backend adds its weight to a running
 counter and takes a turn whenever the counter reaches the largest weight.
 """
@@ -21,12 +25,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from ebpflb.errors import MaglevError
+
+if TYPE_CHECKING:
+    from ebpflb.maglev_worker import FillWorker
 
 __all__ = [
     "DEFAULT_HASH_SEED",
@@ -78,6 +85,19 @@ _Int32Array = npt.NDArray[np.int32]
 # full sync of thousands of services) the compiled loop wins by far. Both give the same
 # slots: tests/unit/test_maglev.py checks each against the paper's pseudocode.
 COMPILED_MIN_SLOTS: Final = 65536
+
+# The agent runs the compiled loop in a helper process (maglev_worker.py), so numba's LLVM
+# never enters its memory; None: in this process (tests, the bench's Maglev figures).
+_worker: FillWorker | None = None
+
+
+def use_fill_worker() -> None:
+    """Run compiled builds in a helper process from now on (the agent calls this)."""
+    global _worker
+    if _worker is None:
+        from ebpflb.maglev_worker import FillWorker
+
+        _worker = FillWorker()
 
 
 def _fill_python(offsets: list[int], skips: list[int], weights: list[int], size: int) -> list[int]:
@@ -132,6 +152,12 @@ def _fill_many(
     if compiled is None:
         compiled = out.shape[0] >= COMPILED_MIN_SLOTS
     if compiled:
+        if _worker is not None:
+            try:
+                _worker.fill_many(offsets, skips, weights, backend_starts, out, slot_starts)
+            except OSError as exc:
+                raise MaglevError(f"building {len(slot_starts) - 1} tables: {exc}") from exc
+            return
         from ebpflb import maglev_compiled  # imports numba: only for large builds
 
         maglev_compiled.fill_many(offsets, skips, weights, backend_starts, out, slot_starts)
@@ -307,7 +333,11 @@ def compiled_for(services: int) -> bool:
 
 def warm_up() -> None:
     """Load the compiled fill loop now (numba's import and on-disk cache, about 1 s here),
-    for a caller that knows a large build (COMPILED_MIN_SLOTS and up) is coming."""
+    for a caller that knows a large build (COMPILED_MIN_SLOTS and up) is coming; with the
+    helper process, start it (it loads numba while this process goes on)."""
+    if _worker is not None:
+        _worker.start()
+        return
     from ebpflb import maglev_compiled
 
     maglev_compiled.warm_up()

@@ -292,9 +292,13 @@ def _agent_lines(
     if interfaces:
         shown = ", ".join(f"{name} (xdp {i['xdp']})" for name, i in interfaces.items())
         lines.append(f"interfaces  {shown}")
-    replaced = (status.get("programs") or {}).get("replaced_previous")
+    programs = status.get("programs") or {}
+    shown_parts = [f"{name} {how}" for name, how in (programs.get("origin") or {}).items()]
+    replaced = programs.get("replaced_previous")
     if replaced:
-        lines.append(f"programs    took over {replaced} from a previous agent")
+        shown_parts.append(f"took over {replaced} from a previous agent")
+    if shown_parts:
+        lines.append(f"programs    {'; '.join(shown_parts)}")
     lines += _problem_lines(status.get("problems") or {})
     for key, value in status.items():  # sections other components add (e.g. features)
         if key not in _KNOWN:

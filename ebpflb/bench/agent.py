@@ -46,6 +46,7 @@ class AgentStatus:
     last_sync: SyncResult | None
     frontends: int
     xdp: Mapping[str, str] = field(default_factory=dict)  # interface -> native|generic|off
+    program_origin: Mapping[str, str] = field(default_factory=dict)  # set -> adopted|...
 
     @classmethod
     def parse(cls, data: Any) -> AgentStatus:
@@ -76,6 +77,10 @@ class AgentStatus:
                 xdp={
                     str(name): str(iface.get("xdp", "off"))
                     for name, iface in data.get("interfaces", {}).items()
+                },
+                program_origin={
+                    str(k): str(v)
+                    for k, v in (data.get("programs") or {}).get("origin", {}).items()
                 },
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -175,4 +180,5 @@ def startup(status: AgentStatus, spawned_at: float, cpu_s_at_synced: float) -> A
         phases=phases,
         compile_s=dict(status.compile_seconds),
         lists=dict(status.lists),
+        program_origin=dict(status.program_origin),
     )

@@ -77,6 +77,14 @@ class RunningAgent:
     bpffs: Path
     endpoints: Endpoints
     startup: AgentStartup
+    spawn: Callable[[], tuple[AgentProcess, AgentStartup]]
+
+    def restart(self) -> AgentStartup:
+        """Stop the agent (SIGTERM, as an upgrade would) and start it again on the same
+        pins, cgroup and API server; the new process's start-up figures."""
+        self.agent.stop()
+        self.agent, figures = self.spawn()
+        return figures
 
     @property
     def pid(self) -> int:
@@ -126,7 +134,7 @@ def running_agent(
     workdir = Path(tempfile.mkdtemp(prefix="ebpflb-bench-"))
     api = FakeApiServer()
     own_cgroup: Cgroup | None = None
-    agent: AgentProcess | None = None
+    agents: list[AgentProcess] = []
     try:
         # The agent's 127.0.0.1 is its namespace's: the API server must listen there.
         with thread_in_netns(netns) if netns else contextlib.nullcontext():
@@ -159,17 +167,22 @@ def running_agent(
             f"--metrics-bind-address={endpoints.metrics}",
             *extra_args,
         ]
-        spawned_at = time.time()
-        agent = AgentProcess(
-            argv, netns=netns, log_file=workdir / "agent.log", preexec_fn=preexec_fn
-        )
-        running = agent
-        try:
-            endpoints.wait_ready(lambda: running.proc.poll() is None, START_TIMEOUT)
-            cpu = process_cpu_seconds(agent.proc.pid)
-            figures = startup(endpoints.status(), spawned_at, cpu)
-        except AgentError as exc:  # the agent died, hung or answered oddly: say why
-            raise EbpflbError(f"ebpflb run: {exc}\n{agent.output()[-3000:]}") from exc
+
+        def spawn() -> tuple[AgentProcess, AgentStartup]:
+            spawned_at = time.time()
+            agent = AgentProcess(
+                argv, netns=netns, log_file=workdir / "agent.log", preexec_fn=preexec_fn
+            )
+            agents.append(agent)
+            try:
+                endpoints.wait_ready(lambda: agent.proc.poll() is None, START_TIMEOUT)
+                cpu = process_cpu_seconds(agent.proc.pid)
+                figures = startup(endpoints.status(), spawned_at, cpu)
+            except AgentError as exc:  # the agent died, hung or answered oddly: say why
+                raise EbpflbError(f"ebpflb run: {exc}\n{agent.output()[-3000:]}") from exc
+            return agent, figures
+
+        agent, figures = spawn()
         if figures.sync_errors or figures.frontends < len(services):
             raise EbpflbError(
                 f"unexpected first sync: {figures.frontends} frontends for {len(services)}"
@@ -181,10 +194,10 @@ def running_agent(
             map_sizes=sizes,
             table_size=table_size_for(services[0].endpoint_count),
         )
-        yield RunningAgent(agent, api, services, bpffs, endpoints, figures)
+        yield RunningAgent(agent, api, services, bpffs, endpoints, figures, spawn)
     finally:
-        if agent is not None:
-            agent.stop()
+        for started in agents:
+            started.stop()
         api.close()
         if cgroup is not None:
             cleanup_datapath(bpffs, cgroup, interfaces_in(extra_args), netns=netns)

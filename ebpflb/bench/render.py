@@ -260,7 +260,13 @@ def startup_lines(e: AgentStartup) -> list[str]:
     lines = []
     for name, label in (("socket_lb", "socket-LB"), ("nodeport", "NodePort")):
         if name in e.compile_s:
-            lines.append(_row(f"compile + load {label} programs", _ms(e.compile_s[name])))
+            how = e.program_origin.get(name)
+            lines.append(
+                _row(
+                    f"{label} programs {how}" if how else f"compile + load {label} programs",
+                    _ms(e.compile_s[name]),
+                )
+            )
     if "attached" in e.phases:
         lines.append(_row("start -> programs attached", _ms(e.phases["attached"])))
     for kind, phase, label in (
@@ -315,7 +321,25 @@ def render_sync(run: SyncRun) -> str:
             f"{memory.file_mib:.0f} MiB, of which ~{run.slot_tables_mib:.0f} MiB slot"
             " tables (kernel memory)",
         ),
-        "",
-        f"total bench time {run.total_s:.0f} s",
+        _row("  compiler libraries mapped", ", ".join(run.compiler_libraries) or "none"),
     ]
+    if run.restart is not None:
+        lines += ["", "restart: SIGTERM, then `ebpflb run` again on the same pins"]
+        lines += startup_lines(run.restart)
+        if run.restart_memory is not None:
+            m = run.restart_memory
+            lines.append(
+                _row(
+                    "agent memory after the restart",
+                    f"RSS {m.rss_mib:.0f} MiB (anonymous {m.anon_mib:.0f}, file-backed"
+                    f" {m.file_mib:.0f}), peak {m.peak_rss_mib:.0f} MiB",
+                )
+            )
+        lines.append(
+            _row(
+                "  compiler libraries mapped",
+                ", ".join(run.restart_compiler_libraries) or "none",
+            )
+        )
+    lines += ["", f"total bench time {run.total_s:.0f} s"]
     return "\n".join(lines)

@@ -5,7 +5,9 @@ services; ebpflb.bench.agentrun), in this namespace with its own bpffs directory
 cgroup, all removed at the end. Measured: each start-up step (from /status), the agent's
 CPU seconds and memory once settled, one periodic full resync (its /status result), and
 for a few single-slice changes (one endpoint turning not ready) the time from the API
-write to the pinned map showing the new service entry, polled from this process.
+write to the pinned map showing the new service entry, polled from this process. Last,
+the agent is stopped and started again on the same pins (restart -> ready, and what it
+then costs in memory), and the compiler libraries mapped into either process are listed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from ebpflb.bench.agentrun import RunningAgent, running_agent
+from ebpflb.bench.measure.cost import mapped_libraries
 from ebpflb.bench.records.sync import SyncRun
 from ebpflb.bench.scenario import bench_services
 from ebpflb.bench.settings import SyncSettings
@@ -48,6 +51,7 @@ def run_sync_bench(settings: SyncSettings, *, extra_args: Sequence[str] = ()) ->
         pause = settings.min_sync_period + 0.2
         time.sleep(pause)  # the agent settles after its first sync (GC freeze, heap trim)
         memory_after_sync = run.memory()
+        libraries = mapped_libraries(run.pid)
         cpu_s_settled = run.cpu_seconds()
         resync_s = _periodic_resync_s(run, settings.sync_period)
         # The changes right after that resync: none waits behind the next one (a change
@@ -56,6 +60,10 @@ def run_sync_bench(settings: SyncSettings, *, extra_args: Sequence[str] = ()) ->
         repaired = run.endpoints.metric("ebpflb_drift_repaired_total", {"map": "ebpflb_svc4"})
         memory_end, cpu_s_end = run.memory(), run.cpu_seconds()
         startup = run.startup
+        # A restart on the same pins: the programs are adopted, the maps relearned.
+        restart = run.restart()
+        time.sleep(pause)
+        restart_memory, restart_libraries = run.memory(), mapped_libraries(run.pid)
     table_size = startup.table_size or 0
     return SyncRun(
         settings=settings,
@@ -73,4 +81,8 @@ def run_sync_bench(settings: SyncSettings, *, extra_args: Sequence[str] = ()) ->
         memory_end=memory_end,
         cpu_s_end=cpu_s_end,
         total_s=time.perf_counter() - started,
+        compiler_libraries=libraries,
+        restart=restart,
+        restart_memory=restart_memory,
+        restart_compiler_libraries=restart_libraries,
     )

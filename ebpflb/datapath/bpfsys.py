@@ -1,13 +1,14 @@
-"""The few bpf(2) commands BCC's Python API does not offer, called through ctypes.
+"""The bpf(2) commands the agent uses, called through ctypes: no libbcc, no LLVM.
 
-BCC creates, loads and attaches; what it lacks is opening a pin by path (for `maps dump`
-and restarts without compiling), reading an object's kernel-side info (to check a pin's
-layout and find our programs by name), listing/detaching what a cgroup has attached
-(for cleanup and restarts of another process's programs), and running a loaded program
-on a packet (BPF_PROG_TEST_RUN; typed in testrun.py). Map element operations use
-libbcc's exported wrappers (bcc.libbcc.lib). The kernel feature probe (probes.py) loads
-hand-assembled programs, maps and BTF with the raw commands here: no compiler, no verifier
-log.
+BCC only compiles (ebpflb/datapath/compile.py, in a short-lived child process); everything
+the long-running agent does with the kernel goes through here: opening pins, creating maps,
+loading bytecode (BPF_PROG_LOAD), attaching to cgroups, reading objects' info, listing and
+detaching what a cgroup has attached, map elements one by one or in batches, and running a
+program on a packet (BPF_PROG_TEST_RUN; typed in testrun.py). The kernel feature probe
+(probes.py) loads hand-assembled programs, maps and BTF with the same commands.
+
+Element commands return the errno (0 on success) instead of raising: callers on hot paths
+(batched writes falling back element by element) decide per errno.
 
 A failed command raises BpfError (a DatapathError, so the CLI prints it in one line)
 naming what it was done to and keeping the errno for callers that expect some.
@@ -32,9 +33,14 @@ _libc.syscall.restype = ct.c_long
 _NR_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
 
 BPF_MAP_CREATE = 0
+BPF_MAP_LOOKUP_ELEM = 1
+BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
+BPF_MAP_GET_NEXT_KEY = 4
 BPF_PROG_LOAD = 5
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
+BPF_PROG_ATTACH = 8
 BPF_PROG_DETACH = 9
 BPF_PROG_TEST_RUN = 10
 BPF_PROG_GET_FD_BY_ID = 13
@@ -42,6 +48,7 @@ BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_QUERY = 16
 BPF_BTF_LOAD = 18
 BPF_MAP_LOOKUP_BATCH = 24
+BPF_MAP_UPDATE_BATCH = 26
 BPF_LINK_CREATE = 28
 
 
@@ -73,6 +80,17 @@ class _QueryAttr(ct.Structure):
         ("attach_flags", ct.c_uint32),
         ("prog_ids", ct.c_uint64),
         ("prog_cnt", ct.c_uint32),
+    ]
+
+
+class _ElemAttr(ct.Structure):
+    """The element member of union bpf_attr (value and next_key share a slot)."""
+
+    _fields_ = [
+        ("map_fd", ct.c_uint32),
+        ("key", ct.c_uint64),
+        ("value", ct.c_uint64),
+        ("flags", ct.c_uint64),
     ]
 
 
@@ -139,6 +157,9 @@ class _ProgInfo(ct.Structure):
         ("map_ids", ct.c_uint64),
         ("name", ct.c_char * 16),
     ]
+
+
+_MAX_PROG_MAPS = 64  # map ids read per program; ebpflb's programs use fewer than 20
 
 
 class _ProgLoadAttr(ct.Structure):
@@ -228,6 +249,7 @@ class ProgInfo:
     type: int
     name: str
     tag: str = ""  # hash of the instructions, map fds left out: equal for equal programs
+    map_ids: tuple[int, ...] = ()  # the maps the program uses (kernel ids)
 
 
 def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
@@ -373,12 +395,21 @@ def map_info(fd: int, name: str) -> MapInfo:
 
 def prog_info(fd: int, what: str = "a program") -> ProgInfo:
     info = _ProgInfo()
+    ids = (ct.c_uint32 * _MAX_PROG_MAPS)()
+    info.nr_map_ids = _MAX_PROG_MAPS
+    info.map_ids = ct.addressof(ids)
     _bpf(
         BPF_OBJ_GET_INFO_BY_FD,
         _InfoAttr(fd, ct.sizeof(info), ct.cast(ct.pointer(info), ct.c_void_p).value or 0),
         f"reading the info of {what}",
     )
-    return ProgInfo(info.id, info.type, info.name.decode(errors="replace"), bytes(info.tag).hex())
+    return ProgInfo(
+        info.id,
+        info.type,
+        info.name.decode(errors="replace"),
+        bytes(info.tag).hex(),
+        tuple(ids[: min(info.nr_map_ids, _MAX_PROG_MAPS)]),
+    )
 
 
 def prog_fd_by_id(prog_id: int) -> int:
@@ -405,6 +436,12 @@ def prog_query(target_fd: int, attach_type: int, target: str) -> list[int]:
                 continue
             raise
         return [ids[i] for i in range(attr.prog_cnt)]
+
+
+def prog_attach(target_fd: int, prog_fd: int, attach_type: int, flags: int, what: str) -> None:
+    """Attach a program to a cgroup (BPF_F_ALLOW_MULTI in `flags`: next to others)."""
+    attr = _DetachAttr(target_fd, prog_fd, attach_type, flags, 0)
+    _bpf(BPF_PROG_ATTACH, attr, f"attaching {what}")
 
 
 def prog_detach(target_fd: int, prog_fd: int, attach_type: int, what: str) -> None:
@@ -441,3 +478,72 @@ def prog_test_run(
         attr.ctx_in = ct.addressof(ctx)
     _bpf(BPF_PROG_TEST_RUN, attr, f"running {what} on a test packet")
     return ProgRunResult(attr.retval, data_out.raw[: attr.data_size_out], attr.duration)
+
+
+# Map elements. Keys, values and batch positions are addresses of buffers the caller owns
+# (ctypes.addressof, numpy's .ctypes.data); each call returns 0 or the errno.
+
+
+def _errno_of(cmd: int, attr: ct.Structure) -> int:
+    if _libc.syscall(_NR_BPF, cmd, ct.byref(attr), ct.sizeof(attr)) < 0:
+        return int(ct.get_errno())
+    return 0
+
+
+def lookup_elem(map_fd: int, key: int, value: int) -> int:
+    """Copy the value of `key` to `value`; ENOENT when absent."""
+    return _errno_of(BPF_MAP_LOOKUP_ELEM, _ElemAttr(map_fd, key, value, 0))
+
+
+def update_elem(map_fd: int, key: int, value: int, flags: int = 0) -> int:
+    """Write one element (flags: BPF_ANY 0, BPF_NOEXIST 1, BPF_EXIST 2)."""
+    return _errno_of(BPF_MAP_UPDATE_ELEM, _ElemAttr(map_fd, key, value, flags))
+
+
+def delete_elem(map_fd: int, key: int) -> int:
+    """Delete one element; ENOENT when absent."""
+    return _errno_of(BPF_MAP_DELETE_ELEM, _ElemAttr(map_fd, key, 0, 0))
+
+
+def get_next_key(map_fd: int, key: int, next_key: int) -> int:
+    """The key after `key` (key 0, a NULL pointer: the first) into `next_key`; ENOENT at
+    the end."""
+    return _errno_of(BPF_MAP_GET_NEXT_KEY, _ElemAttr(map_fd, key, next_key, 0))
+
+
+def lookup_batch(
+    map_fd: int, in_batch: int, out_batch: int, keys: int, values: int, count: int
+) -> tuple[int, int]:
+    """One BPF_MAP_LOOKUP_BATCH of at most `count` elements, starting after the position in
+    `in_batch` (0: from the start), the next position written to `out_batch`; (errno or 0,
+    elements copied). ENOENT means the map's end was reached (the copied ones are valid)."""
+    attr = _BatchAttr(
+        in_batch=in_batch,
+        out_batch=out_batch,
+        keys=keys,
+        values=values,
+        count=count,
+        map_fd=map_fd,
+    )
+    err = _errno_of(BPF_MAP_LOOKUP_BATCH, attr)
+    return err, int(attr.count)
+
+
+def update_batch(map_fd: int, keys: int, values: int, count: int) -> tuple[int, int]:
+    """One BPF_MAP_UPDATE_BATCH of `count` elements; (errno or 0, elements written: on a
+    failure, those before the failing one)."""
+    attr = _BatchAttr(keys=keys, values=values, count=count, map_fd=map_fd)
+    err = _errno_of(BPF_MAP_UPDATE_BATCH, attr)
+    return err, int(attr.count)
+
+
+def possible_cpus() -> int:
+    """How many CPUs the kernel may bring up: the number of values a per-CPU map element
+    holds (/sys/devices/system/cpu/possible, e.g. "0-3" or "0,2-5")."""
+    with open("/sys/devices/system/cpu/possible") as f:
+        text = f.read().strip()
+    total = 0
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        total += int(high or low) - int(low) + 1
+    return total

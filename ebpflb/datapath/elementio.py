@@ -14,8 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bcc.libbcc import lib
-
+from ebpflb.datapath import bpfsys
 from ebpflb.errors import MapError
 
 BPF_ANY = 0
@@ -26,9 +25,8 @@ _BATCH_UNSUPPORTED = frozenset({errno.EINVAL, errno.EOPNOTSUPP, 524})
 LOOKUP_CHUNK = 4096
 
 
-def errno_error(what: str, err: int | None = None) -> MapError:
-    """MapError for a failed libbcc call (errno from ctypes unless given)."""
-    err = ct.get_errno() if err is None else err
+def errno_error(what: str, err: int) -> MapError:
+    """MapError for a failed element command."""
     return MapError(f"{what}: {os.strerror(err)}")
 
 
@@ -78,20 +76,19 @@ class ElementIO:
 
     def _update_batch(self, keys: int, values: int, start: int, count: int) -> tuple[int, int]:
         """(elements written, errno of the one that failed or 0)."""
-        done = ct.c_uint32(count)
         key, value = self._key(keys, start), self._value(values, start)
-        if lib.bpf_update_batch(self.fd, key, value, ct.byref(done)) == 0:
-            return done.value, 0
-        err = ct.get_errno()
+        err, done = bpfsys.update_batch(self.fd, key, value, count)
+        if not err:
+            return done, 0
         # A failing batch reports how many elements it wrote before the failure; a kernel
         # that refuses the command outright (5.10 for an LPM trie) leaves the count as it
         # was asked, which would read as "all written" and skip past the end.
-        return (0 if done.value >= count else done.value), err
+        return (0 if done >= count else done), err
 
     def _update_one(self, keys: int, values: int, index: int) -> int:
         """errno of writing one element, or 0."""
         key, value = self._key(keys, index), self._value(values, index)
-        return 0 if lib.bpf_update_elem(self.fd, key, value, BPF_ANY) == 0 else ct.get_errno()
+        return bpfsys.update_elem(self.fd, key, value, BPF_ANY)
 
     def read_all(self, key_type: Any, value_type: Any) -> tuple[bytes, bytes, int]:
         """Every key and value (keys laid out contiguously, values likewise, count): one
@@ -118,44 +115,42 @@ class ElementIO:
         value_chunks: list[bytes] = []
         total = 0
         while True:
-            count = ct.c_uint32(LOOKUP_CHUNK)
-            res = lib.bpf_lookup_batch(
+            err, count = bpfsys.lookup_batch(
                 self.fd,
-                ct.cast(position, ct.POINTER(ct.c_uint32)) if total else None,
-                ct.cast(next_position, ct.POINTER(ct.c_uint32)),
+                ct.addressof(position) if total else 0,
+                ct.addressof(next_position),
                 ct.addressof(keys),
                 ct.addressof(values),
-                ct.byref(count),
+                LOOKUP_CHUNK,
             )
-            err = ct.get_errno() if res < 0 else 0
-            if res < 0 and err != errno.ENOENT:  # ENOENT: the last elements are in
+            if err and err != errno.ENOENT:  # ENOENT: the last elements are in
                 if not total and err in _BATCH_UNSUPPORTED:
                     self.batched = False
                     return None
                 raise errno_error(f"batch lookup in {self.name}", err)
-            key_chunks.append(keys.raw[: count.value * self.key_size])
-            value_chunks.append(values.raw[: count.value * self.value_size])
-            total += count.value
-            if res < 0 or not count.value:
+            key_chunks.append(keys.raw[: count * self.key_size])
+            value_chunks.append(values.raw[: count * self.value_size])
+            total += count
+            if err or not count:
                 return b"".join(key_chunks), b"".join(value_chunks), total
             ct.memmove(position, next_position, size)
 
-    def _key(self, base: int, index: int) -> ct.c_void_p:
-        return ct.c_void_p(base + index * self.key_size)
+    def _key(self, base: int, index: int) -> int:
+        return base + index * self.key_size
 
-    def _value(self, base: int, index: int) -> ct.c_void_p:
-        return ct.c_void_p(base + index * self.value_size)
+    def _value(self, base: int, index: int) -> int:
+        return base + index * self.value_size
 
 
 def raw_keys(fd: int, key_type: Any) -> Iterator[Any]:
     """Every key of a hash map, as ctypes values (a snapshot walk with get_next_key)."""
     key = key_type()
-    if lib.bpf_get_first_key(fd, ct.byref(key), ct.sizeof(key)) < 0:
+    if bpfsys.get_next_key(fd, 0, ct.addressof(key)):
         return
     while True:
         yield key
         next_key = key_type()
-        if lib.bpf_get_next_key(fd, ct.byref(key), ct.byref(next_key)) < 0:
+        if bpfsys.get_next_key(fd, ct.addressof(key), ct.addressof(next_key)):
             return
         key = next_key
 
@@ -164,17 +159,18 @@ def raw_items(fd: int, key_type: Any, value_type: Any) -> Iterator[tuple[Any, An
     """Every (key, value) of a hash map, as ctypes values; keys deleted meanwhile skipped."""
     for raw_key in raw_keys(fd, key_type):
         raw_value = value_type()
-        if lib.bpf_lookup_elem(fd, ct.byref(raw_key), ct.byref(raw_value)) == 0:
+        if not bpfsys.lookup_elem(fd, ct.addressof(raw_key), ct.addressof(raw_value)):
             yield raw_key, raw_value
 
 
 def delete(fd: int, key: Any, what: str) -> bool:
     """Delete one key (a ctypes value); False when it was not there (not an error)."""
-    if lib.bpf_delete_elem(fd, ct.byref(key)) == 0:
+    err = bpfsys.delete_elem(fd, ct.addressof(key))
+    if not err:
         return True
-    if ct.get_errno() == errno.ENOENT:
+    if err == errno.ENOENT:
         return False
-    raise errno_error(f"delete {what}")
+    raise errno_error(f"delete {what}", err)
 
 
 def count_entries(io: ElementIO, limit: int) -> int:
@@ -189,10 +185,12 @@ def count_entries(io: ElementIO, limit: int) -> int:
             return counted
     key = ct.create_string_buffer(max(io.key_size, 1))
     next_key = ct.create_string_buffer(max(io.key_size, 1))
-    if lib.bpf_get_first_key(io.fd, key, io.key_size) < 0:
+    if bpfsys.get_next_key(io.fd, 0, ct.addressof(key)):
         return 0
     total = 1
-    while total < limit and lib.bpf_get_next_key(io.fd, key, next_key) == 0:
+    while total < limit and not bpfsys.get_next_key(
+        io.fd, ct.addressof(key), ct.addressof(next_key)
+    ):
         key, next_key = next_key, key
         total += 1
     return total
@@ -206,22 +204,20 @@ def _count_batched(io: ElementIO, limit: int) -> int | None:
     total = 0
     first = True
     while total < limit:
-        count = ct.c_uint32(LOOKUP_CHUNK)
-        res = lib.bpf_lookup_batch(
+        err, count = bpfsys.lookup_batch(
             io.fd,
-            None if first else ct.cast(position, ct.POINTER(ct.c_uint32)),
-            ct.cast(next_position, ct.POINTER(ct.c_uint32)),
+            0 if first else ct.addressof(position),
+            ct.addressof(next_position),
             ct.addressof(keys),
             ct.addressof(values),
-            ct.byref(count),
+            LOOKUP_CHUNK,
         )
-        err = ct.get_errno() if res < 0 else 0
-        if res < 0 and err != errno.ENOENT:
+        if err and err != errno.ENOENT:
             if first and err in _BATCH_UNSUPPORTED:
                 return None
             raise errno_error(f"batch lookup in {io.name}", err)
-        total += count.value
-        if res < 0 or not count.value:
+        total += count
+        if err or not count:
             break
         first = False
         ct.memmove(position, next_position, size)

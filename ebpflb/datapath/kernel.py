@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 import numpy as np
-from bcc.libbcc import lib
-from bcc.utils import get_possible_cpus
 
 from ebpflb.datapath import bpfsys, codecs, contract, layout, sockdiag
 from ebpflb.datapath.codecs import Codec
@@ -97,15 +95,18 @@ class KernelMap(Generic[K, V]):
     def get(self, key: K) -> V | None:
         raw_key = self._key.encode(key)
         raw_value = self._value.ctype()
-        if lib.bpf_lookup_elem(self.pinned.fd, ct.byref(raw_key), ct.byref(raw_value)) < 0:
+        if bpfsys.lookup_elem(self.pinned.fd, ct.addressof(raw_key), ct.addressof(raw_value)):
             return None
         return self._value.decode(raw_value)
 
     def put(self, key: K, value: V) -> None:
         raw_key = self._key.encode(key)
         raw_value = self._value.encode(value)
-        if lib.bpf_update_elem(self.pinned.fd, ct.byref(raw_key), ct.byref(raw_value), BPF_ANY) < 0:
-            raise self._update_error(key, ct.get_errno())
+        err = bpfsys.update_elem(
+            self.pinned.fd, ct.addressof(raw_key), ct.addressof(raw_value), BPF_ANY
+        )
+        if err:
+            raise self._update_error(key, err)
 
     def put_many(self, items: Sequence[tuple[K, V]]) -> dict[int, MapError]:
         if not items:
@@ -171,7 +172,7 @@ class KernelMapSet:
         self.affinity_match = KernelMap(
             pins[MapName.AFFINITY_MATCH], codecs.AFFINITY_MATCH, codecs.U32
         )
-        self._ncpus = len(get_possible_cpus())
+        self._ncpus = bpfsys.possible_cpus()
         stats = pins[MapName.SERVICE_STATS]
         self.service_counters = KernelServiceCounters(
             stats.fd, stats.name, stats.capacity, self._ncpus
@@ -183,8 +184,9 @@ class KernelMapSet:
         totals: dict[str, int] = {}
         for counter in Counter:
             key = ct.c_uint32(counter)
-            if lib.bpf_lookup_elem(pinned.fd, ct.byref(key), ct.byref(values)) < 0:
-                raise errno_error(f"lookup {pinned.name}[{counter.name}]")
+            err = bpfsys.lookup_elem(pinned.fd, ct.addressof(key), ct.addressof(values))
+            if err:
+                raise errno_error(f"lookup {pinned.name}[{counter.name}]", err)
             totals[counter.label] = sum(values)
         return totals
 
@@ -243,8 +245,9 @@ class KernelMapSet:
         for ifindex, address in addresses.items():
             key = ct.c_uint32(ifindex)
             value = ct.c_uint32(layout.addr_to_be32(address))
-            if lib.bpf_update_elem(pinned.fd, ct.byref(key), ct.byref(value), BPF_ANY) < 0:
-                raise errno_error(f"update {pinned.name}[{ifindex}]")
+            err = bpfsys.update_elem(pinned.fd, ct.addressof(key), ct.addressof(value), BPF_ANY)
+            if err:
+                raise errno_error(f"update {pinned.name}[{ifindex}]", err)
 
     def interface_addresses(self) -> dict[int, IPv4Address]:
         pinned = self._pins[MapName.IFACE_ADDRS]

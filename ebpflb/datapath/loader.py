@@ -1,10 +1,16 @@
-"""Compile bpf/*.c with BCC, load the programs, attach them, and take them away again.
+"""The socket-LB and NodePort programs: into the kernel, attached, and taken away again.
 
 Attachments outlive the agent on purpose: cgroup programs attached with bpf_prog_attach stay
-until detached, and maps are pinned, so traffic keeps flowing while the agent restarts. A
-new agent attaches its programs next to the old ones (BPF_F_ALLOW_MULTI) and then detaches
-the old ones, so there is no moment without translation; two ebpflb connect4 programs in a
-row are harmless because the second sees an already-translated backend address.
+until detached, tc filters and XDP programs stay on their interfaces, and maps are pinned,
+so traffic keeps flowing while the agent restarts. Programs are pinned too, by build hash,
+so a restarted agent whose programs are unchanged adopts them, attached as they are
+(programs.py: adopted, loaded from stored bytecode, or compiled in a child process).
+
+New programs are attached next to the old ones (cgroup: BPF_F_ALLOW_MULTI; tc: an atomic
+filter replace; XDP: an atomic program swap) and then the old ones are detached, so there
+is no moment without translation; two ebpflb connect4 programs in a row are harmless
+because the second sees an already-translated backend address. Only then are the new
+programs pinned and the old pins removed.
 """
 
 from __future__ import annotations
@@ -12,42 +18,36 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
-import importlib.resources
 import logging
 import os
-import re
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import bcc
-from bcc import BPF, BPFAttachType
-
 from ebpflb.config import Config, XdpMode
-from ebpflb.datapath import bpfsys, contract, netdev, pins, probes, progcache
+from ebpflb.datapath import bpfsys, contract, netdev, pins, probes, programs
+from ebpflb.datapath.programs import Function, Origin, ProgramSet
 from ebpflb.errors import AttachError, BpfLoadError
 
 log = logging.getLogger(__name__)
 
-# The C sources are package data (ebpflb/bpf, see pyproject.toml): an installed agent compiles
-# the sources it was installed with, wherever it runs from.
-BPF_DIR = Path(str(importlib.resources.files("ebpflb") / "bpf")).resolve()
+BPF_DIR = programs.BPF_DIR
 PROGRAM_PREFIX = "ebpflb_"  # every program ebpflb loads; cleanup detaches exactly these
 BPF_F_ALLOW_MULTI = 1 << 1
-
-_BCC_VERSION = getattr(bcc, "__version__", "unknown")
-_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+PROG_TYPE_SCHED_CLS = probes.PROG_TYPE_SCHED_CLS
+PROG_TYPE_XDP = probes.PROG_TYPE_XDP
+PROG_TYPE_CGROUP_SOCK_ADDR = probes.PROG_TYPE_CGROUP_SOCK_ADDR
 
 
 class SockHook(enum.Enum):
     """Socket-LB programs and the cgroup hook each attaches to (kernel version it needs)."""
 
-    CONNECT4 = ("ebpflb_connect4", BPFAttachType.CGROUP_INET4_CONNECT, "connect4")
-    SENDMSG4 = ("ebpflb_sendmsg4", BPFAttachType.CGROUP_UDP4_SENDMSG, "sendmsg4")
-    RECVMSG4 = ("ebpflb_recvmsg4", BPFAttachType.CGROUP_UDP4_RECVMSG, "recvmsg4")
-    GETPEERNAME4 = ("ebpflb_getpeer4", BPFAttachType.CGROUP_INET4_GETPEERNAME, "getpeername4")
+    CONNECT4 = ("ebpflb_connect4", probes.ATTACH_INET4_CONNECT, "connect4")
+    SENDMSG4 = ("ebpflb_sendmsg4", probes.ATTACH_UDP4_SENDMSG, "sendmsg4")
+    RECVMSG4 = ("ebpflb_recvmsg4", probes.ATTACH_UDP4_RECVMSG, "recvmsg4")
+    GETPEERNAME4 = ("ebpflb_getpeer4", probes.ATTACH_INET4_GETPEERNAME, "getpeername4")
 
     @property
     def function(self) -> str:
@@ -76,91 +76,6 @@ class Features:
         return cls(set_retval=report.has("set_retval"))
 
 
-def assemble_source(main: Path) -> str:
-    """Inline the local (quoted) includes of a program, with #line markers.
-
-    BCC rewrites map accesses (map.lookup(...)) only in the main file, so the helpers in
-    bpf/lib/*.h must become part of it; #line keeps compiler messages pointing at the real
-    file and line.
-    """
-    seen: set[Path] = set()
-
-    def expand(path: Path) -> Iterator[str]:
-        yield f'#line 1 "{path.relative_to(BPF_DIR.parent)}"\n'
-        for lineno, line in enumerate(path.read_text().splitlines(keepends=True), start=1):
-            match = _LOCAL_INCLUDE.match(line)
-            if not match:
-                yield line
-                continue
-            header = (path.parent / match.group(1)).resolve()
-            if header not in seen:
-                seen.add(header)
-                yield from expand(header)
-            yield f'#line {lineno + 1} "{path.relative_to(BPF_DIR.parent)}"\n'
-
-    return "".join(expand(main.resolve()))
-
-
-def compile_program(source: Path, cflags: list[str]) -> BPF:
-    try:
-        return BPF(text=assemble_source(source).encode(), cflags=cflags)
-    except Exception as exc:  # BCC raises bare Exception; its message names the file
-        raise BpfLoadError(f"compiling {source.name} failed: {exc}") from exc
-
-
-class CachedPrograms:
-    """Programs from the program cache (progcache.py), with the part of BPF's interface
-    the loader uses: load_func and cleanup."""
-
-    def __init__(self, entry: progcache.Entry, map_fds: list[int]) -> None:
-        self._entry = entry
-        self._maps = map_fds
-        self._functions: list[BPF.Function] = []
-
-    def load_func(self, name: bytes, prog_type: int, attach_type: int = -1) -> BPF.Function:
-        fd = progcache.load_function(self._entry, self._maps, name.decode(), prog_type, attach_type)
-        function = BPF.Function(None, name, fd)
-        self._functions.append(function)
-        return function
-
-    def cleanup(self) -> None:
-        for fd in [*self._maps, *(f.fd for f in self._functions)]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._maps, self._functions = [], []
-
-
-def compile_cached(
-    source: Path, cflags: list[str], functions: Sequence[str], pin_dir: Path
-) -> BPF | CachedPrograms:
-    """compile_program, or its bytecode from the program cache when EBPFLB_PROGRAM_CACHE
-    names one (filled on a miss): the same programs without running clang."""
-    directory = progcache.cache_dir()
-    if directory is None:
-        return compile_program(source, cflags)
-    text = assemble_source(source)
-    # The pin directory only tells BCC where the maps are (the cache finds them itself):
-    # agents on different pin directories share entries.
-    pin_flag = f"-D{contract.PIN_DIR.macro}="
-    shape = [flag for flag in cflags if not flag.startswith(pin_flag)]
-    path = directory / f"{progcache.cache_key(text, shape, functions, _BCC_VERSION)}.json"
-    entry = progcache.load(path)
-    if entry is not None and set(functions) <= set(entry.functions):
-        try:
-            return CachedPrograms(entry, progcache.open_maps(entry, pin_dir))
-        except bpfsys.BpfError as exc:
-            log.warning("program cache entry %s unusable, compiling: %s", path.name, exc)
-    bpf = compile_program(source, cflags)
-    recorded = progcache.record(
-        {f: bpf.dump_func(f.encode()) for f in functions},
-        pin_dir,
-        also=[name.value for name in contract.MAPS],
-    )
-    if recorded is not None:
-        progcache.store(path, recorded)
-    return bpf
-
-
 @cache
 def probe_features() -> Features:
     """The optional helpers the programs are compiled for, from the raw-syscall probe
@@ -169,7 +84,7 @@ def probe_features() -> Features:
 
 
 class SocketLB:
-    """The compiled socket-LB programs; attaching leaves them in the kernel after exit."""
+    """The socket-LB programs; attaching leaves them in the kernel after exit."""
 
     def __init__(self, config: Config, features: Features | None = None) -> None:
         self.config = config
@@ -177,54 +92,67 @@ class SocketLB:
         pins.ensure_bpffs(config.bpffs_dir)
         pins.drop_incompatible(config)
         started = time.monotonic()
-        self._bpf = compile_cached(
+        self.programs = ProgramSet(
             BPF_DIR / "sock_lb.c",
             config.cflags() + self.features.cflags(),
-            [hook.function for hook in SockHook],
+            [
+                Function(
+                    hook.function,
+                    PROG_TYPE_CGROUP_SOCK_ADDR,
+                    hook.attach_type,
+                    f"the {hook.name.lower()} hook, kernel {hook.since}+",
+                )
+                for hook in SockHook
+            ],
             config.bpffs_dir,
         )
-        self._functions = {}
-        for hook in SockHook:
-            try:
-                self._functions[hook] = self._bpf.load_func(
-                    hook.function.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=hook.attach_type
-                )
-            except Exception as exc:
-                raise BpfLoadError(
-                    f"loading {hook.function} for the {hook.name.lower()} hook failed "
-                    f"(needs kernel {hook.since}+): {exc}"
-                ) from exc
         self.load_seconds = time.monotonic() - started
-        log.info("compiled and loaded socket-LB programs in %.2fs", self.load_seconds)
+        log.info("socket-LB programs %s in %.2fs", self.programs.origin.value, self.load_seconds)
+
+    @property
+    def origin(self) -> Origin:
+        return self.programs.origin
+
+    def program_fds(self) -> dict[str, int]:
+        return dict(self.programs.fds)
 
     def attach(self, cgroup: Path) -> int:
-        """Attach to `cgroup`, then detach any older ebpflb programs there (restart); how
-        many older programs were replaced."""
+        """Attach to `cgroup` (where not attached yet), then detach any other ebpflb
+        programs there (a previous agent's); how many were replaced."""
         fd = _open_cgroup(cgroup)
         try:
             mine = set()
-            for hook, function in self._functions.items():
+            for hook in SockHook:
+                prog_fd = self.programs.fds[hook.function]
+                prog_id = bpfsys.prog_info(prog_fd, hook.function).id
                 try:
-                    BPF.attach_func(function, fd, hook.attach_type, BPF_F_ALLOW_MULTI)
-                except Exception as exc:
-                    raise AttachError(
-                        f"attaching {hook.function} to cgroup {cgroup} failed: {exc}"
-                    ) from exc
-                mine.add(bpfsys.prog_info(function.fd, hook.function).id)
+                    if prog_id not in bpfsys.prog_query(fd, hook.attach_type, str(cgroup)):
+                        bpfsys.prog_attach(
+                            fd,
+                            prog_fd,
+                            hook.attach_type,
+                            BPF_F_ALLOW_MULTI,
+                            f"{hook.function} to cgroup {cgroup}",
+                        )
+                except bpfsys.BpfError as exc:
+                    raise AttachError(str(exc)) from exc
+                mine.add(prog_id)
             replaced = _detach_ebpflb_programs(fd, cgroup, keep=mine)
         finally:
             os.close(fd)
+        self.programs.commit_pins()
         if replaced:
             log.info("replaced %d programs of a previous ebpflb on %s", replaced, cgroup)
         return replaced
 
     def close(self) -> None:
         """Drop this process's handles; attached programs and pins stay in the kernel."""
-        self._bpf.cleanup()
+        self.programs.close()
 
 
 class NodePortLB:
-    """The tc programs for NodePort, LoadBalancer and external IPs (bpf/nodeport.c).
+    """The tc programs for NodePort, LoadBalancer and external IPs (bpf/nodeport.c), and
+    the XDP one (bpf/nodeport_xdp.c) when asked for.
 
     tc filters keep their programs loaded after the agent exits, like the cgroup
     attachments; a restarted agent replaces them in place (netdev.attach_tc)."""
@@ -238,30 +166,51 @@ class NodePortLB:
         self.features = features or probe_features()
         started = time.monotonic()
         cflags = config.cflags() + self.features.cflags()
-        self._bpf = compile_cached(
-            BPF_DIR / "nodeport.c", cflags, [self.INGRESS, self.EGRESS], config.bpffs_dir
+        self.programs = ProgramSet(
+            BPF_DIR / "nodeport.c",
+            cflags,
+            [
+                Function(self.INGRESS, PROG_TYPE_SCHED_CLS),
+                Function(self.EGRESS, PROG_TYPE_SCHED_CLS),
+            ],
+            config.bpffs_dir,
         )
-        self._xdp_bpf: BPF | CachedPrograms | None = None
-        try:
-            self._ingress = self._bpf.load_func(self.INGRESS.encode(), BPF.SCHED_CLS)
-            self._egress = self._bpf.load_func(self.EGRESS.encode(), BPF.SCHED_CLS)
-            if config.xdp is not XdpMode.OFF:
-                self._xdp_bpf = compile_cached(
-                    BPF_DIR / "nodeport_xdp.c", cflags, [self.XDP], config.bpffs_dir
+        self.xdp_programs: ProgramSet | None = None
+        if config.xdp is not XdpMode.OFF:
+            try:
+                self.xdp_programs = ProgramSet(
+                    BPF_DIR / "nodeport_xdp.c",
+                    cflags,
+                    [Function(self.XDP, PROG_TYPE_XDP)],
+                    config.bpffs_dir,
                 )
-                self._xdp = self._xdp_bpf.load_func(self.XDP.encode(), BPF.XDP)
-        except Exception as exc:
-            raise BpfLoadError(f"loading the NodePort programs failed: {exc}") from exc
-        log.info("compiled and loaded NodePort programs in %.2fs", time.monotonic() - started)
+            except BaseException:
+                self.programs.close()
+                raise
+        origins = [self.programs.origin.value]
+        if self.xdp_programs is not None:
+            origins.append(self.xdp_programs.origin.value)
+        log.info("NodePort programs %s in %.2fs", "/".join(origins), time.monotonic() - started)
+
+    @property
+    def origin(self) -> Origin:
+        """The costliest way any of its program files took."""
+        order = list(Origin)
+        sets = [self.programs, *([self.xdp_programs] if self.xdp_programs else [])]
+        return max((s.origin for s in sets), key=order.index)
 
     def attach(self, interfaces: Sequence[netdev.Interface]) -> dict[str, XdpMode]:
         """Attach tc on every interface, and XDP where asked and possible; the XDP mode
         each interface ended up with."""
         modes = {}
         for iface in interfaces:
-            netdev.attach_tc(iface, netdev.TcDirection.INGRESS, self._ingress.fd, self.INGRESS)
-            netdev.attach_tc(iface, netdev.TcDirection.EGRESS, self._egress.fd, self.EGRESS)
-            modes[iface.name] = self._attach_xdp(iface.name)
+            netdev.attach_tc(
+                iface, netdev.TcDirection.INGRESS, self.program_fd(self.INGRESS), self.INGRESS
+            )
+            netdev.attach_tc(
+                iface, netdev.TcDirection.EGRESS, self.program_fd(self.EGRESS), self.EGRESS
+            )
+            modes[iface.name] = self._attach_xdp(iface)
             addresses = ", ".join(map(str, iface.addresses)) or "no IPv4 address"
             log.info(
                 "NodePort programs attached to %s (%s), ingress in %s",
@@ -269,34 +218,42 @@ class NodePortLB:
                 addresses,
                 "tc" if modes[iface.name] is XdpMode.OFF else f"XDP ({modes[iface.name].value})",
             )
+        self.programs.commit_pins()
+        if self.xdp_programs is not None:
+            self.xdp_programs.commit_pins()
         return modes
 
     def program_fd(self, name: str) -> int:
         """The fd of one loaded program (INGRESS, EGRESS, or XDP when config.xdp is not
         off), to run it on test packets (ebpflb.datapath.testrun)."""
-        programs = {self.INGRESS: self._ingress, self.EGRESS: self._egress}
-        if self._xdp_bpf is not None:
-            programs[self.XDP] = self._xdp
+        programs = dict(self.programs.fds)
+        if self.xdp_programs is not None:
+            programs.update(self.xdp_programs.fds)
         if name not in programs:
             raise BpfLoadError(f"{name} is not loaded (loaded: {', '.join(programs)})")
-        return int(programs[name].fd)
+        return programs[name]
 
-    def _attach_xdp(self, ifname: str) -> XdpMode:
+    def _attach_xdp(self, iface: netdev.Interface) -> XdpMode:
         mode = self.config.xdp
-        if mode is XdpMode.OFF or self._xdp_bpf is None:
+        if mode is XdpMode.OFF or self.xdp_programs is None:
             return XdpMode.OFF
+        fd = self.xdp_programs.fds[self.XDP]
+        if netdev.xdp_program_id(iface.name) == bpfsys.prog_info(fd, self.XDP).id:
+            return mode  # adopted, and still attached
         try:
-            BPF.attach_xdp(ifname.encode(), self._xdp, XDP_FLAGS[mode])
-        except Exception as exc:
-            log.warning("XDP (%s) on %s failed, falling back to tc: %s", mode.value, ifname, exc)
+            netdev.attach_xdp(iface, fd, XDP_FLAGS[mode])
+        except AttachError as exc:
+            log.warning(
+                "XDP (%s) on %s failed, falling back to tc: %s", mode.value, iface.name, exc
+            )
             return XdpMode.OFF
         return mode
 
     def close(self) -> None:
         """Drop this process's handles; tc filters and XDP attachments keep the programs."""
-        self._bpf.cleanup()
-        if self._xdp_bpf is not None:
-            self._xdp_bpf.cleanup()
+        self.programs.close()
+        if self.xdp_programs is not None:
+            self.xdp_programs.close()
 
 
 XDP_FLAGS = {XdpMode.GENERIC: 1 << 1, XdpMode.NATIVE: 1 << 2}  # XDP_FLAGS_SKB/DRV_MODE
@@ -321,8 +278,8 @@ def detach_xdp(ifname: str) -> int:
     finally:
         os.close(prog_fd)
     for flags in XDP_FLAGS.values():
-        with contextlib.suppress(Exception):  # the mode it was attached in is the one that works
-            BPF.remove_xdp(ifname.encode(), flags)
+        with contextlib.suppress(AttachError):  # the mode it was attached in is the one that works
+            netdev.detach_xdp(ifname, flags)
     return 1
 
 

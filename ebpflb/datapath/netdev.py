@@ -1,5 +1,5 @@
 """Network interfaces: their addresses, and ebpflb's tc filters and XDP programs on them
-(pyroute2 netlink; BCC only loads the programs).
+(pyroute2 netlink, given the fds of programs loaded with bpf(2)).
 
 tc filters are installed with `replace` at a fixed priority and handle on the clsact
 qdisc, so a restarted agent swaps its programs in atomically and never stacks a second
@@ -170,3 +170,33 @@ def xdp_program_id(ifname: str) -> int | None:
             if prog_id:
                 return int(prog_id)
     return None
+
+
+def attach_xdp(iface: Interface, prog_fd: int, flags: int) -> None:
+    """Put an XDP program on an interface (flags: XDP_FLAGS_SKB_MODE or _DRV_MODE); one
+    already there is swapped atomically."""
+    with IPRoute() as ipr:
+        try:
+            ipr.link(
+                "set",
+                index=iface.index,
+                xdp={"attrs": [("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", flags)]},
+            )
+        except NetlinkError as exc:
+            raise AttachError(f"attaching XDP to {iface.name} failed: {exc}") from exc
+
+
+def detach_xdp(ifname: str, flags: int) -> None:
+    """Remove the XDP program attached in mode `flags`; AttachError if none was."""
+    with IPRoute() as ipr:
+        index = ipr.link_lookup(ifname=ifname)
+        if not index:
+            return
+        try:
+            ipr.link(
+                "set",
+                index=index[0],
+                xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", flags)]},
+            )
+        except NetlinkError as exc:
+            raise AttachError(f"detaching XDP from {ifname} failed: {exc}") from exc

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -21,6 +22,9 @@ from ebpflb.datapath.mounts import is_bpffs
 from ebpflb.errors import KernelSetupError
 
 log = logging.getLogger(__name__)
+
+# A program's pin: prog-<first 16 hex digits of its build hash>-<function name>.
+PROGRAM_PIN = re.compile(r"^prog-([0-9a-f]{16})-(\w+)$")
 
 
 def ensure_bpffs(pin_dir: Path) -> None:
@@ -106,13 +110,16 @@ def drop_incompatible(config: Config) -> list[str]:
 
 
 def remove_pins(bpffs_dir: Path) -> int:
-    """Unpin every ebpflb map under `bpffs_dir` and the directory if it is then empty; the
-    number of pins removed."""
+    """Unpin every ebpflb map and program under `bpffs_dir` and the directory if it is then
+    empty; the number of pins removed."""
     removed = 0
     if not bpffs_dir.exists():
         return 0
-    for name in MapName:
-        pin = bpffs_dir / name.value
+    # The maps, and the programs pinned next to them (loader.program_pin).
+    names = [name.value for name in MapName]
+    names += [p.name for p in bpffs_dir.iterdir() if PROGRAM_PIN.match(p.name)]
+    for name in names:
+        pin = bpffs_dir / name
         if pin.exists():
             try:
                 pin.unlink()

@@ -1,27 +1,31 @@
-"""An optional on-disk cache of compiled programs: BCC's bytecode, reloaded without clang.
+"""The bytecode store: BCC's compiled programs, loaded again without clang.
 
-A BCC compile takes ~0.5 s here but 10-70 s in an emulated VM (the kernel matrix), and
-every agent start compiles. The bytecode BCC produces depends only on the source, the
-cflags, the kernel (headers) and BCC itself; what ties it to one process are the map fds
-in its ld_imm64 instructions. So the cache keeps each program's instructions and, for
-every map they reference, the map's pin name and shape. A hit opens the pinned maps (or
-creates and pins them, as BCC would, when the pin directory is new), writes their fds into
-the instructions and loads them with BPF_PROG_LOAD: the kernel gets the same program.
+The bytecode BCC produces depends only on the source, the cflags, the kernel (headers) and
+BCC itself; what ties it to one process are the map fds in its ld_imm64 instructions. So an
+entry keeps each program's instructions and, for every map they reference, the map's pin
+name and shape. Loading one opens the pinned maps (or creates and pins them, as BCC would,
+when the pin directory is new), writes their fds into the instructions and loads them with
+BPF_PROG_LOAD: the kernel gets the same program. The compile itself runs in a child
+process (compiler.py) that hands over such an entry; the agent only loads.
 
-Opt-in: EBPFLB_PROGRAM_CACHE names a directory (the kernel matrix's guests set it). The
-key covers the assembled source, the cflags, the kernel's release and build, and BCC's
-version; anything unexpected in the bytecode (a pseudo instruction other than a map fd,
-a map that is not pinned where the source says) means no caching, never a wrong program.
+Entries live in /var/lib/ebpflb/programs, or where EBPFLB_PROGRAM_CACHE says (the kernel
+matrix's guests point it at a per-boot directory; set empty, nothing is stored). Not on
+bpffs: it holds only maps, programs and links, no files. The key covers the assembled
+source, the cflags, the kernel's release and build, and BCC's version; anything unexpected
+in the bytecode (a pseudo instruction other than a map fd, a map that is not pinned where
+the source says) is refused, never loaded as a wrong program.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
 import os
 import platform
+import re
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -33,14 +37,33 @@ from ebpflb.datapath import bpfsys
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "EBPFLB_PROGRAM_CACHE"
+DEFAULT_DIR = Path("/var/lib/ebpflb/programs")
 _LD_IMM64 = 0x18  # BPF_LD | BPF_IMM | BPF_DW: two instruction slots
 _PSEUDO_MAP_FD = 1
 _FORMAT = 1  # bump when the entry layout changes
 
 
 def cache_dir() -> Path | None:
-    value = os.environ.get(CACHE_ENV, "")
+    """Where entries are kept: EBPFLB_PROGRAM_CACHE if set (empty: nowhere), else
+    DEFAULT_DIR."""
+    value = os.environ.get(CACHE_ENV)
+    if value is None:
+        return DEFAULT_DIR
     return Path(value) if value else None
+
+
+def bcc_version() -> str:
+    """The installed BCC's version, read from its package without importing it (importing
+    bcc maps libbcc and LLVM into the process: the agent never does)."""
+    spec = importlib.util.find_spec("bcc")
+    if spec is None or not spec.submodule_search_locations:
+        return "none"
+    version_file = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        match = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", version_file.read_text())
+    except OSError:
+        return "unknown"
+    return match.group(1) if match else "unknown"
 
 
 def cache_key(source: str, cflags: Sequence[str], functions: Iterable[str], bcc: str) -> str:
@@ -240,6 +263,12 @@ def open_maps(entry: Entry, pin_dir: Path) -> list[int]:
                 os.close(fd)
         raise
     return fds
+
+
+def close_fds(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def load_function(

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-from bcc.libbcc import lib
 
-from ebpflb.datapath import contract
+from ebpflb.datapath import bpfsys, contract
 from ebpflb.datapath.elementio import ElementIO, errno_error
 from ebpflb.datapath.maps import SLOTS_PER_ELEMENT, SlotArray, SlotWrite, slot_pairs, write_one
 from ebpflb.errors import MapError
@@ -133,19 +132,18 @@ class KernelSlotPool:
         # it reached the array's end.
         in_batch = ct.c_uint32(first - 1)
         out_batch = ct.c_uint32(0)
-        n = ct.c_uint32(n_pairs)
-        res = lib.bpf_lookup_batch(
+        err, n = bpfsys.lookup_batch(
             self.pinned.fd,
-            ct.byref(in_batch) if first else None,
-            ct.byref(out_batch),
-            keys.ctypes.data_as(ct.c_void_p),
-            values.ctypes.data_as(ct.c_void_p),
-            ct.byref(n),
+            ct.addressof(in_batch) if first else 0,
+            ct.addressof(out_batch),
+            keys.ctypes.data,
+            values.ctypes.data,
+            n_pairs,
         )
-        if res < 0 and ct.get_errno() != errno.ENOENT:
-            raise errno_error(f"batch lookup of {n_pairs} slot pairs in {self.name}")
-        if n.value != n_pairs:
-            raise MapError(f"{self.name}: read {n.value} of {n_pairs} slot pairs at {offset}")
+        if err and err != errno.ENOENT:
+            raise errno_error(f"batch lookup of {n_pairs} slot pairs in {self.name}", err)
+        if n != n_pairs:
+            raise MapError(f"{self.name}: read {n} of {n_pairs} slot pairs at {offset}")
         start = offset - first * SLOTS_PER_ELEMENT
         return values[start : start + count].copy()
 

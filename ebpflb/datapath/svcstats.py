@@ -15,9 +15,8 @@ from dataclasses import fields
 
 import numpy as np
 import numpy.typing as npt
-from bcc.libbcc import lib
 
-from ebpflb.datapath import contract
+from ebpflb.datapath import bpfsys, contract
 from ebpflb.datapath.elementio import _BATCH_UNSUPPORTED, ElementIO, errno_error
 from ebpflb.datapath.maps import ServiceCounters
 from ebpflb.errors import MapError
@@ -47,8 +46,9 @@ class KernelServiceCounters:
     def get(self, svc_id: int) -> ServiceCounters:
         key = ct.c_uint32(svc_id)
         raw = ct.create_string_buffer(self._io.value_size)
-        if lib.bpf_lookup_elem(self._fd, ct.byref(key), raw) < 0:
-            raise errno_error(f"lookup {self.name}[{svc_id}]")
+        err = bpfsys.lookup_elem(self._fd, ct.addressof(key), ct.addressof(raw))
+        if err:
+            raise errno_error(f"lookup {self.name}[{svc_id}]", err)
         return ServiceCounters(*(int(v) for v in self._sum(raw.raw, 1)[0]))
 
     def read(self, upto: int) -> dict[int, ServiceCounters]:
@@ -71,18 +71,15 @@ class KernelServiceCounters:
             # An array batch resumes after the key in `position`: start - 1 (never -1: ids
             # start at 1, and element 0 is skipped by starting there).
             position, next_position = ct.c_uint32(start - 1), ct.c_uint32(0)
-            done = ct.c_uint32(count)
-            res = lib.bpf_lookup_batch(
+            err, n = bpfsys.lookup_batch(
                 self._fd,
-                ct.byref(position),
-                ct.byref(next_position),
+                ct.addressof(position),
+                ct.addressof(next_position),
                 ct.addressof(keys),
                 ct.addressof(values),
-                ct.byref(done),
+                count,
             )
-            err = ct.get_errno() if res < 0 else 0
             if not err or err == errno.ENOENT:
-                n = done.value
                 ids = np.frombuffer(bytes(keys), dtype=np.uint32, count=n)
                 return ids, self._sum(values.raw, n)
             if err not in _BATCH_UNSUPPORTED:

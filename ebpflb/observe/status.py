@@ -106,6 +106,7 @@ class AgentStatus:
         self._lock = threading.Lock()
         self._phases: dict[Phase, float] = {}
         self._compile: dict[str, float] = {}
+        self._origin: dict[str, str] = {}
         self._replaced = 0
         self._interfaces: dict[str, str] = {}
         self._syncs = 0
@@ -126,9 +127,13 @@ class AgentStatus:
         with self._lock:
             self._phases.setdefault(phase, seconds)
 
-    def compiled(self, program: str, seconds: float, phase: Phase) -> None:
+    def compiled(self, program: str, seconds: float, phase: Phase, origin: str = "") -> None:
+        """`program`'s programs are in the kernel after `seconds`; `origin` says how they
+        got there ("adopted", "loaded", "compiled": ebpflb.datapath.programs.Origin)."""
         with self._lock:
             self._compile[program] = seconds
+            if origin:
+                self._origin[program] = origin
         self.phase_done(phase)
 
     def programs_replaced(self, count: int) -> None:
@@ -239,7 +244,7 @@ class AgentStatus:
                 },
                 "frontends": last.frontends if last else 0,
                 "frontend_changes": dict(self._changes),
-                "programs": {"replaced_previous": self._replaced},
+                "programs": {"replaced_previous": self._replaced, "origin": dict(self._origin)},
                 "interfaces": {name: {"xdp": mode} for name, mode in self._interfaces.items()},
                 "features": {key: dict(value) for key, value in self._features.items()},
             }

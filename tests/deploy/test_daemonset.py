@@ -407,19 +407,14 @@ def test_upgrade_keeps_traffic_flowing_and_adopts_the_datapath(lab: Lab) -> None
     assert served(lab.nodeport()) <= set(PODS)
 
     new = lab.start_agent()
-    deadline = time.monotonic() + START_TIMEOUT
-    while {i for i, _ in lab.cgroup_programs()} & {i for i, _ in before}:
-        assert time.monotonic() < deadline, (
-            "the new agent did not replace the old programs\n" + lab.logs(new)
-        )
-        time.sleep(0.5)
-    after = lab.cgroup_programs()
-    assert sorted(n for _, n in after) == sorted(n for _, n in before)  # replaced, not added
     lab.api.create(service("db", cluster_ip="10.96.0.20"))
     lab.api.create(
         endpoint_slice("db-1", service_name="db", endpoints=[endpoint("10.244.1.12", node=NODE)])
     )
     lab.wait_frontends({f"{WEB_VIP}:80/TCP", "10.96.0.20:80/TCP"}, new)
+    # The same image builds the same programs: the new agent adopted the pinned ones (the
+    # very program ids stay attached; nothing compiled, nothing replaced).
+    assert lab.cgroup_programs() == before
     assert served(lab.clusterip()) == set(PODS)
 
 

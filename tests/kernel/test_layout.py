@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, contract, loader
+from ebpflb.datapath import bpfsys, compiler, contract, loader
 from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.pins import ensure_bpffs, expected_map_layout, pinned_layout
 
@@ -51,7 +51,7 @@ def compiled() -> Iterator[tuple[Path, dict[str, object]]]:
     ensure_bpffs(pins)
     flags = config.cflags() + loader.Features(False).cflags()
     programs = [
-        loader.compile_program(loader.BPF_DIR / source, flags)
+        compiler.compile_program(loader.BPF_DIR / source, flags)
         for source in ("sock_lb.c", "nodeport.c")
     ]
     tables: dict[str, object] = {}

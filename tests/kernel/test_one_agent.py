@@ -77,7 +77,8 @@ def test_a_second_agent_waits_then_takes_over_and_traffic_keeps_flowing(
     status = second.status()
     assert waiting_for(status) is None
     assert "pin_dir_locked" in status["phases"]
-    assert status["programs"]["replaced_previous"] == 4  # the first agent's programs
+    # The first agent's programs, pinned, are adopted: still attached, nothing replaced.
+    assert status["programs"] == {"replaced_previous": 0, "origin": {"socket_lb": "adopted"}}
     # The pinned state was adopted as it was: nothing rewritten.
     first_sync = status["sync"]["first"]
     assert (first_sync["added"], first_sync["updated"], first_sync["removed"]) == (0, 0, 0)
@@ -162,4 +163,4 @@ def test_a_second_agent_on_the_same_ports_waits_then_serves_on_them(
     status = second.status()
     assert status["process_start"] > first_start  # answered by the second agent
     assert "pin_dir_locked" in status["phases"]
-    assert status["programs"]["replaced_previous"] == 4
+    assert status["programs"] == {"replaced_previous": 0, "origin": {"socket_lb": "adopted"}}

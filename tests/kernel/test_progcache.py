@@ -1,7 +1,7 @@
-"""The program cache (EBPFLB_PROGRAM_CACHE): a hit loads the very programs BCC compiled
-(the kernel's tag, a hash of the instructions without map fds, is equal), on the pinned
-maps or on maps it creates and pins itself in a new pin directory; and an agent started
-from the cache translates traffic."""
+"""The bytecode store (progcache.py): BCC's bytecode, compiled in a child process, loads
+as the very programs BCC compiled (the kernel's tag, a hash of the instructions without map
+fds, is equal), on the pinned maps or on maps it creates and pins itself in a new pin
+directory, without compiling again; and an agent started from the store translates."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ebpflb.config import Config, XdpMode
-from ebpflb.datapath import bpfsys, loader, pins, progcache
+from ebpflb.datapath import bpfsys, compiler, loader, pins, progcache, programs
+from ebpflb.testing.agentproc import cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by
 
@@ -44,13 +45,13 @@ def _config(pin_dirs: list[Path]) -> Config:
 
 def _tags(lb: loader.SocketLB | loader.NodePortLB) -> dict[str, str]:
     if isinstance(lb, loader.SocketLB):
-        fds = {hook.function: f.fd for hook, f in lb._functions.items()}
+        fds = lb.program_fds()
     else:
         fds = {name: lb.program_fd(name) for name in (lb.INGRESS, lb.EGRESS, lb.XDP)}
     return {name: bpfsys.prog_info(fd, name).tag for name, fd in fds.items()}
 
 
-def test_a_hit_loads_the_compiled_programs_on_old_or_new_pins(
+def test_stored_bytecode_loads_the_compiled_programs_on_old_or_new_pins(
     pin_dirs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(progcache.CACHE_ENV, str(tmp_path / "cache"))
@@ -59,19 +60,29 @@ def test_a_hit_loads_the_compiled_programs_on_old_or_new_pins(
     compiled = {}
     for kind in (loader.SocketLB, loader.NodePortLB):
         lb = kind(first, features)
+        assert lb.origin is programs.Origin.COMPILED
         compiled.update(_tags(lb))
         lb.close()
     assert len(list((tmp_path / "cache").glob("*.json"))) == 3  # sock_lb, nodeport, xdp
+    # BCC in this process, for the reference: the child's bytecode is what it compiles.
+    bpf = compiler.compile_program(
+        loader.BPF_DIR / "sock_lb.c", first.cflags() + features.cflags()
+    )
+    reference = bpf.load_func(b"ebpflb_connect4", 18, attach_type=10)
+    assert bpfsys.prog_info(reference.fd).tag == compiled["ebpflb_connect4"]
+    bpf.cleanup()
 
-    def no_compiler(source: Path, cflags: list[str]) -> None:
-        raise AssertionError(f"{source.name} compiled despite the cache")
+    def no_compiler(*args: object) -> None:
+        raise AssertionError(f"compiled despite the store: {args}")
 
-    monkeypatch.setattr(loader, "compile_program", no_compiler)
-    fresh = _config(pin_dirs)  # no pins yet: the cache creates the maps
+    monkeypatch.setattr(programs, "compile_in_child", no_compiler)
+    fresh = _config(pin_dirs)  # no pins yet: the store's entry creates the maps
     for config in (first, fresh):
         for kind in (loader.SocketLB, loader.NodePortLB):
             lb = kind(config, features)
             try:
+                # Never attached, so never pinned: loaded again, not adopted.
+                assert lb.origin is programs.Origin.LOADED
                 assert _tags(lb) == {k: compiled[k] for k in _tags(lb)}
             finally:
                 lb.close()
@@ -79,18 +90,26 @@ def test_a_hit_loads_the_compiled_programs_on_old_or_new_pins(
         assert {p.name: pins.pinned_layout(p) for p in config.bpffs_dir.iterdir()} == expected
 
 
-def test_an_agent_started_from_the_cache_translates(
+def test_an_agent_started_from_the_store_translates(
     topology: Topology,
     cgroup: Cgroup,
+    bpffs: Path,
     manifests: Path,
     start_agent: AgentFactory,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(progcache.CACHE_ENV, str(tmp_path / "cache"))
-    start_agent("--manifests", str(manifests)).stop()  # compiles, fills the cache
+    first = start_agent("--manifests", str(manifests))  # compiles, fills the store
+    assert first.status()["programs"]["origin"] == {"socket_lb": "compiled"}
+    first.stop()
     assert list((tmp_path / "cache").glob("*.json"))
-    agent = start_agent("--manifests", str(manifests))  # loads from it
-    assert agent.status()["programs"]["replaced_previous"] == 4
+    # Without the pinned programs (and maps), the next start loads the stored bytecode.
+    assert cleanup_datapath(bpffs, cgroup.path).returncode == 0
+    agent = start_agent("--manifests", str(manifests))
+    assert agent.status()["programs"] == {
+        "replaced_previous": 0,
+        "origin": {"socket_lb": "loaded"},
+    }
     counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 60, cgroup))
     assert set(counts) == set(PODS)

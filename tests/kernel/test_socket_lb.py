@@ -129,7 +129,8 @@ def test_restart_keeps_traffic_flowing_and_rewrites_nothing(
     assert (first_sync["added"], first_sync["updated"], first_sync["removed"]) == (0, 0, 0)
     assert first_sync["unchanged"] == 3
     assert second.metrics().value("ebpflb_maglev_slots_written_total") == 0
-    assert status["programs"]["replaced_previous"] == 4
+    # The pinned programs were adopted as they were: still attached, nothing replaced.
+    assert status["programs"] == {"replaced_previous": 0, "origin": {"socket_lb": "adopted"}}
     attached = loader.attached_programs(cgroup.path)
     assert sorted(name for _, name in attached) == [
         "ebpflb_connect4",
@@ -228,7 +229,8 @@ def test_cleanup_leaves_nothing_attached_or_pinned(
     done = cleanup_datapath(bpffs, cgroup.path)
     assert done.returncode == 0, done.stderr
     assert "detached 4 programs" in done.stdout
-    assert f"removed {len(MapName)} pins" in done.stdout
+    # The maps and the socket-LB programs pinned next to them.
+    assert f"removed {len(MapName) + len(loader.SockHook)} pins" in done.stdout
     assert attached(cgroup.path) == ""
     assert not bpffs.exists()
     assert os.path.isdir(cgroup.path)  # our cgroup itself stays until the fixture removes it

@@ -66,8 +66,18 @@ def test_the_key_follows_source_flags_and_programs() -> None:
         assert other != key
 
 
-def test_off_unless_a_directory_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_by_default_elsewhere_or_off_as_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(progcache.CACHE_ENV, raising=False)
-    assert progcache.cache_dir() is None
+    assert progcache.cache_dir() == Path("/var/lib/ebpflb/programs")
     monkeypatch.setenv(progcache.CACHE_ENV, "/tmp/x")
     assert progcache.cache_dir() == Path("/tmp/x")
+    monkeypatch.setenv(progcache.CACHE_ENV, "")
+    assert progcache.cache_dir() is None
+
+
+def test_the_bcc_version_is_read_without_importing_bcc() -> None:
+    import sys
+
+    version = progcache.bcc_version()
+    assert version not in {"none", "unknown"} and version[0].isdigit()
+    assert "bcc" not in sys.modules

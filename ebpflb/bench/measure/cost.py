@@ -86,6 +86,23 @@ def process_memory(pid: int) -> ProcessMemory:
     return ProcessMemory(mib["VmRSS"], mib["VmHWM"], mib["RssAnon"], mib["RssFile"])
 
 
+# Shared libraries that would mean a compiler in the process: BCC and its LLVM/clang, and
+# llvmlite (numba's LLVM).
+COMPILER_LIBRARIES = ("libbcc", "libLLVM", "libclang", "llvmlite")
+
+
+def mapped_libraries(pid: int, names: Sequence[str] = COMPILER_LIBRARIES) -> tuple[str, ...]:
+    """File names of the shared objects mapped into process `pid` whose name contains one
+    of `names`."""
+    found = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        base = path.rsplit("/", 1)[-1]
+        if any(name in base for name in names):
+            found.add(base)
+    return tuple(sorted(found))
+
+
 # ---- kernel memory ------------------------------------------------------------------------
 
 

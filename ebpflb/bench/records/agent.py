@@ -48,6 +48,9 @@ class AgentStartup:
     api_load_s: float | None = None  # filling the fake API server, before the spawn
     map_sizes: MapSizes | None = None
     table_size: int | None = None  # each service's Maglev table size M
+    # Program set -> how its programs got into the kernel: "adopted" (pinned by the previous
+    # agent, nothing compiled or loaded), "loaded" (stored bytecode), "compiled" (a child).
+    program_origin: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

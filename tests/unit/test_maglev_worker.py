@@ -1,0 +1,67 @@
+"""The compiled Maglev loop in a helper process (ebpflb.maglev_worker): the same tables as
+in this process, numba never imported here, a helper gone (idle or killed) replaced."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ebpflb import maglev
+from ebpflb.maglev_worker import FillWorker
+
+SERVICES = [[f"10.0.{s % 200}.{b}:80" for b in range(1 + s % 5)] for s in range(300)]
+SIZES = [maglev.TABLE_SIZES[s % 3] for s in range(300)]
+
+
+def _fill(worker: FillWorker) -> list[maglev.MaglevTable]:
+    """build_tables through `worker` (forced compiled: these tables are small)."""
+    saved = maglev._worker
+    maglev._worker = worker
+    try:
+        return maglev.build_tables(SERVICES, SIZES, compiled=True)
+    finally:
+        maglev._worker = saved
+
+
+def test_the_helper_builds_the_same_tables_without_numba_here() -> None:
+    expected = maglev.build_tables(SERVICES, SIZES, compiled=False)
+    code = (
+        "import sys\n"
+        "from tests.unit.test_maglev_worker import _fill, FillWorker\n"
+        "worker = FillWorker()\n"
+        "tables = _fill(worker)\n"
+        "worker.close()\n"
+        "assert 'numba' not in sys.modules and 'llvmlite' not in sys.modules\n"
+        "assert not any('llvmlite' in line for line in open('/proc/self/maps'))\n"
+        "import pickle; sys.stdout.buffer.write(pickle.dumps([t.slots for t in tables]))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    import pickle
+
+    slots = pickle.loads(done.stdout)
+    assert len(slots) == len(expected)
+    for got, table in zip(slots, expected, strict=True):
+        assert np.array_equal(got, table.slots)
+
+
+def test_a_helper_that_left_is_replaced() -> None:
+    worker = FillWorker(idle=0.5)
+    try:
+        first = _fill(worker)
+        assert worker._proc is not None
+        time.sleep(1.5)  # idle: the helper exits by itself
+        assert worker._proc.poll() == 0
+        again = _fill(worker)
+        worker._proc.kill()  # and a killed one
+        worker._proc.wait()
+        last = _fill(worker)
+        for a, b, c in zip(first, again, last, strict=True):
+            assert np.array_equal(a.slots, b.slots) and np.array_equal(a.slots, c.slots)
+    finally:
+        worker.close()
