@@ -231,7 +231,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         probes.check(kernel, nodeport=bool(interfaces), xdp=config.xdp is not XdpMode.OFF)
         status.kernel_features(kernel.status())
         registry.register(probes.FeatureCollector(kernel))
-        features = loader.Features.from_report(kernel)
+        features = loader.Features.from_report(kernel, config.socket_storage)
         source.start()  # listing, while the programs compile
         # Before anything touches a pin: the loader may unpin maps of another layout.
         if not _lock_pin_dir(config, pin_lock, status, stop):

@@ -93,7 +93,7 @@ def test_minimum_kernel_follows_the_configuration() -> None:
 
 
 def test_check_logs_one_warning_per_lost_feature(caplog: pytest.LogCaptureFixture) -> None:
-    report = _report("5.10.0-46-amd64", without("set_retval", "sk_storage"))
+    report = _report("5.10.0-46-amd64", without("set_retval", "sk_storage_sock_addr"))
     with caplog.at_level("INFO", logger=probes.__name__):
         probes.check(report, nodeport=True, xdp=False)
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
