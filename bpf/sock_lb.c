@@ -29,12 +29,15 @@ static __always_inline enum sys_verdict sock4_xlate_fwd(struct bpf_sock_addr *ct
 	struct lb4_svc_val *svc;
 	struct lb4_backend *backend;
 	__u32 backend_id;
+	__u64 client;
 
 	svc = lb4_lookup_service_in_node(vaddr, vport, (__u8)ctx->protocol);
 	if (!svc)
 		return SYS_PROCEED; /* not a frontend: leave the socket alone */
-	/* A pod's client is its network namespace; a host process's, the host's. */
-	backend = lb4_pick_backend(svc, hash, bpf_get_netns_cookie(ctx), 1, &backend_id);
+	/* A pod's client is its network namespace; a host process's, the host's. Only
+	 * session affinity needs to know it. */
+	client = svc->flags & SVC_F_AFFINITY ? bpf_get_netns_cookie(ctx) : 0;
+	backend = lb4_pick_backend(svc, hash, client, 1, &backend_id);
 	if (!backend) {
 		stat_inc(STAT_NO_BACKEND);
 		svc_stats_refused(svc->svc_id);
