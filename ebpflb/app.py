@@ -232,6 +232,14 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         status.kernel_features(kernel.status())
         registry.register(probes.FeatureCollector(kernel))
         features = loader.Features.from_report(kernel, config.socket_storage)
+        log.info(
+            "reverse entries of TCP sockets (getpeername): %s",
+            "in socket storage"
+            if features.sk_storage
+            else "in the LRU ebpflb_revsk4 ("
+            + ("--socket-storage=false" if not config.socket_storage else "kernel lacks it")
+            + ")",
+        )
         source.start()  # listing, while the programs compile
         # Before anything touches a pin: the loader may unpin maps of another layout.
         if not _lock_pin_dir(config, pin_lock, status, stop):
