@@ -29,19 +29,30 @@ static __always_inline enum sys_verdict sock4_xlate_fwd(struct bpf_sock_addr *ct
 	struct lb4_svc_val *svc;
 	struct lb4_backend *backend;
 	__u32 backend_id;
+	__u64 client;
 
 	svc = lb4_lookup_service_in_node(vaddr, vport, (__u8)ctx->protocol);
 	if (!svc)
 		return SYS_PROCEED; /* not a frontend: leave the socket alone */
-	/* A pod's client is its network namespace; a host process's, the host's. */
-	backend = lb4_pick_backend(svc, hash, bpf_get_netns_cookie(ctx), 1, &backend_id);
+	/* A pod's client is its network namespace; a host process's, the host's. Only
+	 * session affinity needs to know it. */
+	client = svc->flags & SVC_F_AFFINITY ? bpf_get_netns_cookie(ctx) : 0;
+	backend = lb4_pick_backend(svc, hash, client, 1, &backend_id);
 	if (!backend) {
 		stat_inc(STAT_NO_BACKEND);
 		svc_stats_refused(svc->svc_id);
 		lb_set_refused();
 		return SYS_REJECT;
 	}
-	lb4_revsk_store(bpf_get_socket_cookie(ctx), backend, vaddr, vport, check_first);
+#if EBPFLB_HAVE_SK_STORAGE
+	/* A TCP socket has one peer: its entry lives in the socket. A UDP socket may send to
+	 * many frontends (one entry per backend) and the stale-UDP cleanup must find sockets
+	 * by backend: its entries stay in the LRU. */
+	if (ctx->protocol == IPPROTO_TCP)
+		lb4_sockrev_store(ctx->sk, backend, vaddr, vport);
+	else
+#endif
+		lb4_revsk_store(bpf_get_socket_cookie(ctx), backend, vaddr, vport, check_first);
 	ctx->user_ip4 = backend->addr;
 	ctx->user_port = (__u32)backend->port;
 	stat_inc(stat);
@@ -54,6 +65,20 @@ static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx, __u32 sta
 {
 	struct lb4_revsk_val *frontend;
 
+#if EBPFLB_HAVE_SK_STORAGE
+	if (ctx->protocol == IPPROTO_TCP) {
+		struct lb4_sock_rev *rev;
+
+		rev = lb4_sockrev_lookup(ctx->sk, ctx->user_ip4, (__be16)ctx->user_port);
+		if (rev) {
+			ctx->user_ip4 = rev->frontend_addr;
+			ctx->user_port = (__u32)rev->frontend_port;
+			stat_inc(stat);
+			return;
+		}
+		/* Else a socket connected before the agent switched to socket storage. */
+	}
+#endif
 	frontend = lb4_revsk_lookup(bpf_get_socket_cookie(ctx), ctx->user_ip4,
 				    (__be16)ctx->user_port);
 	if (!frontend)

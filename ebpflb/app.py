@@ -249,7 +249,15 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         probes.check(kernel, nodeport=bool(interfaces), xdp=config.xdp is not XdpMode.OFF)
         status.kernel_features(kernel.status())
         registry.register(probes.FeatureCollector(kernel))
-        features = loader.Features.from_report(kernel)
+        features = loader.Features.from_report(kernel, config.socket_storage)
+        log.info(
+            "reverse entries of TCP sockets (getpeername): %s",
+            "in socket storage"
+            if features.sk_storage
+            else "in the LRU ebpflb_revsk4 ("
+            + ("--socket-storage=false" if not config.socket_storage else "kernel lacks it")
+            + ")",
+        )
         source.start()  # listing, while the programs compile
         _warm_up_when_listed(source, stop)
         # Before anything touches a pin: the loader may unpin maps of another layout.

@@ -153,6 +153,13 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         " only their totals, for very large clusters",
     ),
     (
+        "--socket-storage",
+        "socket_storage",
+        configfile.parse_bool,
+        "true: a TCP socket's reverse entry (for getpeername) is kept in the socket itself"
+        " where the kernel allows it (5.3+); false: in the LRU map ebpflb_revsk4",
+    ),
+    (
         "--lock-timeout",
         "lock_timeout",
         float,

@@ -83,6 +83,9 @@ class Config:
     # One series per frontend for the datapath counters (ebpflb_service_*); False keeps
     # only their totals, for clusters where that many series are too many.
     per_service_metrics: bool = True
+    # TCP sockets' reverse entries (getpeername) in socket storage where the kernel allows
+    # it (probed); False keeps them in the LRU ebpflb_revsk4, as on kernels without it.
+    socket_storage: bool = True
     # Seconds `run` waits for another agent on the same pin directory to exit (a
     # DaemonSet update whose old pod is still terminating) before giving up.
     lock_timeout: float = 60.0

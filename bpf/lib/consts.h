@@ -115,6 +115,13 @@
 #define EBPFLB_HAVE_SET_RETVAL 0
 #endif
 
+/* Set by the agent's feature probe when sock_addr programs may call bpf_sk_storage_get
+ * (5.3) and --socket-storage is on: TCP sockets' reverse entries go to ebpflb_sockrev4
+ * instead of the LRU ebpflb_revsk4. */
+#ifndef EBPFLB_HAVE_SK_STORAGE
+#define EBPFLB_HAVE_SK_STORAGE 0
+#endif
+
 /* lb4_svc_key.scope: which backend set a frontend lookup wants. */
 #define LB_SCOPE_EXTERNAL 0 /* the entry every hook looks up first */
 #define LB_SCOPE_INTERNAL 1 /* in-node clients' entry, when SVC_F_INTERNAL_SCOPE says so */

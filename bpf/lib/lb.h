@@ -36,6 +36,17 @@ static __always_inline struct lb4_svc_val *lb4_lookup_service_in_node(__be32 add
 	return internal ? internal : svc;
 }
 
+/* The backend with this id; NULL for an element never written or removed (all zero: an
+ * array element cannot be deleted). */
+static __always_inline struct lb4_backend *lb4_backend_lookup(__u32 backend_id)
+{
+	struct lb4_backend *backend = ebpflb_be4.lookup(&backend_id);
+
+	if (!backend || backend->proto == 0)
+		return NULL;
+	return backend;
+}
+
 /* Backend in slot (hash mod M) of the service's table, its id in *backend_id_out; NULL
  * when the service has no usable backend (table_size == 0) or, counted as
  * STAT_SLOT_MISS, when a slot or backend is missing. */
@@ -56,7 +67,7 @@ static __always_inline struct lb4_backend *lb4_select_backend(const struct lb4_s
 	backend_id = pair->backend_id[slot & 1];
 	if (backend_id == 0)
 		goto miss;
-	backend = ebpflb_be4.lookup(&backend_id);
+	backend = lb4_backend_lookup(backend_id);
 	if (!backend)
 		goto miss;
 	*backend_id_out = backend_id;
@@ -86,7 +97,7 @@ static __always_inline struct lb4_backend *lb4_affinity_backend(const struct aff
 	timeout = ebpflb_affpair4.lookup(&match);
 	if (!timeout || now - aff->last_used > (__u64)*timeout * EBPFLB_NSEC_PER_SEC)
 		return NULL;
-	backend = ebpflb_be4.lookup(&match.backend_id);
+	backend = lb4_backend_lookup(match.backend_id);
 	if (backend)
 		*backend_id_out = match.backend_id;
 	return backend;
@@ -170,5 +181,37 @@ static __always_inline struct lb4_revsk_val *lb4_revsk_lookup(__u64 cookie, __be
 
 	return ebpflb_revsk4.lookup(&key);
 }
+
+#if EBPFLB_HAVE_SK_STORAGE
+/* Remember in the socket itself which frontend its backend stands for (TCP): no hash
+ * insert, and the entry goes with the socket. */
+static __always_inline void lb4_sockrev_store(struct bpf_sock *sk,
+					      const struct lb4_backend *backend,
+					      __be32 vaddr, __be16 vport)
+{
+	struct lb4_sock_rev *rev;
+
+	rev = ebpflb_sockrev4.sk_storage_get(sk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!rev) {
+		stat_inc(STAT_REVSK_UPDATE_FAIL);
+		return;
+	}
+	rev->backend_addr = backend->addr;
+	rev->backend_port = backend->port;
+	rev->frontend_addr = vaddr;
+	rev->frontend_port = vport;
+}
+
+/* The socket's stored frontend, if the socket still talks to the backend it was sent to. */
+static __always_inline struct lb4_sock_rev *lb4_sockrev_lookup(struct bpf_sock *sk,
+							      __be32 addr, __be16 port)
+{
+	struct lb4_sock_rev *rev = ebpflb_sockrev4.sk_storage_get(sk, NULL, 0);
+
+	if (!rev || rev->backend_addr != addr || rev->backend_port != port)
+		return NULL;
+	return rev;
+}
+#endif
 
 #endif /* EBPFLB_LB_H */

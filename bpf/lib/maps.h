@@ -12,9 +12,13 @@
 BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
 		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svc4");
 
-/* Backend id -> address; shared by every service that uses the backend. */
-BPF_TABLE_PINNED("hash", __u32, struct lb4_backend, ebpflb_be4,
-		 EBPFLB_MAX_BACKENDS, EBPFLB_PIN_DIR "/ebpflb_be4");
+/* Backend id -> address; shared by every service that uses the backend. An array indexed by
+ * id (1..EBPFLB_MAX_BACKENDS; 0 is never allocated): one lookup with no hashing, where a
+ * hash cost a second cache miss per connect() to a cold service. An array cannot delete:
+ * a removed backend is an all-zero element, which the programs treat as absent
+ * (lb4_backend_lookup). */
+BPF_TABLE_PINNED("array", __u32, struct lb4_backend, ebpflb_be4,
+		 EBPFLB_MAX_BACKENDS + 1, EBPFLB_PIN_DIR "/ebpflb_be4");
 
 /* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range.
  * Mmapable: the agent writes and reads tables as memory, not one syscall per pair. */
@@ -25,9 +29,18 @@ BPF_TABLE_PINNED("array", __u32, struct lb4_slot_pair, ebpflb_slots,
 BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,
 		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svcmeta");
 
-/* (socket cookie, backend) -> frontend, for recvmsg4/getpeername4. */
+/* (socket cookie, backend) -> frontend, for recvmsg4/getpeername4: every socket's entry
+ * without EBPFLB_HAVE_SK_STORAGE, else those of UDP sockets only (see ebpflb_sockrev4). */
 BPF_TABLE_PINNED("lru_hash", struct lb4_revsk_key, struct lb4_revsk_val, ebpflb_revsk4,
 		 EBPFLB_REV_SK_MAX, EBPFLB_PIN_DIR "/ebpflb_revsk4");
+
+/* Socket storage: a connected TCP socket's backend and the frontend it stands for, stored
+ * in the socket itself, so the entry costs no hash insert at connect() and lives exactly as
+ * long as the socket. Used with EBPFLB_HAVE_SK_STORAGE (bpf_sk_storage_get in sock_addr
+ * programs, probed); declared always (the map type is older than the 5.8 the hooks need),
+ * so the pins are the same either way. */
+BPF_TABLE_PINNED("sk_storage", int, struct lb4_sock_rev, ebpflb_sockrev4, 0,
+		 EBPFLB_PIN_DIR "/ebpflb_sockrev4", BPF_F_NO_PREALLOC);
 
 /* NodePort/LB flows: original tuple -> backend, SNAT, lifetime. */
 BPF_TABLE_PINNED("lru_hash", struct flow4, struct ct4_entry, ebpflb_ct4,

@@ -34,8 +34,9 @@ struct lb4_slot_pair {
 	__u32 backend_id[2]; /* backend id in slot 2k, 2k+1; 0 = empty */
 };
 
-/* A backend: what a frontend is translated to. Key of ebpflb_be4 is a dense __u32 id;
- * id 0 is never allocated so an all-zero slot is recognisably empty. */
+/* A backend: what a frontend is translated to. Index of ebpflb_be4 is a dense __u32 id;
+ * id 0 is never allocated so an all-zero slot is recognisably empty. An element with
+ * proto 0 (all zero: never written, or removed) is no backend. */
 struct lb4_backend {
 	__be32 addr;  /* endpoint IPv4 address */
 	__be16 port;  /* endpoint (target) port */
@@ -63,6 +64,16 @@ struct lb4_revsk_val {
 	__be32 addr;  /* frontend address the application asked for */
 	__be16 port;  /* frontend port */
 	__u16 pad;    /* zero */
+};
+
+/* Value of ebpflb_sockrev4 (socket storage): what a TCP socket's connect() was translated
+ * from and to. The backend is kept so that a socket whose later connect() was not
+ * translated (a retry to another address) is not shown a stale frontend. */
+struct lb4_sock_rev {
+	__be32 backend_addr;  /* the backend connect() was sent to */
+	__be32 frontend_addr; /* the frontend the application asked for */
+	__be16 backend_port;
+	__be16 frontend_port;
 };
 
 /* A flow as the wire shows it in one direction: the key of ebpflb_ct4 (client -> frontend,

@@ -208,6 +208,18 @@ class Lb4RevskVal(ct.Structure):
     _network_order_ = ("addr", "port")
 
 
+class Lb4SockRev(ct.Structure):
+    """struct lb4_sock_rev (value of the socket storage ebpflb_sockrev4)"""
+
+    _fields_ = [
+        ("backend_addr", ct.c_uint32),
+        ("frontend_addr", ct.c_uint32),
+        ("backend_port", ct.c_uint16),
+        ("frontend_port", ct.c_uint16),
+    ]
+    _network_order_ = ("backend_addr", "frontend_addr", "backend_port", "frontend_port")
+
+
 class Flow4(ct.Structure):
     """struct flow4"""
 
@@ -323,6 +335,7 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "lb4_svc_meta": Lb4SvcMeta,
     "lb4_revsk_key": Lb4RevskKey,
     "lb4_revsk_val": Lb4RevskVal,
+    "lb4_sock_rev": Lb4SockRev,
     "flow4": Flow4,
     "ct4_entry": Ct4Entry,
     "rnat4_val": Rnat4Val,
@@ -379,7 +392,8 @@ DEFINES: tuple[Define, ...] = (
 )
 # Set from the kernel feature probe (loader.Features), not from the configuration.
 HAVE_SET_RETVAL = "EBPFLB_HAVE_SET_RETVAL"
-FEATURE_MACROS = (HAVE_SET_RETVAL,)
+HAVE_SK_STORAGE = "EBPFLB_HAVE_SK_STORAGE"
+FEATURE_MACROS = (HAVE_SET_RETVAL, HAVE_SK_STORAGE)
 
 
 def cflags(config: Config) -> list[str]:
@@ -398,6 +412,7 @@ class MapName(enum.StrEnum):
     SLOTS = "ebpflb_slots"
     SERVICE_META = "ebpflb_svcmeta"
     REVERSE_SOCK = "ebpflb_revsk4"
+    SOCK_STORAGE = "ebpflb_sockrev4"
     STATS = "ebpflb_stats"
     CONNTRACK = "ebpflb_ct4"
     REPLY_NAT = "ebpflb_rnat4"
@@ -416,6 +431,7 @@ class MapType(enum.IntEnum):
     PERCPU_ARRAY = 6
     LRU_HASH = 9
     LPM_TRIE = 11
+    SK_STORAGE = 24
 
     @property
     def c_name(self) -> str:
@@ -466,7 +482,8 @@ MAPS: dict[MapName, MapSpec] = {
     spec.name: spec
     for spec in (
         MapSpec(MapName.SERVICES, MapType.HASH, Lb4SvcKey, Lb4SvcVal, MAX_SERVICES),
-        MapSpec(MapName.BACKENDS, MapType.HASH, ct.c_uint32, Lb4Backend, MAX_BACKENDS),
+        # Indexed by backend id, 1..max_backends (0 is never allocated).
+        MapSpec(MapName.BACKENDS, MapType.ARRAY, ct.c_uint32, Lb4Backend, MAX_BACKENDS, extra=1),
         MapSpec(
             MapName.SLOTS,
             MapType.ARRAY,
@@ -478,6 +495,15 @@ MAPS: dict[MapName, MapSpec] = {
         ),
         MapSpec(MapName.SERVICE_META, MapType.HASH, ct.c_uint32, Lb4SvcMeta, MAX_SERVICES),
         MapSpec(MapName.REVERSE_SOCK, MapType.LRU_HASH, Lb4RevskKey, Lb4RevskVal, REV_SK_MAX),
+        # Per-socket storage: no entries of its own (max_entries 0); keyed by a socket fd.
+        MapSpec(
+            MapName.SOCK_STORAGE,
+            MapType.SK_STORAGE,
+            ct.c_int32,
+            Lb4SockRev,
+            0,
+            flags=BPF_F_NO_PREALLOC,
+        ),
         MapSpec(MapName.CONNTRACK, MapType.LRU_HASH, Flow4, Ct4Entry, CT_MAX),
         MapSpec(MapName.REPLY_NAT, MapType.HASH, Flow4, Rnat4Val, RNAT_MAX),
         MapSpec(

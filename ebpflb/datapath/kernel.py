@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence, Set
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -93,11 +93,16 @@ class KernelMap(Generic[K, V]):
         self.io = ElementIO(pinned.fd, pinned.name, pinned.info.key_size, pinned.info.value_size)
 
     def get(self, key: K) -> V | None:
+        raw_value = self.get_raw(key)
+        return None if raw_value is None else self._value.decode(raw_value)
+
+    def get_raw(self, key: K) -> Any:
+        """The value as the kernel holds it (its ctypes mirror), or None."""
         raw_key = self._key.encode(key)
         raw_value = self._value.ctype()
         if bpfsys.lookup_elem(self.pinned.fd, ct.addressof(raw_key), ct.addressof(raw_value)):
             return None
-        return self._value.decode(raw_value)
+        return raw_value
 
     def put(self, key: K, value: V) -> None:
         raw_key = self._key.encode(key)
@@ -143,6 +148,41 @@ class KernelMap(Generic[K, V]):
         return sum(1 for _ in raw_keys(self.pinned.fd, self._key.ctype))
 
 
+class BackendArray(KernelMap[int, V]):
+    """ebpflb_be4: an array indexed by backend id (1..capacity; 0 is never allocated), seen
+    as a KeyValueMap. An array cannot delete: `delete` writes an all-zero element, which the
+    programs treat as no backend (lb4_backend_lookup), and `get`, `items` and `len` leave
+    such elements out."""
+
+    def __init__(self, pinned: PinnedMap, key: Codec[int], value: Codec[V]) -> None:
+        super().__init__(pinned, key, value)
+        self.capacity = pinned.capacity - 1  # element 0 is never used
+
+    def get(self, key: int) -> V | None:
+        raw_value = self.get_raw(key) if 0 < key <= self.capacity else None
+        if raw_value is None or not any(bytes(raw_value)):
+            return None
+        return self._value.decode(raw_value)
+
+    def delete(self, key: int) -> bool:
+        if self.get(key) is None:
+            return False
+        zero, raw_key = self._value.ctype(), self._key.encode(key)
+        errors = self.io.update(ct.addressof(raw_key), ct.addressof(zero), 1)
+        if errors:
+            raise errno_error(f"clear {self.name}[{key}]", errors[0])
+        return True
+
+    def items(self) -> Iterator[tuple[int, V]]:
+        keys, values, count = self.io.read_all(self._key.ctype, self._value.ctype)
+        keys, values, count = layout.drop_zero_values(keys, values, count, self.io.value_size)
+        return self._decoded(keys, values, count)
+
+    def __len__(self) -> int:
+        _, values, count = self.io.read_all(self._key.ctype, self._value.ctype)
+        return layout.count_nonzero_values(values, count, self.io.value_size)
+
+
 class KernelMapSet:
     """Every pinned ebpflb map, opened by path (MapSet protocol)."""
 
@@ -163,7 +203,7 @@ class KernelMapSet:
             raise
         pins = self._pins
         self.services = KernelMap(pins[MapName.SERVICES], codecs.FRONTEND, codecs.SERVICE)
-        self.backends = KernelMap(pins[MapName.BACKENDS], codecs.U32, codecs.BACKEND)
+        self.backends = BackendArray(pins[MapName.BACKENDS], codecs.U32, codecs.BACKEND)
         self.service_meta = KernelMap(pins[MapName.SERVICE_META], codecs.U32, codecs.META)
         self.slots = KernelSlotPool(pins[MapName.SLOTS])
         self.source_ranges = KernelMap(pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8)
@@ -262,6 +302,8 @@ class KernelMapSet:
     def count_entries(self, name: MapName) -> int:
         """Elements in a hash, LRU or LPM map now, at most its max_entries (see
         elementio.count_entries: exact, in batches of 4096)."""
+        if name is MapName.BACKENDS:
+            return len(self.backends)  # an array: its written elements
         pinned = self._pins[name]
         io = ElementIO(pinned.fd, pinned.name, pinned.info.key_size, pinned.info.value_size)
         return count_entries(io, pinned.capacity)

@@ -344,3 +344,28 @@ def metas_to_array(names: Sequence[str]) -> Records:
 def metas_from_array(array: Records) -> list[str]:
     # A C string: up to the first NUL, as decode_meta reads it.
     return [raw.split(b"\0", 1)[0].decode(errors="replace") for raw in array["name"].tolist()]
+
+
+def _nonzero(values: bytes, count: int, value_size: int) -> npt.NDArray[np.bool_]:
+    """Which of `count` contiguous values hold a non-zero byte (an array element written)."""
+    rows = np.frombuffer(values, dtype=np.uint8, count=count * value_size)
+    return cast(npt.NDArray[np.bool_], rows.reshape(count, value_size).any(axis=1))
+
+
+def drop_zero_values(
+    keys: bytes, values: bytes, count: int, value_size: int
+) -> tuple[bytes, bytes, int]:
+    """The (keys, values, count) of a whole-array read without its all-zero elements (never
+    written, or cleared: an array cannot delete)."""
+    if not count:
+        return keys, values, 0
+    kept = _nonzero(values, count, value_size)
+    key_size = len(keys) // count
+    key_rows = np.frombuffer(keys, dtype=np.uint8, count=count * key_size).reshape(count, -1)
+    value_rows = np.frombuffer(values, dtype=np.uint8, count=count * value_size)
+    value_rows = value_rows.reshape(count, value_size)
+    return key_rows[kept].tobytes(), value_rows[kept].tobytes(), int(kept.sum())
+
+
+def count_nonzero_values(values: bytes, count: int, value_size: int) -> int:
+    return int(_nonzero(values, count, value_size).sum()) if count else 0

@@ -67,13 +67,22 @@ class Features:
     """Kernel capabilities found by probing, not by version numbers."""
 
     set_retval: bool  # bpf_set_retval in cgroup programs (5.18): ECONNREFUSED, not EPERM
+    # bpf_sk_storage_get in sock_addr programs (5.3): TCP reverse entries in the socket,
+    # else in the LRU ebpflb_revsk4 (also chosen with --socket-storage=false).
+    sk_storage: bool = False
 
     def cflags(self) -> list[str]:
-        return [f"-D{contract.HAVE_SET_RETVAL}={int(self.set_retval)}"]
+        return [
+            f"-D{contract.HAVE_SET_RETVAL}={int(self.set_retval)}",
+            f"-D{contract.HAVE_SK_STORAGE}={int(self.sk_storage)}",
+        ]
 
     @classmethod
-    def from_report(cls, report: probes.KernelReport) -> Features:
-        return cls(set_retval=report.has("set_retval"))
+    def from_report(cls, report: probes.KernelReport, socket_storage: bool = True) -> Features:
+        return cls(
+            set_retval=report.has("set_retval"),
+            sk_storage=socket_storage and report.has("sk_storage_sock_addr"),
+        )
 
 
 @cache

@@ -2,12 +2,14 @@
 for this configuration, and the pins removed again by `ebpflb cleanup`.
 
 BCC opens any map pinned at a name it declares, whatever its shape, so the loader drops a
-pin whose layout changed (a size flag or an upgrade) before compiling.
+pin whose layout changed (a size flag or an upgrade) before compiling; the backend hash of
+an older ebpflb is instead replaced by the array holding the same backends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes as ct
 import errno
 import logging
 import os
@@ -15,9 +17,12 @@ import re
 import stat
 from pathlib import Path
 
+import numpy as np
+
 from ebpflb.config import Config
 from ebpflb.datapath import bpfsys, contract
 from ebpflb.datapath.contract import MapLayout, MapName
+from ebpflb.datapath.elementio import ElementIO
 from ebpflb.datapath.mounts import is_bpffs
 from ebpflb.errors import KernelSetupError
 
@@ -98,6 +103,8 @@ def drop_incompatible(config: Config) -> list[str]:
         actual = pinned_layout(path)
         if actual is None or actual == expected:
             continue
+        if name == MapName.BACKENDS and _backends_to_array(path, actual, expected):
+            continue
         log.warning(
             "pinned map %s has layout %s, config wants %s: recreating it", path, actual, expected
         )
@@ -107,6 +114,63 @@ def drop_incompatible(config: Config) -> list[str]:
             raise KernelSetupError(f"cannot remove the stale pin {path}: {exc.strerror}") from exc
         dropped.append(name)
     return dropped
+
+
+def _backends_to_array(path: Path, actual: MapLayout, expected: MapLayout) -> bool:
+    """Replace the backend hash an older ebpflb pinned by the array this one uses, carrying
+    every backend over at its id; whether it did. Traffic keeps flowing: the programs still
+    attached keep the old hash (they hold it) until the new programs replace them, and the
+    new ones find the same backends at the same ids, so the restarted agent rewrites
+    nothing. Unpinned only once the array holding the same entries is pinned in its place."""
+    if (actual.type, expected.type) != (contract.MapType.HASH, contract.MapType.ARRAY) or (
+        actual.key_size,
+        actual.value_size,
+    ) != (expected.key_size, expected.value_size):
+        return False
+    old = bpfsys.obj_get(str(path))
+    try:
+        keys, values, count = ElementIO(
+            old, path.name, actual.key_size, actual.value_size
+        ).read_all(ct.c_uint32, contract.Lb4Backend)
+    finally:
+        os.close(old)
+    ids = np.frombuffer(keys, dtype=np.uint32, count=count)
+    fits = np.flatnonzero((ids > 0) & (ids < expected.max_entries))
+    new = bpfsys.map_create(
+        contract.MapType.ARRAY,
+        expected.key_size,
+        expected.value_size,
+        expected.max_entries,
+        f"the backend array {path}",
+        expected.flags,
+        name=path.name,
+    )
+    try:
+        kept_keys = np.ascontiguousarray(ids[fits])
+        rows = np.frombuffer(values, dtype=np.uint8, count=count * expected.value_size)
+        kept_values = np.ascontiguousarray(rows.reshape(count, -1)[fits])
+        io = ElementIO(new, path.name, expected.key_size, expected.value_size)
+        failed = io.update(kept_keys.ctypes.data, kept_values.ctypes.data, len(fits))
+        if failed:
+            raise KernelSetupError(
+                f"carrying backends over to the new array {path} failed: "
+                f"{os.strerror(next(iter(failed.values())))}"
+            )
+        staged = path.with_name(path.name + "_new")  # bpffs refuses a "." in a pin name
+        bpfsys.obj_pin(new, str(staged))
+        os.replace(staged, path)  # bpffs renames atomically: never a moment without a pin
+    finally:
+        os.close(new)
+    log.warning(
+        "pinned map %s is the hash of an older ebpflb: replaced by an array indexed by backend"
+        " id, %d of %d backends carried over%s; traffic keeps using the old map until the new"
+        " programs are attached",
+        path,
+        len(fits),
+        count,
+        "" if len(fits) == count else " (ids beyond --max-backends are rewritten by the sync)",
+    )
+    return True
 
 
 def remove_pins(bpffs_dir: Path) -> int:

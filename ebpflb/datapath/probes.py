@@ -49,8 +49,10 @@ ATTACH_INET4_GETPEERNAME = 29
 MAP_TYPE_HASH = 1
 MAP_TYPE_ARRAY = 2
 MAP_TYPE_SK_STORAGE = 24
+SOCK_ADDR_SK_OFFSET = 64  # offsetof(struct bpf_sock_addr, sk)
 F_NO_PREALLOC = 1 << 0
 F_MMAPABLE = 1 << 10
+FUNC_SK_STORAGE_GET = 107
 FUNC_REDIRECT_NEIGH = 152
 FUNC_SET_RETVAL = 187
 
@@ -131,15 +133,42 @@ def _int_btf() -> bytes:
     return header + types + strings
 
 
-def _sk_storage() -> None:
+def _sk_storage_map() -> int:
+    """A socket storage map (int key and value, BTF-described as the kernel demands)."""
     btf = bpfsys.btf_load(_int_btf(), "probe BTF")
     try:
-        fd = bpfsys.map_create(
+        return bpfsys.map_create(
             MAP_TYPE_SK_STORAGE, 4, 4, 0, "a probe socket storage", F_NO_PREALLOC, btf, 1, 1
         )
-        os.close(fd)
     finally:
         os.close(btf)
+
+
+def _sk_storage() -> None:
+    os.close(_sk_storage_map())
+
+
+def _ld_map_fd(dst: int, fd: int) -> bytes:
+    """r`dst` = the map `fd` (BPF_LD | BPF_IMM | BPF_DW with BPF_PSEUDO_MAP_FD: two slots)."""
+    return _insn(0x18, dst=dst, src=1, imm=fd) + _insn(0)
+
+
+def _sk_storage_in_sock_addr() -> None:
+    """A connect4 program calling bpf_sk_storage_get(map, ctx->sk, NULL, 0)."""
+    fd = _sk_storage_map()
+    try:
+        code = (
+            _insn(0x79, dst=2, src=1, off=SOCK_ADDR_SK_OFFSET)  # r2 = ctx->sk (u64 load)
+            + _ld_map_fd(1, fd)
+            + _mov(3, 0)
+            + _mov(4, 0)
+            + _call(FUNC_SK_STORAGE_GET)
+            + _mov(0, 1)
+            + _EXIT
+        )
+        _sock_addr(ATTACH_INET4_CONNECT, "a probe program calling bpf_sk_storage_get", code)()
+    finally:
+        os.close(fd)
 
 
 def _links() -> None:
@@ -287,11 +316,25 @@ FEATURES: tuple[tuple[Feature, _Probe], ...] = (
             "sk_storage",
             "socket storage (SK_STORAGE)",
             "5.2",
-            Need.UNUSED,
-            "nothing yet (reverse translation is keyed by socket cookie in an LRU hash)",
-            "nothing lost",
+            Need.ALWAYS,
+            "the map ebpflb_sockrev4 (pinned with the others, used where sk_storage_sock_addr"
+            " allows)",
+            _REFUSE,
         ),
         _sk_storage,
+    ),
+    (
+        Feature(
+            "sk_storage_sock_addr",
+            "bpf_sk_storage_get in cgroup sock_addr programs",
+            "5.3",
+            Need.OPTIONAL,
+            "a TCP socket's reverse entry (getpeername) kept in the socket: no hash insert"
+            " per connect(), gone with the socket",
+            "TCP reverse entries in the LRU ebpflb_revsk4: one hash insert per connect(), and"
+            " a closed socket's entry stays until evicted",
+        ),
+        _sk_storage_in_sock_addr,
     ),
     (
         Feature(

@@ -240,15 +240,7 @@ def open_maps(entry: Entry, pin_dir: Path) -> list[int]:
             try:
                 fd = bpfsys.obj_get(str(path))
             except bpfsys.BpfError:
-                fd = bpfsys.map_create(
-                    m.type,
-                    m.key_size,
-                    m.value_size,
-                    m.max_entries,
-                    f"map {m.name}",
-                    m.flags,
-                    name=m.name,
-                )
+                fd = _create_map(m)
                 fds.append(fd)
                 bpfsys.obj_pin(fd, str(path))
                 continue
@@ -269,6 +261,46 @@ def close_fds(fds: Sequence[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+_MAP_TYPE_SK_STORAGE = 24
+
+
+def _create_map(m: MapRecord) -> int:
+    """A new map of the recorded shape. Socket storage must be described by BTF (an int key,
+    a value of its size), which BCC derives from the source: here, a value of bytes."""
+    if m.type != _MAP_TYPE_SK_STORAGE:
+        return bpfsys.map_create(
+            m.type, m.key_size, m.value_size, m.max_entries, f"map {m.name}", m.flags, name=m.name
+        )
+    btf = bpfsys.btf_load(_storage_btf(m.value_size), f"BTF of map {m.name}")
+    try:
+        return bpfsys.map_create(
+            m.type,
+            m.key_size,
+            m.value_size,
+            m.max_entries,
+            f"map {m.name}",
+            m.flags,
+            btf,
+            1,
+            3,
+            name=m.name,
+        )
+    finally:
+        os.close(btf)
+
+
+def _storage_btf(value_size: int) -> bytes:
+    """BTF with [1] int (signed, 32 bits), [2] u8, [3] u8[value_size] (uapi/linux/btf.h)."""
+    strings = b"\0int\0u8\0"
+    types = (
+        struct.pack("<IIII", 1, 1 << 24, 4, (1 << 24) | 32)  # INT "int", BTF_INT_SIGNED
+        + struct.pack("<IIII", 5, 1 << 24, 1, 8)  # INT "u8"
+        + struct.pack("<IIIIII", 0, 3 << 24, 0, 2, 1, value_size)  # ARRAY of [2] by [1]
+    )
+    header = struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strings))
+    return header + types + strings
 
 
 def load_function(

@@ -12,8 +12,9 @@ Computed when asked (a scrape), cheaply:
   for 65,536, 79 ms for a full 262,144-entry conntrack map on the 2-core VM. A count is
   reused for COUNT_MAX_AGE seconds (`CachedCounts`), so frequent scrapers cost no more;
 - the slot pool is an array: its "entries" are the Maglev slots tables use, of the pool's
-  slots (not its 8-byte elements). Other arrays (counters by a fixed index) have no
-  fill level: they are left out.
+  slots (not its 8-byte elements), and the backend array's are its written elements.
+  Other arrays (counters by a fixed index) and the socket storage have no fill level:
+  they are left out.
 
 Without an agent (`ebpflb status` from the pins) every figure is read from the maps.
 """
@@ -71,8 +72,11 @@ class MapFill:
 
 
 def capacity_of(name: MapName, max_entries: int) -> int:
-    """A map's capacity in the unit its entries are counted in (slots for the pool)."""
-    return max_entries * SLOTS_PER_ELEMENT if name is MapName.SLOTS else max_entries
+    """A map's capacity in the unit its entries are counted in (slots for the pool; backend
+    ids for the backend array, whose element 0 is never used)."""
+    if name is MapName.SLOTS:
+        return max_entries * SLOTS_PER_ELEMENT
+    return max_entries - 1 if name is MapName.BACKENDS else max_entries
 
 
 def agent_fill(
@@ -104,12 +108,15 @@ def pins_fill(
 
 def has_fill_level(name: MapName) -> bool:
     """Hash, LRU and LPM maps fill up; an array (counters by fixed index) does not, except
-    the slot pool, whose tables take room."""
+    the slot pool, whose tables take room, and the backend array, indexed by allocated ids.
+    Socket storage has no size: it grows with the sockets."""
     spec = MAPS.get(name)
-    return name is MapName.SLOTS or (spec is not None and spec.type not in _ARRAYS)
+    return name in (MapName.SLOTS, MapName.BACKENDS) or (
+        spec is not None and spec.type not in _UNSIZED
+    )
 
 
-_ARRAYS = (MapType.ARRAY, MapType.PERCPU_ARRAY)
+_UNSIZED = (MapType.ARRAY, MapType.PERCPU_ARRAY, MapType.SK_STORAGE)
 
 
 def _levels(max_entries: Mapping[MapName, int], entries: Callable[[MapName], int]) -> list[MapFill]:

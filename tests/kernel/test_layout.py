@@ -7,17 +7,31 @@ from __future__ import annotations
 
 import ctypes as ct
 import dataclasses
+import json
 import os
 import uuid
 from collections.abc import Iterator
+from ipaddress import IPv4Address
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from bcc import BPF
+from bcc.libbcc import lib
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, compiler, contract, loader
+from ebpflb.datapath import bpfsys, codecs, compiler, contract, loader
 from ebpflb.datapath.contract import MapName
-from ebpflb.datapath.pins import ensure_bpffs, expected_map_layout, pinned_layout
+from ebpflb.datapath.elementio import ElementIO, raw_items
+from ebpflb.datapath.kernel import BackendArray, PinnedMap
+from ebpflb.datapath.maps import BackendEntry
+from ebpflb.datapath.pins import (
+    drop_incompatible,
+    ensure_bpffs,
+    expected_map_layout,
+    pinned_layout,
+)
+from ebpflb.model import Backend, BackendFlags, Proto
 
 # Every size different, so a map following the wrong size is caught.
 CONFIG = Config(
@@ -42,6 +56,20 @@ def fields(struct: type) -> list[tuple[str, int, int]]:
     ]
 
 
+def bcc_types(bpf: BPF, name: str) -> object:
+    """BCC's Key and Leaf types of a map, as its Table has them (BCC's Python has no Table
+    class for socket storage: its types are decoded the way get_table decodes them)."""
+    if contract.MAPS[MapName(name)].type is not contract.MapType.SK_STORAGE:
+        return bpf[name.encode()]
+    if lib.bpf_table_fd(bpf.module, name.encode()) < 0:
+        raise KeyError(name)
+    key, leaf = (
+        BPF._decode_table_type(json.loads(describe(bpf.module, name.encode()).decode()))
+        for describe in (lib.bpf_table_key_desc, lib.bpf_table_leaf_desc)
+    )
+    return SimpleNamespace(Key=key, Leaf=leaf)
+
+
 @pytest.fixture(scope="module")
 def compiled() -> Iterator[tuple[Path, dict[str, object]]]:
     """Both program files compiled into one private pin directory; BCC's table of every
@@ -59,7 +87,7 @@ def compiled() -> Iterator[tuple[Path, dict[str, object]]]:
         for bpf in programs:
             for name in MapName:
                 try:
-                    tables.setdefault(name.value, bpf[name.value.encode()])
+                    tables.setdefault(name.value, bcc_types(bpf, name.value))
                 except KeyError:
                     continue
         yield pins, tables
@@ -100,3 +128,56 @@ def test_pinned_maps_have_the_contract_layout(
     )
     assert actual == contract.MAPS[name].layout(config)
     assert pinned_layout(pins / name.value) == expected_map_layout(config)[name.value]
+
+
+def test_an_older_backend_hash_is_replaced_by_the_array_with_its_backends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Upgrading from an ebpflb whose ebpflb_be4 was a hash: the pin becomes an array
+    holding the same backends at the same ids (so the restarted agent rewrites nothing and
+    the new programs find them), with one log line; the old map itself lives on for the
+    programs still attached to it."""
+    pins = Path("/sys/fs/bpf") / f"ebpflb-upgrade-{uuid.uuid4().hex[:8]}"
+    config = dataclasses.replace(CONFIG, bpffs_dir=pins)
+    ensure_bpffs(pins)
+    path = pins / MapName.BACKENDS.value
+    spec = contract.MAPS[MapName.BACKENDS]
+    old = bpfsys.map_create(
+        contract.MapType.HASH, 4, 8, config.max_backends, "an old backend hash", name=path.name
+    )
+    backends = {
+        1: BackendEntry(Backend(IPv4Address("10.244.1.11"), 8080, Proto.TCP)),
+        7: BackendEntry(Backend(IPv4Address("10.244.1.12"), 53, Proto.UDP), BackendFlags.LOCAL),
+        config.max_backends: BackendEntry(Backend(IPv4Address("10.244.1.13"), 80, Proto.TCP)),
+    }
+    try:
+        keys = codecs.U32.to_buffer(list(backends))
+        values = codecs.BACKEND.to_buffer(list(backends.values()))
+        io = ElementIO(old, path.name, 4, 8)
+        assert io.update(codecs.address_of(keys), codecs.address_of(values), 3) == {}
+        bpfsys.obj_pin(old, str(path))
+        with caplog.at_level("WARNING", logger="ebpflb.datapath.pins"):
+            assert drop_incompatible(config) == []
+        assert pinned_layout(path) == spec.layout(config)
+        (line,) = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
+        assert "replaced by an array" in line and "3 of 3 backends carried over" in line
+        pinned = PinnedMap(path)
+        try:
+            array = BackendArray(pinned, codecs.U32, codecs.BACKEND)
+            assert dict(array.items()) == backends
+            assert array.get(2) is None and len(array) == 3
+        finally:
+            pinned.close()
+        # The old hash still holds them for the programs that use it until replaced.
+        assert (
+            dict(
+                (int(k.value), codecs.BACKEND.decode(v))
+                for k, v in raw_items(old, ct.c_uint32, contract.Lb4Backend)
+            )
+            == backends
+        )
+    finally:
+        os.close(old)
+        for pin in pins.iterdir():
+            pin.unlink()
+        pins.rmdir()

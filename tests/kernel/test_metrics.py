@@ -24,6 +24,7 @@ from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends, 
 pytestmark = pytest.mark.kernel
 
 WEB = "10.96.0.10:80"
+DNS = "10.96.0.53:53"
 IPV4 = {"ip_family": "IPv4"}
 PROGRAMMING = "kubeproxy_network_programming_duration_seconds"
 # Every pinned map has a fill level but arrays of counters (fixed indexes).
@@ -55,10 +56,11 @@ def test_fill_levels_and_kube_proxy_sync_metrics(
 
     before = entries(agent, "ebpflb_revsk4")
     assert before is not None
-    counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 40, cgroup))
-    assert set(counts) == set(PODS)
-    # One reverse-translation entry per connected socket (getpeername shows the VIP); a
-    # kernel count is reused for up to 10 s (observe.fill.COUNT_MAX_AGE).
+    udp = topology.requests(topology.node_ns, "udp", DNS, 40, cgroup, "--connected")
+    assert set(served_by(udp)) == set(PODS)
+    # One reverse-translation entry per connected UDP socket (getpeername shows the VIP;
+    # TCP sockets keep theirs in socket storage where the kernel allows it); a kernel count
+    # is reused for up to 10 s (observe.fill.COUNT_MAX_AGE).
     wait_until(lambda: entries(agent, "ebpflb_revsk4") == before + 40, "40 more", timeout=15)
     ratio = agent.metrics().value("ebpflb_map_fill_ratio", map="ebpflb_revsk4")
     capacity = agent.metrics().value("ebpflb_map_capacity", map="ebpflb_revsk4")
@@ -132,6 +134,8 @@ def test_status_from_the_agent_and_from_the_pins_once_it_is_gone(
 ) -> None:
     agent = start_agent("--manifests", str(manifests))
     served_by(topology.requests(topology.node_ns, "tcp", WEB, 10, cgroup))
+    # Connected UDP sockets' reverse entries are in the LRU (TCP's in socket storage).
+    served_by(topology.requests(topology.node_ns, "udp", DNS, 10, cgroup, "--connected"))
     code, text = ebpflb_status(agent, bpffs)
     print(f"$ ebpflb status\n{text}")  # shown with -s: the README's example
     assert code == 0, text

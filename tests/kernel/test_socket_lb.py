@@ -10,7 +10,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ebpflb.datapath import loader
+import pytest
+
+from ebpflb.datapath import loader, probes
+from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.maps import MapName
 from ebpflb.testing.agentproc import TIMEOUT_SCALE, cleanup_datapath
 from ebpflb.testing.netns import Cgroup, Topology
@@ -234,3 +237,69 @@ def test_cleanup_leaves_nothing_attached_or_pinned(
     assert attached(cgroup.path) == ""
     assert not bpffs.exists()
     assert os.path.isdir(cgroup.path)  # our cgroup itself stays until the fixture removes it
+
+
+@pytest.mark.parametrize("storage", ["socket-storage", "lru"])
+def test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru(
+    topology: Topology,
+    cgroup: Cgroup,
+    manifests: Path,
+    start_agent: AgentFactory,
+    bpffs: Path,
+    storage: str,
+) -> None:
+    """getpeername() shows the ClusterIP either way; with socket storage (the default where
+    the kernel allows it) a TCP connect() inserts nothing into the LRU ebpflb_revsk4, and a
+    closed socket leaves nothing behind; --socket-storage=false (the fallback of kernels
+    without bpf_sk_storage_get in sock_addr programs) puts one entry per socket there."""
+    in_socket = storage == "socket-storage"
+    if in_socket and not probes.probe().has("sk_storage_sock_addr"):
+        pytest.skip("this kernel has no bpf_sk_storage_get in sock_addr programs")
+    start_agent("--manifests", str(manifests), f"--socket-storage={str(in_socket).lower()}")
+    with KernelMapSet(bpffs) as maps:
+        before = maps.counters()
+        results = topology.requests(topology.node_ns, "tcp", WEB, 40, cgroup)
+        assert len(served_by(results)) == 3
+        assert {r["peer"] for r in results} == {WEB}
+        after = maps.counters()
+        assert after["peer_xlated"] - before["peer_xlated"] >= 40
+        assert after["revsk_update_fail"] == before["revsk_update_fail"]
+        lingering = maps.count_entries(MapName.REVERSE_SOCK)
+        assert lingering == 0 if in_socket else lingering >= 40
+        # UDP keeps the LRU in both modes (one socket may send to many services).
+        udp = topology.requests(topology.node_ns, "udp", DNS, 6, cgroup, "--connected")
+        assert {r["peer"] for r in udp} == {DNS}
+        assert maps.count_entries(MapName.REVERSE_SOCK) >= lingering + 6
+
+
+def test_a_removed_backend_is_an_empty_array_element_the_datapath_never_uses(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory, bpffs: Path
+) -> None:
+    """ebpflb_be4 is an array: removing a backend writes an all-zero element, which `maps
+    dump` and the programs treat as absent. Even a slot still naming such an id (only a
+    control-plane ordering bug could leave one) refuses the connect() and counts slot_miss:
+    it never sends a socket to 0.0.0.0:0."""
+    agent = start_agent("--manifests", str(manifests))
+    web = manifests / "web.yaml"
+    web.write_text(
+        web.read_text().replace(
+            '  - addresses: ["10.244.1.13"]\n    conditions: {ready: true}\n    nodeName: node-1\n',
+            "",
+        )
+    )
+    wait_backends(bpffs, "10.96.0.10:80/TCP", {"10.244.1.11:8080", "10.244.1.12:8080"})
+    with KernelMapSet(bpffs) as maps:
+        ids = {str(e.backend): i for i, e in maps.backends.items()}
+        # dns still uses 10.244.1.13 (port 5353); web's 10.244.1.13:8080 is gone.
+        assert "10.244.1.13:8080" not in ids and "10.244.1.13:5353" in ids
+        assert len(maps.backends) == 5
+        agent.stop()  # the programs stay attached; nothing rewrites the maps now
+        gone = ids["10.244.1.12:8080"]
+        assert maps.backends.delete(gone) and maps.backends.get(gone) is None
+        assert not any(bytes(maps.backends.get_raw(gone)))  # the element is there, zeroed
+        before = maps.counters()
+        results = topology.requests(topology.node_ns, "tcp", WEB, 60, cgroup, timeout=5.0)
+        refused = [r for r in results if not r["ok"]]
+        assert {r["server"] for r in results if r["ok"]} == {"pod1"}
+        assert refused and {r.get("error") for r in refused} <= {"ECONNREFUSED", "EPERM"}
+        assert maps.counters()["slot_miss"] - before["slot_miss"] == len(refused)

@@ -20,6 +20,7 @@ from ebpflb.observe.fill import (
     MapFill,
     MapFillCollector,
     agent_fill,
+    capacity_of,
     has_fill_level,
     pins_fill,
 )
@@ -30,7 +31,7 @@ from tests.factories import endpoint_slice, service
 def max_entries(maps: FakeMapSet) -> dict[MapName, int]:
     return {
         MapName.SERVICES: maps.services.capacity,
-        MapName.BACKENDS: maps.backends.capacity,
+        MapName.BACKENDS: maps.backends.capacity + 1,  # the array has an element 0
         MapName.SLOTS: maps.slots.capacity // 2,  # the array's elements hold two slots
         MapName.SERVICE_META: maps.service_meta.capacity,
         MapName.REVERSE_SOCK: 4096,
@@ -164,9 +165,13 @@ def test_kernel_counts_are_reused_for_a_while() -> None:
 
 def test_every_hash_map_has_a_fill_level_and_no_counter_array() -> None:
     """A map added to the contract gets a fill level if it can fill up (counted in the
-    kernel unless the reconciler knows it): arrays of counters by index cannot."""
+    kernel unless the reconciler knows it): arrays of counters by index and socket storage
+    cannot; the slot pool and the backend array (indexed by allocated ids) can."""
+    unsized = (MapType.ARRAY, MapType.PERCPU_ARRAY, MapType.SK_STORAGE)
     for name, spec in MAPS.items():
         assert has_fill_level(name) == (
-            name is MapName.SLOTS or spec.type not in (MapType.ARRAY, MapType.PERCPU_ARRAY)
+            name in (MapName.SLOTS, MapName.BACKENDS) or spec.type not in unsized
         )
     assert not has_fill_level(MapName.STATS) and has_fill_level(MapName.CONNTRACK)
+    assert not has_fill_level(MapName.SOCK_STORAGE)
+    assert capacity_of(MapName.BACKENDS, 65537) == 65536  # element 0 is never an id

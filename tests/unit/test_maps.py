@@ -186,3 +186,16 @@ def test_flows_and_nat_rows_round_trip() -> None:
     assert layout.decode_flow(raw) == FLOW
     nat = NatEntry(FLOW.source, FLOW.destination, NatFlags.SNAT, 123)
     assert layout.decode_nat(layout.encode_nat(nat)) == nat
+
+
+def test_a_whole_array_read_leaves_out_elements_never_written_or_cleared() -> None:
+    # ebpflb_be4 is an array: ids 1 and 3 written, 0 and 2 all zero (2 was cleared).
+    keys = b"".join(i.to_bytes(4, "little") for i in range(4))
+    values = (
+        bytes(8) + b"\x0a\x00\x00\x01\x00\x50\x06\x00" + bytes(8) + b"\x0a" + bytes(6) + b"\x01"
+    )
+    kept_keys, kept_values, count = layout.drop_zero_values(keys, values, 4, 8)
+    assert count == 2 == layout.count_nonzero_values(values, 4, 8)
+    assert kept_keys == (1).to_bytes(4, "little") + (3).to_bytes(4, "little")
+    assert kept_values == values[8:16] + values[24:32]
+    assert layout.drop_zero_values(b"", b"", 0, 8) == (b"", b"", 0)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import errno
 import struct
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from ebpflb.cli import parse_args
 from ebpflb.datapath import bpfsys, probes
 from ebpflb.errors import KernelSetupError
 
@@ -93,7 +95,7 @@ def test_minimum_kernel_follows_the_configuration() -> None:
 
 
 def test_check_logs_one_warning_per_lost_feature(caplog: pytest.LogCaptureFixture) -> None:
-    report = _report("5.10.0-46-amd64", without("set_retval", "sk_storage"))
+    report = _report("5.10.0-46-amd64", without("set_retval", "sk_storage_sock_addr"))
     with caplog.at_level("INFO", logger=probes.__name__):
         probes.check(report, nodeport=True, xdp=False)
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
@@ -173,3 +175,26 @@ def test_eperm_from_the_memlock_limit_is_retried_once(monkeypatch: pytest.Monkey
     monkeypatch.setattr(bpfsys, "_raise_memlock_limit", lambda: False)  # already unlimited
     with pytest.raises(bpfsys.BpfError):
         bpfsys.map_create(probes.MAP_TYPE_HASH, 4, 4, 1, "a map")
+
+
+def test_socket_storage_is_optional_and_its_absence_names_the_fallback() -> None:
+    feature = probes.BY_KEY["sk_storage_sock_addr"]
+    assert feature.need is probes.Need.OPTIONAL and feature.since == "5.3"
+    verdict = probes.assess(without("sk_storage_sock_addr"), nodeport=False, xdp=False)
+    assert verdict.missing_required == ()
+    (line,) = verdict.lost
+    assert "bpf_sk_storage_get" in line and "ebpflb_revsk4" in line
+
+
+def test_the_socket_storage_flag_from_the_command_line_and_the_file(tmp_path: Path) -> None:
+    assert parse_args(["run"]).socket_storage is True
+    assert parse_args(["run", "--socket-storage=false"]).socket_storage is False
+    config = tmp_path / "c.yaml"
+    config.write_text("socket-storage: false\n")
+    assert parse_args(["run", "--config", str(config)]).socket_storage is False
+
+
+def test_the_probe_program_passes_ctx_sk_and_a_map_to_sk_storage_get() -> None:
+    # ld_imm64 with BPF_PSEUDO_MAP_FD (src 1) takes two slots; r2 = *(u64 *)(r1 + 64).
+    assert probes._ld_map_fd(1, 7) == struct.pack("<BBhi", 0x18, 0x11, 0, 7) + bytes(8)
+    assert probes.SOCK_ADDR_SK_OFFSET == 64  # offsetof(struct bpf_sock_addr, sk)
