@@ -465,7 +465,14 @@ class MapSpec:
 MAPS: dict[MapName, MapSpec] = {
     spec.name: spec
     for spec in (
-        MapSpec(MapName.SERVICES, MapType.HASH, Lb4SvcKey, Lb4SvcVal, MAX_SERVICES),
+        MapSpec(
+            MapName.SERVICES,
+            MapType.HASH,
+            Lb4SvcKey,
+            Lb4SvcVal,
+            MAX_SERVICES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
         MapSpec(MapName.BACKENDS, MapType.HASH, ct.c_uint32, Lb4Backend, MAX_BACKENDS),
         MapSpec(
             MapName.SLOTS,
@@ -476,10 +483,19 @@ MAPS: dict[MapName, MapSpec] = {
             per_entry=SLOTS_PER_ELEMENT,
             flags=BPF_F_MMAPABLE,
         ),
-        MapSpec(MapName.SERVICE_META, MapType.HASH, ct.c_uint32, Lb4SvcMeta, MAX_SERVICES),
+        MapSpec(
+            MapName.SERVICE_META,
+            MapType.HASH,
+            ct.c_uint32,
+            Lb4SvcMeta,
+            MAX_SERVICES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
         MapSpec(MapName.REVERSE_SOCK, MapType.LRU_HASH, Lb4RevskKey, Lb4RevskVal, REV_SK_MAX),
         MapSpec(MapName.CONNTRACK, MapType.LRU_HASH, Flow4, Ct4Entry, CT_MAX),
-        MapSpec(MapName.REPLY_NAT, MapType.HASH, Flow4, Rnat4Val, RNAT_MAX),
+        MapSpec(
+            MapName.REPLY_NAT, MapType.HASH, Flow4, Rnat4Val, RNAT_MAX, flags=BPF_F_NO_PREALLOC
+        ),
         MapSpec(
             MapName.SOURCE_RANGES,
             MapType.LPM_TRIE,
@@ -488,9 +504,23 @@ MAPS: dict[MapName, MapSpec] = {
             SRC_RANGE_MAX,
             flags=BPF_F_NO_PREALLOC,
         ),
-        MapSpec(MapName.IFACE_ADDRS, MapType.HASH, ct.c_uint32, ct.c_uint32, MAX_IFACES),
+        MapSpec(
+            MapName.IFACE_ADDRS,
+            MapType.HASH,
+            ct.c_uint32,
+            ct.c_uint32,
+            MAX_IFACES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
         MapSpec(MapName.AFFINITY, MapType.LRU_HASH, Aff4Key, Aff4Val, AFFINITY_MAX),
-        MapSpec(MapName.AFFINITY_MATCH, MapType.HASH, Aff4MatchKey, ct.c_uint32, AFFINITY_MAX),
+        MapSpec(
+            MapName.AFFINITY_MATCH,
+            MapType.HASH,
+            Aff4MatchKey,
+            ct.c_uint32,
+            AFFINITY_MAX,
+            flags=BPF_F_NO_PREALLOC,
+        ),
         MapSpec(MapName.STATS, MapType.PERCPU_ARRAY, ct.c_uint32, ct.c_uint64, STAT_MAX),
         # Indexed by service id, 1..max_services (0 is never allocated).
         MapSpec(
