@@ -37,7 +37,7 @@ from ebpflb.errors import ConfigError
 from ebpflb.healthcheck import HealthCheckServers
 from ebpflb.lock import Holder, PinDirLock
 from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
-from ebpflb.observe.fill import CachedCounts, MapFillCollector, agent_fill
+from ebpflb.observe.fill import CachedCounts, MapFill, MapFillCollector, agent_fill
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
 from ebpflb.observe.status import AgentStatus, Phase, process_start_time
@@ -247,7 +247,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         status.programs_replaced(socket_lb.attach(cgroup))
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
         _release_free_memory()  # what the compiler freed
-        with KernelMapSet(config.bpffs_dir) as maps:
+        with KernelMapSet(config.bpffs_dir, config.slot_pool_size) as maps:
             snat = addrwatch.snat_sources({}, addresses, watched)
             maps.set_interface_addresses(snat)
             if nodeport is not None:
@@ -267,11 +267,15 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             )
             agent.housekeeping = maps.expire_flows
             agent.use_maps(maps)
-            max_entries = {MapName(n): info.max_entries for n, info in maps.map_infos().items()}
             counts = CachedCounts(maps.count_entries, clock)
-            registry.register(
-                MapFillCollector(lambda: agent_fill(agent.reconciler, max_entries, counts))
-            )
+
+            def fill() -> list[MapFill]:
+                # Read at every scrape: a growable map's max_entries changes when it grows.
+                infos = maps.map_infos()
+                max_entries = {MapName(n): info.max_entries for n, info in infos.items()}
+                return agent_fill(agent.reconciler, max_entries, counts)
+
+            registry.register(MapFillCollector(fill))
 
             def wake_on_stop() -> None:
                 stop.wait()

@@ -19,10 +19,13 @@ BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
 BPF_TABLE_PINNED("hash", __u32, struct lb4_backend, ebpflb_be4,
 		 EBPFLB_MAX_BACKENDS, EBPFLB_PIN_DIR "/ebpflb_be4");
 
-/* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range.
- * Mmapable: the agent writes and reads tables as memory, not one syscall per pair. */
-BPF_TABLE_PINNED("array", __u32, struct lb4_slot_pair, ebpflb_slots,
-		 EBPFLB_SLOT_POOL_SIZE / 2, EBPFLB_PIN_DIR "/ebpflb_slots", BPF_F_MMAPABLE);
+/* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range. The
+ * pool itself (ebpflb_slots: an array of EBPFLB_SLOT_POOL_SIZE / 2 pairs at most, flags
+ * BPF_F_MMAPABLE | BPF_F_INNER_MAP, so the agent writes tables as memory) starts small and
+ * grows: the agent swaps a larger copy into this one-slot map (ebpflb/datapath/growable.py,
+ * which creates both pins before the programs are compiled). */
+BPF_TABLE_PINNED("array_of_maps$ebpflb_slots", __u32, __u32, ebpflb_slotref,
+		 1, EBPFLB_PIN_DIR "/ebpflb_slotref");
 
 /* Service id -> "namespace/name:port", for dumps and agent restarts only. */
 BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,

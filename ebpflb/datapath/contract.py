@@ -48,7 +48,12 @@ SRC_RANGE_EXACT_PREFIXLEN = SRC_RANGE_ID_PREFIXLEN + 32  # a lookup of one addre
 # Map flags from uapi/linux/bpf.h that maps.h uses.
 BPF_F_NO_PREALLOC = 1 << 0
 BPF_F_MMAPABLE = 1 << 10
-MAP_FLAG_NAMES = {"BPF_F_NO_PREALLOC": BPF_F_NO_PREALLOC, "BPF_F_MMAPABLE": BPF_F_MMAPABLE}
+BPF_F_INNER_MAP = 1 << 12  # an inner map of any max_entries (5.10)
+MAP_FLAG_NAMES = {
+    "BPF_F_NO_PREALLOC": BPF_F_NO_PREALLOC,
+    "BPF_F_MMAPABLE": BPF_F_MMAPABLE,
+    "BPF_F_INNER_MAP": BPF_F_INNER_MAP,
+}
 
 
 # ---- flags and counters -------------------------------------------------------------------
@@ -396,6 +401,7 @@ class MapName(enum.StrEnum):
     SERVICES = "ebpflb_svc4"
     BACKENDS = "ebpflb_be4"
     SLOTS = "ebpflb_slots"
+    SLOTS_REF = "ebpflb_slotref"
     SERVICE_META = "ebpflb_svcmeta"
     REVERSE_SOCK = "ebpflb_revsk4"
     STATS = "ebpflb_stats"
@@ -416,10 +422,11 @@ class MapType(enum.IntEnum):
     PERCPU_ARRAY = 6
     LRU_HASH = 9
     LPM_TRIE = 11
+    ARRAY_OF_MAPS = 12
 
     @property
     def c_name(self) -> str:
-        """As BCC's BPF_TABLE spells it."""
+        """As BCC's BPF_TABLE spells it (a map-in-map adds "$" and its inner map)."""
         return self.name.lower()
 
 
@@ -481,8 +488,10 @@ MAPS: dict[MapName, MapSpec] = {
             Lb4SlotPair,
             SLOT_POOL_SIZE,
             per_entry=SLOTS_PER_ELEMENT,
-            flags=BPF_F_MMAPABLE,
+            flags=BPF_F_MMAPABLE | BPF_F_INNER_MAP,
         ),
+        # The slot pool the programs use (growable.py): one slot holding ebpflb_slots.
+        MapSpec(MapName.SLOTS_REF, MapType.ARRAY_OF_MAPS, ct.c_uint32, ct.c_uint32, 1),
         MapSpec(
             MapName.SERVICE_META,
             MapType.HASH,
@@ -532,4 +541,12 @@ MAPS: dict[MapName, MapSpec] = {
             extra=1,
         ),
     )
+}
+
+# Growable maps (ebpflb.datapath.growable): the map -> the ref map the programs reach it
+# through. Its MapSpec's max_entries is the limit it may grow to; it starts at
+# INITIAL_ENTRIES (or the limit, if smaller) and doubles when full.
+GROWABLE: dict[MapName, MapName] = {MapName.SLOTS: MapName.SLOTS_REF}
+INITIAL_ENTRIES: dict[MapName, int] = {
+    MapName.SLOTS: 1 << 17,  # slot pairs: 262,144 slots, 1 MiB (100 services of 3 take 51,000)
 }

@@ -145,7 +145,9 @@ class KernelMap(Generic[K, V]):
 class KernelMapSet:
     """Every pinned ebpflb map, opened by path (MapSet protocol)."""
 
-    def __init__(self, bpffs_dir: Path) -> None:
+    def __init__(self, bpffs_dir: Path, slot_limit: int | None = None) -> None:
+        """`slot_limit`: slots the pool may grow to (the agent's --slot-pool-size); None
+        for a reader, which never grows it."""
         self.bpffs_dir = bpffs_dir
         missing = [m.value for m in MapName if not (bpffs_dir / m.value).exists()]
         if len(missing) == len(MapName):
@@ -164,7 +166,7 @@ class KernelMapSet:
         self.services = KernelMap(pins[MapName.SERVICES], codecs.FRONTEND, codecs.SERVICE)
         self.backends = KernelMap(pins[MapName.BACKENDS], codecs.U32, codecs.BACKEND)
         self.service_meta = KernelMap(pins[MapName.SERVICE_META], codecs.U32, codecs.META)
-        self.slots = KernelSlotPool(pins[MapName.SLOTS])
+        self.slots = KernelSlotPool(pins[MapName.SLOTS], slot_limit)
         self.source_ranges = KernelMap(pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8)
         self.conntrack = KernelMap(pins[MapName.CONNTRACK], codecs.FLOW, codecs.CONNTRACK)
         self.reply_nat = KernelMap(pins[MapName.REPLY_NAT], codecs.FLOW, codecs.NAT)
@@ -254,7 +256,10 @@ class KernelMapSet:
         }
 
     def map_infos(self) -> dict[str, bpfsys.MapInfo]:
-        return {m.value: p.info for m, p in self._pins.items()}
+        """What the kernel said of each map when opened (the slot pool: since it last grew)."""
+        infos = {m.value: p.info for m, p in self._pins.items()}
+        infos[MapName.SLOTS.value] = self.slots.pinned.info
+        return infos
 
     def count_entries(self, name: MapName) -> int:
         """Elements in a hash, LRU or LPM map now, at most its max_entries (see

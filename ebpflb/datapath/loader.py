@@ -26,7 +26,7 @@ import bcc
 from bcc import BPF, BPFAttachType
 
 from ebpflb.config import Config, XdpMode
-from ebpflb.datapath import bpfsys, contract, netdev, pins, probes, progcache
+from ebpflb.datapath import bpfsys, contract, growable, netdev, pins, probes, progcache
 from ebpflb.errors import AttachError, BpfLoadError
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,7 @@ class SocketLB:
         self.features = features or probe_features()
         pins.ensure_bpffs(config.bpffs_dir)
         pins.drop_incompatible(config)
+        growable.ensure(config)  # the programs reach growable maps through pinned ref maps
         started = time.monotonic()
         self._bpf = compile_cached(
             BPF_DIR / "sock_lb.c",

@@ -8,6 +8,7 @@ pin whose layout changed (a size flag or an upgrade) before compiling.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -62,8 +63,21 @@ def restrict_pin_dir(pin_dir: Path) -> None:
 
 
 def expected_map_layout(config: Config) -> dict[str, MapLayout]:
-    """Type, key and value sizes, max entries and flags of every pinned map."""
+    """Type, key and value sizes, max entries and flags of every pinned map (a growable
+    map's max entries: the limit it may grow to)."""
     return {name.value: spec.layout(config) for name, spec in contract.MAPS.items()}
+
+
+def compatible(name: str, actual: MapLayout, expected: MapLayout) -> bool:
+    """The pinned map can serve: its layout is the expected one, or, for a growable map,
+    the same but no larger than its limit (it grew that far)."""
+    if actual == expected:
+        return True
+    if MapName(name) not in contract.GROWABLE:
+        return False
+    return dataclasses.replace(actual, max_entries=expected.max_entries) == expected and (
+        actual.max_entries <= expected.max_entries
+    )
 
 
 def pinned_layout(path: Path) -> MapLayout | None:
@@ -92,7 +106,7 @@ def drop_incompatible(config: Config) -> list[str]:
     for name, expected in expected_map_layout(config).items():
         path = config.bpffs_dir / name
         actual = pinned_layout(path)
-        if actual is None or actual == expected:
+        if actual is None or compatible(name, actual, expected):
             continue
         log.warning(
             "pinned map %s has layout %s, config wants %s: recreating it", path, actual, expected
@@ -102,6 +116,10 @@ def drop_incompatible(config: Config) -> list[str]:
         except OSError as exc:
             raise KernelSetupError(f"cannot remove the stale pin {path}: {exc.strerror}") from exc
         dropped.append(name)
+    for name, ref in contract.GROWABLE.items():
+        if name.value in dropped:  # the ref map still holds the old one
+            with contextlib.suppress(FileNotFoundError):
+                (config.bpffs_dir / ref.value).unlink()
     return dropped
 
 
@@ -111,8 +129,10 @@ def remove_pins(bpffs_dir: Path) -> int:
     removed = 0
     if not bpffs_dir.exists():
         return 0
-    for name in MapName:
-        pin = bpffs_dir / name.value
+    # A growable map's "_next" pin: an agent killed while growing it (growable.py).
+    for pin in [bpffs_dir / n.value for n in MapName] + [
+        bpffs_dir / f"{n.value}_next" for n in contract.GROWABLE
+    ]:
         if pin.exists():
             try:
                 pin.unlink()

@@ -109,7 +109,7 @@ def has_fill_level(name: MapName) -> bool:
     return name is MapName.SLOTS or (spec is not None and spec.type not in _ARRAYS)
 
 
-_ARRAYS = (MapType.ARRAY, MapType.PERCPU_ARRAY)
+_ARRAYS = (MapType.ARRAY, MapType.PERCPU_ARRAY, MapType.ARRAY_OF_MAPS)
 
 
 def _levels(max_entries: Mapping[MapName, int], entries: Callable[[MapName], int]) -> list[MapFill]:

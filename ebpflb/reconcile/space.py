@@ -8,15 +8,32 @@ may still index the old range while the sync that replaced it runs.
 
 from __future__ import annotations
 
-from ebpflb.datapath.maps import SLOTS_PER_ELEMENT, MapSet
-from ebpflb.errors import MapFullError
+import logging
+from dataclasses import dataclass
+
+from ebpflb.datapath.maps import SLOTS_PER_ELEMENT, MapSet, SlotPool
+from ebpflb.errors import MapError, MapFullError
 from ebpflb.reconcile.alloc import IdAllocator, NeededBy, SlotAllocator, describe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Grow:
+    """A map that grew (reported once by the reconciler: log line and metric)."""
+
+    map: str
+    before: int
+    after: int
+    limit: int
 
 
 class Space:
     def __init__(self, maps: MapSet) -> None:
         self.svc_ids = IdAllocator(maps.services.name, maps.services.capacity)
+        self._pool: SlotPool = maps.slots
         self.slots = SlotAllocator(maps.slots.name, maps.slots.capacity, SLOTS_PER_ELEMENT)
+        self.grown: list[Grow] = []  # since the reconciler last took them
         self._quarantine: list[tuple[int, int]] = []
         self._range_map = maps.source_ranges.name
         self._range_capacity = maps.source_ranges.capacity
@@ -42,6 +59,30 @@ class Space:
         for start, size in self._quarantine:
             self.slots.release(start, size)
         self._quarantine = []
+
+    def allocate_slots(self, size: int, needed_by: NeededBy) -> int:
+        """A slot range of `size`; when the pool has no room for it, the pool grows
+        (doubling, up to its limit) and the range is taken from the new room. A pool at its
+        limit: MapFullError naming it, as before."""
+        try:
+            return self.slots.allocate(size, needed_by)
+        except MapFullError:
+            pool = self._pool
+            if pool.capacity >= pool.limit:
+                raise
+            target = pool.capacity * 2
+            while target < pool.limit and target - pool.capacity < self.slots.span(size):
+                target *= 2
+            target = min(target, pool.limit)
+            target -= target % SLOTS_PER_ELEMENT
+            try:
+                pool.grow(target)
+            except MapError as exc:
+                log.warning("%s could not grow to %d slots: %s", pool.name, target, exc)
+                raise MapFullError(pool.name, pool.capacity, describe(needed_by)) from exc
+            self.grown.append(Grow(pool.name, self.slots.capacity, pool.capacity, pool.limit))
+            self.slots.extend(pool.capacity)
+            return self.slots.allocate(size, needed_by)
 
     def retire(self, start: int, size: int) -> None:
         """A range no entry names any more: free at the next apply."""

@@ -1,0 +1,196 @@
+"""Maps that start small and grow: the programs reach them through a one-slot
+BPF_MAP_TYPE_ARRAY_OF_MAPS (the "ref" map), so a larger map can be swapped in without
+reloading a program.
+
+Each growable map is pinned twice: its ref map (the one the programs declare, fixed
+layout) and the current map itself under its own name, so every reader of the pins
+(`maps dump`, `status`, a restarted agent) opens it as before. A grow creates a larger map,
+lets the caller fill it, points the ref map's slot at it (one atomic update: a program
+sees the old map or the new one, both holding the same entries, since the agent is the
+only writer of the slot pool) and re-pins it under the name (a rename over the old pin).
+The old map goes when its last fd closes. An agent killed between the two steps leaves
+the pin naming the old map: `ensure` re-pins whatever the ref map holds.
+
+The inner maps carry BPF_F_INNER_MAP (Linux 5.10), which lets the ref map hold arrays of
+any size; the programs then look elements up through the helper instead of inlined code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes as ct
+import errno
+import logging
+import os
+from pathlib import Path
+
+from ebpflb.config import Config
+from ebpflb.datapath import bpfsys, contract
+from ebpflb.datapath.contract import MapName, MapSpec
+from ebpflb.errors import KernelSetupError
+
+log = logging.getLogger(__name__)
+
+_BPF_MAP_LOOKUP_ELEM = 1
+_BPF_MAP_UPDATE_ELEM = 2
+_BPF_MAP_GET_FD_BY_ID = 14
+_REF_SLOT = 0
+
+
+class _ElemAttr(ct.Structure):
+    _fields_ = [
+        ("map_fd", ct.c_uint32),
+        ("pad", ct.c_uint32),
+        ("key", ct.c_uint64),
+        ("value", ct.c_uint64),
+        ("flags", ct.c_uint64),
+    ]
+
+
+class _MapIdAttr(ct.Structure):
+    _fields_ = [("map_id", ct.c_uint32), ("next_id", ct.c_uint32), ("open_flags", ct.c_uint32)]
+
+
+def _ref_get(ref_fd: int, what: str) -> int | None:
+    """The id of the map the ref map's slot holds; None when empty."""
+    key, value = ct.c_uint32(_REF_SLOT), ct.c_uint32(0)
+    attr = _ElemAttr(map_fd=ref_fd, key=ct.addressof(key), value=ct.addressof(value))
+    try:
+        bpfsys._bpf(_BPF_MAP_LOOKUP_ELEM, attr, f"reading {what}")
+    except bpfsys.BpfError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+    return int(value.value)
+
+
+def _ref_set(ref_fd: int, map_fd: int, what: str) -> None:
+    key, value = ct.c_uint32(_REF_SLOT), ct.c_uint32(map_fd)
+    attr = _ElemAttr(map_fd=ref_fd, key=ct.addressof(key), value=ct.addressof(value))
+    bpfsys._bpf(_BPF_MAP_UPDATE_ELEM, attr, f"pointing {what} at a new map")
+
+
+def _map_fd_by_id(map_id: int, what: str) -> int:
+    return bpfsys._bpf(_BPF_MAP_GET_FD_BY_ID, _MapIdAttr(map_id=map_id), f"opening {what}")
+
+
+def initial_entries(spec: MapSpec, config: Config) -> int:
+    """max_entries a growable map starts with: its initial size, at most its limit."""
+    limit = spec.max_entries(config)
+    return min(limit, contract.INITIAL_ENTRIES.get(spec.name, limit))
+
+
+def create(spec: MapSpec, max_entries: int) -> int:
+    """A new, empty map of `spec`'s layout with `max_entries`; the caller owns the fd."""
+    return bpfsys.map_create(
+        int(spec.type),
+        ct.sizeof(spec.key),
+        ct.sizeof(spec.value),
+        max_entries,
+        f"{spec.name.value} ({max_entries} entries)",
+        flags=spec.flags,
+        name=spec.name.value,
+    )
+
+
+def _pin_over(fd: int, path: Path) -> None:
+    """Pin `fd` at `path`, replacing what is there in one rename (bpffs refuses names with
+    a dot)."""
+    temporary = path.with_name(path.name + "_next")
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()
+    bpfsys.obj_pin(fd, str(temporary))
+    os.rename(temporary, path)
+
+
+def ensure(config: Config) -> None:
+    """Before the programs are compiled: every growable map and its ref map pinned, the
+    pin naming the map the ref map holds (BCC opens the ref map's pin; it cannot create a
+    map-in-map itself without a template)."""
+    for name, ref in contract.GROWABLE.items():
+        spec = contract.MAPS[name]
+        path, ref_path = config.bpffs_dir / name.value, config.bpffs_dir / ref.value
+        try:
+            _ensure_one(spec, config, path, ref_path)
+        except (bpfsys.BpfError, OSError) as exc:
+            raise KernelSetupError(f"cannot set up the growable map {path}: {exc}") from exc
+
+
+def _ensure_one(spec: MapSpec, config: Config, path: Path, ref_path: Path) -> None:
+    if ref_path.exists():
+        ref_fd = bpfsys.obj_get(str(ref_path))
+        try:
+            held = _ref_get(ref_fd, ref_path.name)
+            if held is not None:
+                inner = _map_fd_by_id(held, f"the map {ref_path.name} holds")
+                try:
+                    if bpfsys.map_info(inner, path.name).id != _pinned_id(path):
+                        _pin_over(inner, path)  # an agent died between swap and re-pin
+                finally:
+                    os.close(inner)
+                return
+            inner = _adopt_or_create(spec, config, path)
+            try:
+                _ref_set(ref_fd, inner, ref_path.name)
+            finally:
+                os.close(inner)
+        finally:
+            os.close(ref_fd)
+        return
+    inner = _adopt_or_create(spec, config, path)
+    try:
+        ref_spec = contract.MAPS[contract.GROWABLE[spec.name]]
+        ref_fd = bpfsys.map_create(
+            int(ref_spec.type),
+            ct.sizeof(ref_spec.key),
+            ct.sizeof(ref_spec.value),
+            ref_spec.max_entries(config),
+            ref_path.name,
+            name=ref_path.name,
+            inner_map_fd=inner,
+        )
+        try:
+            _ref_set(ref_fd, inner, ref_path.name)
+            bpfsys.obj_pin(ref_fd, str(ref_path))
+        finally:
+            os.close(ref_fd)
+    finally:
+        os.close(inner)
+
+
+def _pinned_id(path: Path) -> int | None:
+    try:
+        fd = bpfsys.obj_get(str(path))
+    except bpfsys.BpfError:
+        return None
+    try:
+        return bpfsys.map_info(fd, path.name).id
+    finally:
+        os.close(fd)
+
+
+def _adopt_or_create(spec: MapSpec, config: Config, path: Path) -> int:
+    """The map pinned at `path` (pins.drop_incompatible left only a compatible one), or a
+    new one of the initial size, pinned there."""
+    with contextlib.suppress(bpfsys.BpfError):
+        return bpfsys.obj_get(str(path))
+    fd = create(spec, initial_entries(spec, config))
+    _pin_over(fd, path)
+    log.info(
+        "created %s with %d entries (grows up to %d)",
+        path.name,
+        initial_entries(spec, config),
+        spec.max_entries(config),
+    )
+    return fd
+
+
+def swap(bpffs_dir: Path, name: MapName, new_fd: int) -> None:
+    """Point the programs at `new_fd` (filled by the caller) and pin it as `name`."""
+    ref = contract.GROWABLE[name]
+    ref_fd = bpfsys.obj_get(str(bpffs_dir / ref.value))
+    try:
+        _ref_set(ref_fd, new_fd, ref.value)
+    finally:
+        os.close(ref_fd)
+    _pin_over(new_fd, bpffs_dir / name.value)
