@@ -101,7 +101,18 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
     ("--maglev-max-table-size", "maglev_max_table_size", int, "largest Maglev table (a prime)"),
     ("--max-services", "max_services", int, "frontend map size"),
     ("--max-backends", "max_backends", int, "backend map size"),
-    ("--slot-pool-size", "slot_pool_size", int, "slots shared by all Maglev tables, 4 B each"),
+    (
+        "--slot-pool-size",
+        "slot_pool_size",
+        int,
+        "most slots shared by all Maglev tables, 4 B each (the pool grows up to it)",
+    ),
+    (
+        "--slot-pool-initial",
+        "slot_pool_initial",
+        int,
+        "slots the pool starts with (doubling when full, up to --slot-pool-size)",
+    ),
     (
         "--min-sync-period",
         "min_sync_period",

@@ -50,7 +50,10 @@ class Config:
     maglev_max_table_size: int = DEFAULT_MAX_TABLE_SIZE
     max_services: int = 65536
     max_backends: int = 65536
-    slot_pool_size: int = 8 * 1024 * 1024  # slots; 4 bytes each in the kernel
+    slot_pool_size: int = 8 * 1024 * 1024  # slots; 4 bytes each in the kernel; the limit
+    # Slots the pool starts with (1 MiB); it doubles when a table does not fit, up to
+    # slot_pool_size (ebpflb.datapath.growable). A pool already pinned keeps its size.
+    slot_pool_initial: int = 256 * 1024
     rev_sk_max: int = 262144
     # Interfaces the NodePort/LoadBalancer programs attach to; None: those holding the
     # node's IPv4 addresses, () : none (socket-LB only).
@@ -98,6 +101,7 @@ class Config:
             "max_services",
             "max_backends",
             "slot_pool_size",
+            "slot_pool_initial",
             "rev_sk_max",
             "ct_max",
             "rnat_max",
@@ -111,8 +115,12 @@ class Config:
             value = getattr(self, name)
             if not 1 <= value < 2**31:
                 raise ConfigError(f"{name.replace('_', '-')} must be in [1, 2^31), got {value}")
-        if self.slot_pool_size % 2:
-            raise ConfigError(f"slot-pool-size {self.slot_pool_size} must be even (slot pairs)")
+        for flag, slots in (
+            ("slot-pool-size", self.slot_pool_size),
+            ("slot-pool-initial", self.slot_pool_initial),
+        ):
+            if slots % 2:
+                raise ConfigError(f"{flag} {slots} must be even (slot pairs)")
         if self.maglev_max_table_size not in TABLE_SIZES:
             raise ConfigError(
                 f"maglev-max-table-size {self.maglev_max_table_size} is not one of {TABLE_SIZES}"

@@ -545,8 +545,8 @@ MAPS: dict[MapName, MapSpec] = {
 
 # Growable maps (ebpflb.datapath.growable): the map -> the ref map the programs reach it
 # through. Its MapSpec's max_entries is the limit it may grow to; it starts at
-# INITIAL_ENTRIES (or the limit, if smaller) and doubles when full.
+# INITIAL_ENTRIES (at most the limit) and doubles when full.
 GROWABLE: dict[MapName, MapName] = {MapName.SLOTS: MapName.SLOTS_REF}
-INITIAL_ENTRIES: dict[MapName, int] = {
-    MapName.SLOTS: 1 << 17,  # slot pairs: 262,144 slots, 1 MiB (100 services of 3 take 51,000)
+INITIAL_ENTRIES: dict[MapName, Callable[[Config], int]] = {
+    MapName.SLOTS: lambda c: c.slot_pool_initial // SLOTS_PER_ELEMENT,
 }

@@ -77,7 +77,8 @@ def _map_fd_by_id(map_id: int, what: str) -> int:
 def initial_entries(spec: MapSpec, config: Config) -> int:
     """max_entries a growable map starts with: its initial size, at most its limit."""
     limit = spec.max_entries(config)
-    return min(limit, contract.INITIAL_ENTRIES.get(spec.name, limit))
+    initial = contract.INITIAL_ENTRIES.get(spec.name)
+    return limit if initial is None else max(1, min(limit, initial(config)))
 
 
 def create(spec: MapSpec, max_entries: int) -> int:

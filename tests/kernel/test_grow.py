@@ -1,0 +1,97 @@
+"""The Maglev slot pool starts small and grows under traffic (issue 15, "Kernel memory
+that follows the cluster"): connections to a Service keep being translated while Services
+added past the pool's initial size make the agent swap in larger pools; the grows are
+counted; a restarted agent adopts the grown pool and rewrites nothing.
+
+State is read from the pins (`maps dump --json`), the kernel's map info and /metrics,
+never from the log."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ebpflb.datapath import bpfsys, growable
+from ebpflb.datapath.contract import MapName
+from ebpflb.testing.connload import Load
+from ebpflb.testing.netns import Cgroup, Topology
+from tests.kernel.conftest import PODS, AgentFactory, served_by
+from tests.kernel.test_capacity import dump, wait_for
+
+WEB = "10.96.0.10:80"
+ADDED = 12  # Services of 3 endpoints: 510 slots each, 7,140 with the examples' two
+INITIAL, GROWN, LIMIT = 1024, 8192, 16384  # slots; the examples' two tables fill 1024
+RATE = 300.0
+
+
+def services(count: int) -> str:
+    """default/grow-N at 10.96.1.N, each with the three pods as endpoints."""
+    docs = []
+    for n in range(1, count + 1):
+        endpoints = "".join(
+            f'  - addresses: ["{ip}"]\n    conditions: {{ready: true}}\n' for ip in PODS.values()
+        )
+        docs.append(
+            f"apiVersion: v1\nkind: Service\nmetadata: {{name: grow-{n}, namespace: default}}\n"
+            f"spec: {{clusterIP: 10.96.1.{n}, ports: [{{name: http, port: 80,"
+            " targetPort: 8080}]}\n"
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
+            f"metadata:\n  name: grow-{n}-1\n  namespace: default\n"
+            f"  labels: {{kubernetes.io/service-name: grow-{n}}}\n"
+            "addressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n" + endpoints
+        )
+    return "---\n".join(docs)
+
+
+def pool_pairs(bpffs: Path) -> tuple[int, int]:
+    """(max_entries of the pinned pool, id of the pool the programs' ref map holds)."""
+    fd = bpfsys.obj_get(str(bpffs / MapName.SLOTS.value))
+    ref = bpfsys.obj_get(str(bpffs / MapName.SLOTS_REF.value))
+    try:
+        info = bpfsys.map_info(fd, MapName.SLOTS.value)
+        held = growable._ref_get(ref, MapName.SLOTS_REF.value)
+        assert held == info.id, "the programs use another pool than the pinned one"
+        return info.max_entries, held
+    finally:
+        os.close(fd)
+        os.close(ref)
+
+
+def test_the_pool_grows_under_traffic_and_a_restart_adopts_it(
+    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory, bpffs: Path
+) -> None:
+    args = ("--manifests", str(manifests), "--slot-pool-initial", str(INITIAL))
+    args += ("--maglev-max-table-size", "1021")  # it must fit in the limit
+    agent = start_agent(*args, "--slot-pool-size", str(LIMIT))
+    assert pool_pairs(bpffs)[0] == INITIAL // 2
+    scrape = agent.metrics()
+    assert scrape.value("ebpflb_map_capacity", map="ebpflb_slots") == INITIAL
+    assert not scrape.value("ebpflb_map_grows_total", map="ebpflb_slots")
+
+    load = Load(topology, topology.node_ns, cgroup, WEB, seconds=6, rate=RATE)
+    (manifests / "grow.yaml").write_text(services(ADDED))
+    wait_for(lambda: len(dump(bpffs)) >= 3 + ADDED, timeout=30)
+    result = load.result()
+    assert not result["failures"], result
+    assert result["ok"] >= RATE * 6 * 0.8 and set(result["servers"]) == set(PODS)
+
+    pairs, pool_id = pool_pairs(bpffs)
+    assert pairs == GROWN // 2  # 1024 -> 2048 -> 4096 -> 8192 slots, not the limit
+    scrape = agent.metrics()
+    assert scrape.value("ebpflb_map_capacity", map="ebpflb_slots") == GROWN
+    assert scrape.value("ebpflb_map_grows_total", map="ebpflb_slots") == 3
+    for n in (1, ADDED):  # tables written before and after the last grow
+        counts = served_by(topology.requests(topology.node_ns, "tcp", f"10.96.1.{n}:80", 9, cgroup))
+        assert set(counts) <= set(PODS) and sum(counts.values()) == 9
+
+    # A restart opens the grown pool from the pins: same map, same size, nothing rewritten.
+    before = dump(bpffs)
+    assert agent.stop() == 0
+    second = start_agent(*args, "--slot-pool-size", str(LIMIT))
+    assert pool_pairs(bpffs) == (pairs, pool_id)
+    first = second.status()["sync"]["first"]
+    assert (first["added"], first["updated"], first["removed"]) == (0, 0, 0)
+    assert not second.metrics().value("ebpflb_map_grows_total", map="ebpflb_slots")
+    assert dump(bpffs) == before
+    counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 9, cgroup))
+    assert sum(counts.values()) == 9
