@@ -17,6 +17,8 @@ from ebpflb.reconcile.alloc import IdAllocator, NeededBy, SlotAllocator, describ
 
 log = logging.getLogger(__name__)
 
+GROW_STEP = 1 << 10  # slots: pools grow in whole KiB multiples (whole pages)
+
 
 @dataclass(frozen=True, slots=True)
 class Grow:
@@ -62,7 +64,7 @@ class Space:
 
     def allocate_slots(self, size: int, needed_by: NeededBy) -> int:
         """A slot range of `size`; when the pool has no room for it, the pool grows
-        (doubling, up to its limit) and the range is taken from the new room. A pool at its
+        (by a quarter, up to its limit) and the range is taken from the new room. A pool at its
         limit: MapFullError naming it, as before."""
         try:
             return self.slots.allocate(size, needed_by)
@@ -70,9 +72,12 @@ class Space:
             pool = self._pool
             if pool.capacity >= pool.limit:
                 raise
-            target = pool.capacity * 2
-            while target < pool.limit and target - pool.capacity < self.slots.span(size):
-                target *= 2
+            # By a quarter (at least the range, in steps of GROW_STEP slots): kernel memory
+            # stays within 25% of what the tables take; a grow costs a copy of the pool
+            # (about 1 ms per 1 Mi slots), so a first sync that grows it ~15 times from
+            # 1 MiB to 40 MiB spends well under a second on it.
+            target = max(pool.capacity * 5 // 4, pool.capacity + self.slots.span(size))
+            target = -(-target // GROW_STEP) * GROW_STEP
             target = min(target, pool.limit)
             target -= target % SLOTS_PER_ELEMENT
             try:
