@@ -21,6 +21,7 @@ import contextlib
 import ctypes as ct
 import errno
 import logging
+import mmap
 import os
 from pathlib import Path
 
@@ -195,3 +196,46 @@ def swap(bpffs_dir: Path, name: MapName, new_fd: int) -> None:
     finally:
         os.close(ref_fd)
     _pin_over(new_fd, bpffs_dir / name.value)
+
+
+def migrate(spec: MapSpec, config: Config, path: Path) -> bool:
+    """A map pinned at `path` by an ebpflb from before it was growable (no BPF_F_INNER_MAP,
+    the same key and value): copied into a growable one of its size (at most the limit)
+    pinned in its place, so the tables its service entries point at stay readable while
+    the new programs take over; the old ref-less map goes with its last user. False when
+    it is not such a map (the caller drops it)."""
+    try:
+        fd = bpfsys.obj_get(str(path))
+    except bpfsys.BpfError:
+        return False
+    try:
+        info = bpfsys.map_info(fd, path.name)
+        if (
+            spec.type is not contract.MapType.ARRAY
+            or (info.type, info.key_size, info.value_size)
+            != (int(spec.type), ct.sizeof(spec.key), ct.sizeof(spec.value))
+            or not info.flags & contract.BPF_F_MMAPABLE
+            or info.flags & contract.BPF_F_INNER_MAP
+        ):
+            return False
+        entries = min(
+            spec.max_entries(config), max(info.max_entries, initial_entries(spec, config))
+        )
+        new = create(spec, entries)
+        try:
+            size = min(info.max_entries, entries) * info.value_size
+            pages = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+            with (
+                mmap.mmap(fd, pages, prot=mmap.PROT_READ) as old_memory,
+                mmap.mmap(new, pages) as new_memory,
+            ):
+                new_memory[:size] = old_memory[:size]
+            _pin_over(new, path)
+        finally:
+            os.close(new)
+    finally:
+        os.close(fd)
+    log.info(
+        "%s: copied into a growable map of %d entries (was %d)", path, entries, info.max_entries
+    )
+    return True

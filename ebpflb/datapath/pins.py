@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, contract
+from ebpflb.datapath import bpfsys, contract, growable
 from ebpflb.datapath.contract import MapLayout, MapName
 from ebpflb.datapath.mounts import is_bpffs
 from ebpflb.errors import KernelSetupError
@@ -108,6 +108,9 @@ def drop_incompatible(config: Config) -> list[str]:
         actual = pinned_layout(path)
         if actual is None or compatible(name, actual, expected):
             continue
+        spec = contract.MAPS[MapName(name)]
+        if spec.name in contract.GROWABLE and growable.migrate(spec, config, path):
+            continue  # an older ebpflb's pool, copied: its tables stay readable
         log.warning(
             "pinned map %s has layout %s, config wants %s: recreating it", path, actual, expected
         )

@@ -8,11 +8,16 @@ never from the log."""
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
-from ebpflb.datapath import bpfsys, growable
+import numpy as np
+
+from ebpflb.config import Config
+from ebpflb.datapath import bpfsys, contract, growable
 from ebpflb.datapath.contract import MapName
+from ebpflb.datapath.pins import drop_incompatible, ensure_bpffs
 from ebpflb.testing.connload import Load
 from ebpflb.testing.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by
@@ -97,3 +102,37 @@ def test_the_pool_grows_under_traffic_and_a_restart_adopts_it(
     assert dump(bpffs) == before
     counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 9, cgroup))
     assert sum(counts.values()) == 9
+
+
+def test_an_older_pool_is_copied_into_a_growable_one(bpffs: Path) -> None:
+    """Upgrading from an ebpflb whose pool was a plain pinned array: its tables are copied
+    into the growable pool pinned in its place, which the ref map then holds, so the new
+    programs read the tables the service entries name before the first sync."""
+    config = Config(bpffs_dir=bpffs, slot_pool_initial=1024, slot_pool_size=1 << 20)
+    ensure_bpffs(bpffs)
+    spec = contract.MAPS[MapName.SLOTS]
+    old = bpfsys.map_create(
+        int(spec.type), 4, 8, 1 << 17, "an old pool", flags=contract.BPF_F_MMAPABLE
+    )
+    try:
+        with mmap.mmap(old, (1 << 17) * 8) as memory:
+            slots = np.frombuffer(memory, dtype=np.uint32)
+            slots[: 1 << 18] = np.arange(1 << 18, dtype=np.uint32)
+            del slots
+        bpfsys.obj_pin(old, str(bpffs / MapName.SLOTS.value))
+    finally:
+        os.close(old)
+    drop_incompatible(config)
+    growable.ensure(config)
+    pairs, _ = pool_pairs(bpffs)
+    assert pairs == 1 << 17  # the old pool's size, not the initial one
+    fd = bpfsys.obj_get(str(bpffs / MapName.SLOTS.value))
+    try:
+        info = bpfsys.map_info(fd, "pool")
+        assert info.flags == contract.BPF_F_MMAPABLE | contract.BPF_F_INNER_MAP
+        with mmap.mmap(fd, pairs * 8) as memory:
+            copied = np.frombuffer(memory, dtype=np.uint32)
+            assert np.array_equal(copied, np.arange(1 << 18, dtype=np.uint32))
+            del copied
+    finally:
+        os.close(fd)
