@@ -237,6 +237,7 @@ class NodePortLB:
     def __init__(self, config: Config, features: Features | None = None) -> None:
         self.config = config
         self.features = features or probe_features()
+        growable.ensure(config)  # usually done by SocketLB already; idempotent
         started = time.monotonic()
         cflags = config.cflags() + self.features.cflags()
         self._bpf = compile_cached(
