@@ -33,7 +33,7 @@ from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import ExternalIPPolicy, NodeView
-from ebpflb.errors import ConfigError
+from ebpflb.errors import ConfigError, EbpflbError
 from ebpflb.healthcheck import HealthCheckServers
 from ebpflb.lock import Holder, PinDirLock
 from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
@@ -265,7 +265,24 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                     per_service=config.per_service_metrics,
                 )
             )
-            agent.housekeeping = maps.expire_flows
+
+            def housekeeping() -> None:
+                maps.expire_flows()
+                try:
+                    grown = maps.grow_conntrack(config.ct_max)
+                except EbpflbError as exc:  # flows go on in the old table; tried again later
+                    log.warning("%s could not grow: %s", MapName.CONNTRACK.value, exc)
+                    return
+                if grown is not None:
+                    log.info(
+                        "%s grew from %d to %d entries (limit %d)",
+                        MapName.CONNTRACK.value,
+                        *grown,
+                        config.ct_max,
+                    )
+                    metrics.map_grows.labels(MapName.CONNTRACK.value).inc()
+
+            agent.housekeeping = housekeeping
             agent.use_maps(maps)
             counts = CachedCounts(maps.count_entries, clock)
 

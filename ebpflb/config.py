@@ -59,7 +59,10 @@ class Config:
     # node's IPv4 addresses, () : none (socket-LB only).
     interfaces: tuple[str, ...] | None = None
     xdp: XdpMode = XdpMode.OFF
-    ct_max: int = 262144
+    ct_max: int = 262144  # the limit conntrack grows to
+    # Conntrack entries at start (1 MiB); doubled at a full resync that finds the table
+    # half full, up to ct_max (ebpflb.datapath.growable).
+    ct_initial: int = 8192
     rnat_max: int = 262144
     src_range_max: int = 16384
     affinity_max: int = 65536  # session-affinity clients, and affinity backend pairs
@@ -104,6 +107,7 @@ class Config:
             "slot_pool_initial",
             "rev_sk_max",
             "ct_max",
+            "ct_initial",
             "rnat_max",
             "src_range_max",
             "affinity_max",

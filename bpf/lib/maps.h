@@ -35,9 +35,12 @@ BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,
 BPF_TABLE_PINNED("lru_hash", struct lb4_revsk_key, struct lb4_revsk_val, ebpflb_revsk4,
 		 EBPFLB_REV_SK_MAX, EBPFLB_PIN_DIR "/ebpflb_revsk4");
 
-/* NodePort/LB flows: original tuple -> backend, SNAT, lifetime. */
-BPF_TABLE_PINNED("lru_hash", struct flow4, struct ct4_entry, ebpflb_ct4,
-		 EBPFLB_CT_MAX, EBPFLB_PIN_DIR "/ebpflb_ct4");
+/* NodePort/LB flows: original tuple -> backend, SNAT, lifetime. The table itself
+ * (ebpflb_ct4: an LRU hash of struct flow4 -> struct ct4_entry, at most EBPFLB_CT_MAX
+ * entries) starts small and grows like the slot pool: the programs reach it through this
+ * one-slot map (lib/ct.h ct4_table). */
+BPF_TABLE_PINNED("array_of_maps$ebpflb_ct4", __u32, __u32, ebpflb_ct4ref,
+		 1, EBPFLB_PIN_DIR "/ebpflb_ct4ref");
 
 /* Reply tuple -> client view; also the SNAT port reservations. */
 BPF_TABLE_PINNED("hash", struct flow4, struct rnat4_val, ebpflb_rnat4,

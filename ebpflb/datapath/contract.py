@@ -406,6 +406,7 @@ class MapName(enum.StrEnum):
     REVERSE_SOCK = "ebpflb_revsk4"
     STATS = "ebpflb_stats"
     CONNTRACK = "ebpflb_ct4"
+    CONNTRACK_REF = "ebpflb_ct4ref"
     REPLY_NAT = "ebpflb_rnat4"
     SOURCE_RANGES = "ebpflb_srcrng4"
     IFACE_ADDRS = "ebpflb_ifaddr4"
@@ -502,6 +503,8 @@ MAPS: dict[MapName, MapSpec] = {
         ),
         MapSpec(MapName.REVERSE_SOCK, MapType.LRU_HASH, Lb4RevskKey, Lb4RevskVal, REV_SK_MAX),
         MapSpec(MapName.CONNTRACK, MapType.LRU_HASH, Flow4, Ct4Entry, CT_MAX),
+        # The conntrack table the programs use (growable.py): one slot holding ebpflb_ct4.
+        MapSpec(MapName.CONNTRACK_REF, MapType.ARRAY_OF_MAPS, ct.c_uint32, ct.c_uint32, 1),
         MapSpec(
             MapName.REPLY_NAT, MapType.HASH, Flow4, Rnat4Val, RNAT_MAX, flags=BPF_F_NO_PREALLOC
         ),
@@ -546,7 +549,11 @@ MAPS: dict[MapName, MapSpec] = {
 # Growable maps (ebpflb.datapath.growable): the map -> the ref map the programs reach it
 # through. Its MapSpec's max_entries is the limit it may grow to; it starts at
 # INITIAL_ENTRIES (at most the limit) and doubles when full.
-GROWABLE: dict[MapName, MapName] = {MapName.SLOTS: MapName.SLOTS_REF}
+GROWABLE: dict[MapName, MapName] = {
+    MapName.SLOTS: MapName.SLOTS_REF,
+    MapName.CONNTRACK: MapName.CONNTRACK_REF,
+}
 INITIAL_ENTRIES: dict[MapName, Callable[[Config], int]] = {
     MapName.SLOTS: lambda c: c.slot_pool_initial // SLOTS_PER_ELEMENT,
+    MapName.CONNTRACK: lambda c: c.ct_initial,
 }

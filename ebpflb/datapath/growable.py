@@ -24,11 +24,15 @@ import logging
 import mmap
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ebpflb.config import Config
 from ebpflb.datapath import bpfsys, contract
 from ebpflb.datapath.contract import MapName, MapSpec
 from ebpflb.errors import KernelSetupError
+
+if TYPE_CHECKING:
+    from ebpflb.datapath.elementio import ElementIO
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,7 @@ _BPF_MAP_LOOKUP_ELEM = 1
 _BPF_MAP_UPDATE_ELEM = 2
 _BPF_MAP_GET_FD_BY_ID = 14
 _REF_SLOT = 0
+_BPF_NOEXIST = 1
 
 
 class _ElemAttr(ct.Structure):
@@ -239,3 +244,62 @@ def migrate(spec: MapSpec, config: Config, path: Path) -> bool:
         "%s: copied into a growable map of %d entries (was %d)", path, entries, info.max_entries
     )
     return True
+
+
+def grow_table(bpffs_dir: Path, name: MapName, max_entries: int) -> int:
+    """Swap a hash table the datapath writes (conntrack) for one of `max_entries`, every
+    entry kept: copied, the ref map pointed at the copy, then the entries the programs
+    added to the old table meanwhile copied too, unless the new one has them already (a
+    packet after the swap made its own). Changes the programs made meanwhile to entries
+    copied first (a deadline pushed on, a flag) are lost: the next packet makes them
+    again. Returns how many entries were copied."""
+    from ebpflb.datapath.elementio import ElementIO  # bcc-free callers import this module
+
+    spec = contract.MAPS[name]
+    path = bpffs_dir / name.value
+    old = bpfsys.obj_get(str(path))
+    try:
+        new = create(spec, max_entries)
+        try:
+            io = ElementIO(old, name.value, ct.sizeof(spec.key), ct.sizeof(spec.value))
+            keys, values, count = io.read_all(spec.key, spec.value)
+            key_buf, value_buf = ct.create_string_buffer(keys), ct.create_string_buffer(values)
+            errors = ElementIO(new, name.value, io.key_size, io.value_size).update(
+                ct.addressof(key_buf), ct.addressof(value_buf), count
+            )
+            if errors:
+                raise bpfsys.BpfError(f"copying {name.value}", next(iter(errors.values())))
+            swap(bpffs_dir, name, new)
+            copied = count + _copy_new_keys(io, new, keys, count)
+        finally:
+            os.close(new)
+    finally:
+        os.close(old)
+    return copied
+
+
+def _copy_new_keys(io: ElementIO, new_fd: int, first: bytes, first_count: int) -> int:
+    """Entries of the old table not in the first copy, into the new one where absent."""
+    spec_key, spec_value = io.key_size, io.value_size
+    keys, values, count = io.read_all(ct.c_char * spec_key, ct.c_char * spec_value)
+    seen = {first[i * spec_key : (i + 1) * spec_key] for i in range(first_count)}
+    added = 0
+    for i in range(count):
+        key = keys[i * spec_key : (i + 1) * spec_key]
+        if key in seen:
+            continue
+        value = values[i * spec_value : (i + 1) * spec_value]
+        key_buf, value_buf = ct.create_string_buffer(key), ct.create_string_buffer(value)
+        attr = _ElemAttr(
+            map_fd=new_fd,
+            key=ct.addressof(key_buf),
+            value=ct.addressof(value_buf),
+            flags=_BPF_NOEXIST,
+        )
+        try:
+            bpfsys._bpf(_BPF_MAP_UPDATE_ELEM, attr, "copying a new flow")
+            added += 1
+        except bpfsys.BpfError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+    return added

@@ -21,7 +21,7 @@ import numpy as np
 from bcc.libbcc import lib
 from bcc.utils import get_possible_cpus
 
-from ebpflb.datapath import bpfsys, codecs, contract, layout, sockdiag
+from ebpflb.datapath import bpfsys, codecs, contract, growable, layout, sockdiag
 from ebpflb.datapath.codecs import Codec
 from ebpflb.datapath.contract import Counter, MapName
 from ebpflb.datapath.elementio import (
@@ -267,6 +267,19 @@ class KernelMapSet:
         pinned = self._pins[name]
         io = ElementIO(pinned.fd, pinned.name, pinned.info.key_size, pinned.info.value_size)
         return count_entries(io, pinned.capacity)
+
+    def grow_conntrack(self, limit: int) -> tuple[int, int] | None:
+        """Double ebpflb_ct4 (at most to `limit`) once it is half full (growable.py):
+        (entries before, after), or None when it stays."""
+        pinned = self._pins[MapName.CONNTRACK]
+        before = pinned.capacity
+        if before >= limit or self.count_entries(MapName.CONNTRACK) * 2 < before:
+            return None
+        growable.grow_table(self.bpffs_dir, MapName.CONNTRACK, min(limit, before * 2))
+        pinned.close()  # the old table goes with its last user
+        self._pins[MapName.CONNTRACK] = grown = PinnedMap(pinned.path)
+        self.conntrack = KernelMap(grown, codecs.FLOW, codecs.CONNTRACK)
+        return before, grown.capacity
 
     def close(self) -> None:
         if hasattr(self, "slots"):

@@ -1,7 +1,8 @@
-"""The Maglev slot pool starts small and grows under traffic (issue 15, "Kernel memory
-that follows the cluster"): connections to a Service keep being translated while Services
-added past the pool's initial size make the agent swap in larger pools; the grows are
-counted; a restarted agent adopts the grown pool and rewrites nothing.
+"""The Maglev slot pool and NodePort conntrack start small and grow (issue 15, "Kernel
+memory that follows the cluster"): connections to a Service keep being translated while
+Services added past the pool's initial size make the agent swap in larger pools; NodePort
+flows made before a conntrack grow keep their translation after it; the grows are counted;
+a restarted agent adopts the grown pool and rewrites nothing.
 
 State is read from the pins (`maps dump --json`), the kernel's map info and /metrics,
 never from the log."""
@@ -13,6 +14,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+from scapy.layers.inet import IP, TCP
+from scapy.layers.l2 import Ether
 
 from ebpflb.config import Config
 from ebpflb.datapath import bpfsys, contract, growable
@@ -20,7 +23,10 @@ from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.pins import drop_incompatible, ensure_bpffs
 from ebpflb.testing.connload import Load
 from ebpflb.testing.netns import Cgroup, Topology
+from tests.kernel import packet_cases as pc
 from tests.kernel.conftest import PODS, AgentFactory, served_by
+from tests.kernel.packet_cases import Program
+from tests.kernel.packet_runner import build, open_datapath
 from tests.kernel.test_capacity import dump, wait_for
 
 WEB = "10.96.0.10:80"
@@ -51,16 +57,7 @@ def services(count: int) -> str:
 
 def pool_pairs(bpffs: Path) -> tuple[int, int]:
     """(max_entries of the pinned pool, id of the pool the programs' ref map holds)."""
-    fd = bpfsys.obj_get(str(bpffs / MapName.SLOTS.value))
-    ref = bpfsys.obj_get(str(bpffs / MapName.SLOTS_REF.value))
-    try:
-        info = bpfsys.map_info(fd, MapName.SLOTS.value)
-        held = growable._ref_get(ref, MapName.SLOTS_REF.value)
-        assert held == info.id, "the programs use another pool than the pinned one"
-        return info.max_entries, held
-    finally:
-        os.close(fd)
-        os.close(ref)
+    return pool_pairs_of(bpffs, MapName.SLOTS)
 
 
 def test_the_pool_grows_under_traffic_and_a_restart_adopts_it(
@@ -136,3 +133,55 @@ def test_an_older_pool_is_copied_into_a_growable_one(bpffs: Path) -> None:
             del copied
     finally:
         os.close(fd)
+
+
+FLOWS = 4200  # SNATed NodePort flows: more than half of the 8,192-entry initial table
+
+
+def test_conntrack_grows_and_every_flow_keeps_its_translation() -> None:
+    """NodePort flows made before a conntrack grow go on after it, translated as before
+    (same backend, same SNAT port), without a new flow being created for any of them."""
+    with open_datapath() as dp:
+        assert pool_pairs_of(dp.config.bpffs_dir, MapName.CONNTRACK)[0] == 8192
+        dp.forget_flows()
+        syns = [dp.run(Program.TC_INGRESS, frame(port, "S"), "eth0") for port in ports()]
+        assert dp.maps.counters()["np_new_flow"] >= FLOWS
+        flows = dict(dp.maps.conntrack.items())
+        assert len(flows) == FLOWS
+        assert dp.maps.grow_conntrack(dp.config.ct_max) == (8192, 16384)
+        assert pool_pairs_of(dp.config.bpffs_dir, MapName.CONNTRACK)[0] == 16384
+        assert dict(dp.maps.conntrack.items()) == flows
+        new_flows = dp.maps.counters()["np_new_flow"]
+        acks = [dp.run(Program.TC_INGRESS, frame(port, "A"), "eth0") for port in ports()]
+        assert dp.maps.counters()["np_new_flow"] == new_flows  # every ACK found its flow
+        for syn, ack in zip(syns, acks, strict=True):
+            assert ack.verdict == syn.verdict
+            assert addressing(ack.data) == addressing(syn.data)
+        assert dp.maps.grow_conntrack(dp.config.ct_max) is None  # at its limit
+
+
+def ports() -> range:
+    return range(20000, 20000 + FLOWS)
+
+
+def frame(port: int, flags: str) -> bytes:
+    return build(pc.client(port, (pc.NODE, 30081), tcp_flags=flags), int)
+
+
+def addressing(data: bytes) -> tuple[str, str, int, int]:
+    packet = Ether(data)
+    return packet[IP].src, packet[IP].dst, packet[TCP].sport, packet[TCP].dport
+
+
+def pool_pairs_of(bpffs: Path, name: MapName) -> tuple[int, int]:
+    """(max_entries of the pinned map, id of the map its ref map holds), the same map."""
+    fd = bpfsys.obj_get(str(bpffs / name.value))
+    ref = bpfsys.obj_get(str(bpffs / contract.GROWABLE[name].value))
+    try:
+        info = bpfsys.map_info(fd, name.value)
+        held = growable._ref_get(ref, contract.GROWABLE[name].value)
+        assert held == info.id, "the programs use another map than the pinned one"
+        return info.max_entries, held
+    finally:
+        os.close(fd)
+        os.close(ref)
