@@ -303,3 +303,46 @@ def _copy_new_keys(io: ElementIO, new_fd: int, first: bytes, first_count: int) -
             if exc.errno != errno.EEXIST:
                 raise
     return added
+
+
+def copy_into_new_layout(spec: MapSpec, config: Config, path: Path) -> bool:
+    """A hash map pinned with other flags or another size than this configuration wants
+    (an upgrade: the control plane's hash maps lost their preallocation): copied into one
+    of the new layout pinned in its place, so the new programs start with every entry (a
+    service, a reply translation) rather than an empty map until the first sync. False
+    when it cannot be (another type or entry layout, or more entries than fit)."""
+    from ebpflb.datapath.elementio import ElementIO  # bcc-free callers import this module
+
+    if spec.type not in (contract.MapType.HASH, contract.MapType.LRU_HASH):
+        return False
+    try:
+        old = bpfsys.obj_get(str(path))
+    except bpfsys.BpfError:
+        return False
+    try:
+        info = bpfsys.map_info(old, path.name)
+        if (info.type, info.key_size, info.value_size) != (
+            int(spec.type),
+            ct.sizeof(spec.key),
+            ct.sizeof(spec.value),
+        ):
+            return False
+        io = ElementIO(old, path.name, info.key_size, info.value_size)
+        keys, values, count = io.read_all(spec.key, spec.value)
+        if count > spec.max_entries(config):
+            return False
+        new = create(spec, spec.max_entries(config))
+        try:
+            key_buf, value_buf = ct.create_string_buffer(keys), ct.create_string_buffer(values)
+            errors = ElementIO(new, path.name, info.key_size, info.value_size).update(
+                ct.addressof(key_buf), ct.addressof(value_buf), count
+            )
+            if errors:
+                return False
+            _pin_over(new, path)
+        finally:
+            os.close(new)
+    finally:
+        os.close(old)
+    log.info("%s: %d entries copied into the new layout", path, count)
+    return True

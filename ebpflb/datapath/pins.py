@@ -111,6 +111,8 @@ def drop_incompatible(config: Config) -> list[str]:
         spec = contract.MAPS[MapName(name)]
         if spec.name in contract.GROWABLE and growable.migrate(spec, config, path):
             continue  # an older ebpflb's pool, copied: its tables stay readable
+        if spec.name not in contract.GROWABLE and growable.copy_into_new_layout(spec, config, path):
+            continue  # the same entries in the new layout: nothing to rebuild
         log.warning(
             "pinned map %s has layout %s, config wants %s: recreating it", path, actual, expected
         )

@@ -9,6 +9,7 @@ never from the log."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from pathlib import Path
@@ -20,6 +21,7 @@ from scapy.layers.l2 import Ether
 from ebpflb.config import Config
 from ebpflb.datapath import bpfsys, contract, growable
 from ebpflb.datapath.contract import MapName
+from ebpflb.datapath.elementio import ElementIO
 from ebpflb.datapath.pins import drop_incompatible, ensure_bpffs
 from ebpflb.testing.connload import Load
 from ebpflb.testing.netns import Cgroup, Topology
@@ -185,3 +187,35 @@ def pool_pairs_of(bpffs: Path, name: MapName) -> tuple[int, int]:
     finally:
         os.close(fd)
         os.close(ref)
+
+
+def test_an_upgrade_copies_hash_maps_into_their_new_layout(bpffs: Path) -> None:
+    """ebpflb_rnat4 pinned preallocated by an older ebpflb: its entries (the reply
+    translations of live NodePort flows) are copied into the map without preallocation
+    that replaces it, instead of the map being recreated empty."""
+    config = Config(bpffs_dir=bpffs)
+    ensure_bpffs(bpffs)
+    spec = contract.MAPS[MapName.REPLY_NAT]
+    assert spec.flags == contract.BPF_F_NO_PREALLOC
+    key_size, value_size = ctypes.sizeof(spec.key), ctypes.sizeof(spec.value)
+    old = bpfsys.map_create(int(spec.type), key_size, value_size, 1024, "an old rnat4")
+    try:
+        keys = ctypes.create_string_buffer(bytes(range(key_size)) * 3, key_size * 3)
+        for i in range(3):
+            keys[i * key_size] = bytes([i])  # three different keys
+        values = ctypes.create_string_buffer(b"\x07" * value_size * 3, value_size * 3)
+        ElementIO(old, "old", key_size, value_size).update(
+            ctypes.addressof(keys), ctypes.addressof(values), 3
+        )
+        bpfsys.obj_pin(old, str(bpffs / MapName.REPLY_NAT.value))
+    finally:
+        os.close(old)
+    assert drop_incompatible(config) == []
+    fd = bpfsys.obj_get(str(bpffs / MapName.REPLY_NAT.value))
+    try:
+        info = bpfsys.map_info(fd, "rnat4")
+        assert (info.flags, info.max_entries) == (spec.flags, config.rnat_max)
+        _, copied, count = ElementIO(fd, "new", key_size, value_size).read_all(spec.key, spec.value)
+        assert count == 3 and copied == b"\x07" * value_size * 3
+    finally:
+        os.close(fd)
