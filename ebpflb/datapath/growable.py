@@ -1,18 +1,22 @@
-"""Maps that start small and grow: the programs reach them through a one-slot
-BPF_MAP_TYPE_ARRAY_OF_MAPS (the "ref" map), so a larger map can be swapped in without
-reloading a program.
+"""Maps that start small and grow (the Maglev slot pool, NodePort conntrack): the programs
+reach them through a one-slot BPF_MAP_TYPE_ARRAY_OF_MAPS (the "ref" map), so a larger map
+can be swapped in without reloading a program.
 
 Each growable map is pinned twice: its ref map (the one the programs declare, fixed
 layout) and the current map itself under its own name, so every reader of the pins
-(`maps dump`, `status`, a restarted agent) opens it as before. A grow creates a larger map,
-lets the caller fill it, points the ref map's slot at it (one atomic update: a program
-sees the old map or the new one, both holding the same entries, since the agent is the
-only writer of the slot pool) and re-pins it under the name (a rename over the old pin).
-The old map goes when its last fd closes. An agent killed between the two steps leaves
-the pin naming the old map: `ensure` re-pins whatever the ref map holds.
+(`maps dump`, `status`, a restarted agent) opens it as before; a reader that keeps a map
+open across a grow keeps reading the old one (open it again). A grow creates a larger map,
+fills it, points the ref map's slot at it (one atomic update: a program sees the old map or
+the new one) and re-pins it under the name (a rename over the old pin). The slot pool's
+only writer is the agent, so its copy is exact (slotpool.py); conntrack is written by the
+programs too, so what they added meanwhile is copied after the swap (grow_table). The old
+map goes when its last fd closes. An agent killed between swap and re-pin leaves the pin
+naming the old map: `ensure` re-pins whatever the ref map holds.
 
-The inner maps carry BPF_F_INNER_MAP (Linux 5.10), which lets the ref map hold arrays of
-any size; the programs then look elements up through the helper instead of inlined code.
+An array inner map carries BPF_F_INNER_MAP (Linux 5.10), which lets the ref map hold arrays
+of any size; the programs then look its elements up through the helper, not inlined code.
+Upgrades from pins made before: `migrate` (the slot pool) and `copy_into_new_layout` (hash
+maps whose flags changed) copy the old contents into the new layout.
 """
 
 from __future__ import annotations
