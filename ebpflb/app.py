@@ -33,11 +33,11 @@ from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import ExternalIPPolicy, NodeView
-from ebpflb.errors import ConfigError
+from ebpflb.errors import ConfigError, EbpflbError
 from ebpflb.healthcheck import HealthCheckServers
 from ebpflb.lock import Holder, PinDirLock
 from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
-from ebpflb.observe.fill import CachedCounts, MapFillCollector, agent_fill
+from ebpflb.observe.fill import CachedCounts, MapFill, MapFillCollector, agent_fill
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
 from ebpflb.observe.status import AgentStatus, Phase, process_start_time
@@ -284,7 +284,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         status.programs_replaced(socket_lb.attach(cgroup))
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
         _release_free_memory()  # what the compiler freed
-        with KernelMapSet(config.bpffs_dir) as maps:
+        with KernelMapSet(config.bpffs_dir, config.slot_pool_size) as maps:
             if maglev.compiled_for(maps.count_entries(MapName.SERVICES)):
                 maglev.warm_up()  # a restart of a large cluster: before the lists are in
             snat = addrwatch.snat_sources({}, addresses, watched)
@@ -301,13 +301,34 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                     per_service=config.per_service_metrics,
                 )
             )
-            agent.housekeeping = maps.expire_flows
+
+            def housekeeping() -> None:
+                maps.expire_flows()
+                try:
+                    grown = maps.grow_conntrack(config.ct_max)
+                except EbpflbError as exc:  # flows go on in the old table; tried again later
+                    log.warning("%s could not grow: %s", MapName.CONNTRACK.value, exc)
+                    return
+                if grown is not None:
+                    log.info(
+                        "%s grew from %d to %d entries (limit %d)",
+                        MapName.CONNTRACK.value,
+                        *grown,
+                        config.ct_max,
+                    )
+                    metrics.map_grows.labels(MapName.CONNTRACK.value).inc()
+
+            agent.housekeeping = housekeeping
             agent.use_maps(maps)
-            max_entries = {MapName(n): info.max_entries for n, info in maps.map_infos().items()}
             counts = CachedCounts(maps.count_entries, clock)
-            registry.register(
-                MapFillCollector(lambda: agent_fill(agent.reconciler, max_entries, counts))
-            )
+
+            def fill() -> list[MapFill]:
+                # Read at every scrape: a growable map's max_entries changes when it grows.
+                infos = maps.map_infos()
+                max_entries = {MapName(n): info.max_entries for n, info in infos.items()}
+                return agent_fill(agent.reconciler, max_entries, counts)
+
+            registry.register(MapFillCollector(fill))
 
             def wake_on_stop() -> None:
                 stop.wait()

@@ -50,13 +50,19 @@ class Config:
     maglev_max_table_size: int = DEFAULT_MAX_TABLE_SIZE
     max_services: int = 65536
     max_backends: int = 65536
-    slot_pool_size: int = 8 * 1024 * 1024  # slots; 4 bytes each in the kernel
+    slot_pool_size: int = 8 * 1024 * 1024  # slots; 4 bytes each in the kernel; the limit
+    # Slots the pool starts with (1 MiB); it doubles when a table does not fit, up to
+    # slot_pool_size (ebpflb.datapath.growable). A pool already pinned keeps its size.
+    slot_pool_initial: int = 256 * 1024
     rev_sk_max: int = 262144
     # Interfaces the NodePort/LoadBalancer programs attach to; None: those holding the
     # node's IPv4 addresses, () : none (socket-LB only).
     interfaces: tuple[str, ...] | None = None
     xdp: XdpMode = XdpMode.OFF
-    ct_max: int = 262144
+    ct_max: int = 262144  # the limit conntrack grows to
+    # Conntrack entries at start (1 MiB); doubled at a full resync that finds the table
+    # half full, up to ct_max (ebpflb.datapath.growable).
+    ct_initial: int = 8192
     rnat_max: int = 262144
     src_range_max: int = 16384
     affinity_max: int = 65536  # session-affinity clients, and affinity backend pairs
@@ -101,8 +107,10 @@ class Config:
             "max_services",
             "max_backends",
             "slot_pool_size",
+            "slot_pool_initial",
             "rev_sk_max",
             "ct_max",
+            "ct_initial",
             "rnat_max",
             "src_range_max",
             "affinity_max",
@@ -114,8 +122,12 @@ class Config:
             value = getattr(self, name)
             if not 1 <= value < 2**31:
                 raise ConfigError(f"{name.replace('_', '-')} must be in [1, 2^31), got {value}")
-        if self.slot_pool_size % 2:
-            raise ConfigError(f"slot-pool-size {self.slot_pool_size} must be even (slot pairs)")
+        for flag, slots in (
+            ("slot-pool-size", self.slot_pool_size),
+            ("slot-pool-initial", self.slot_pool_initial),
+        ):
+            if slots % 2:
+                raise ConfigError(f"{flag} {slots} must be even (slot pairs)")
         if self.maglev_max_table_size not in TABLE_SIZES:
             raise ConfigError(
                 f"maglev-max-table-size {self.maglev_max_table_size} is not one of {TABLE_SIZES}"

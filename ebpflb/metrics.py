@@ -86,6 +86,12 @@ class Metrics:
             "Maglev slots written to the pool.",
             registry=registry,
         )
+        self.map_grows = Counter(
+            "ebpflb_map_grows_total",
+            "Maps swapped for a larger copy (they start small and grow up to their limit).",
+            ["map"],
+            registry=registry,
+        )
         self.table_resizes = Counter(
             "ebpflb_maglev_table_resizes_total",
             "Maglev tables moved to a new size (the service crossed a size rung).",

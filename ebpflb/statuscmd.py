@@ -136,15 +136,24 @@ def fill_from_metrics(
 ) -> dict[str, dict[str, object]]:
     entries: dict[str, float] = {}
     capacity: dict[str, float] = {}
+    grows: dict[str, float] = {}
     for (name, labels), value in samples.items():
-        target = {"ebpflb_map_entries": entries, "ebpflb_map_capacity": capacity}.get(name)
+        target = {
+            "ebpflb_map_entries": entries,
+            "ebpflb_map_capacity": capacity,
+            "ebpflb_map_grows_total": grows,
+        }.get(name)
         if target is not None:
             target[dict(labels)["map"]] = value
     order = {name.value: i for i, name in enumerate(MapName)}  # as the pins list them
-    return {
+    levels = {
         name: MapFill(name, int(entries[name]), int(capacity.get(name, 0))).to_json()
         for name in sorted(entries, key=lambda n: (order.get(n, len(order)), n))
     }
+    for name, count in grows.items():  # a growable map: how often this agent grew it
+        if name in levels:
+            levels[name]["grows"] = int(count)
+    return levels
 
 
 def source_counters(
@@ -228,9 +237,10 @@ def render_text(document: Mapping[str, Any], *, now: float | None = None) -> str
         lines += ["", f"{'MAP':<{width}}  {'ENTRIES':>11}  {'CAPACITY':>11}    FILL  ({source})"]
         for name, level in maps.items():
             full = level["capacity"] and level["entries"] >= level["capacity"]
+            grown = f"  grew {level['grows']}x" if level.get("grows") else ""
             lines.append(
                 f"{name:<{width}}  {level['entries']:>11,}  {level['capacity']:>11,}"
-                f"  {level['ratio'] * 100:5.1f}%" + ("  FULL" if full else "")
+                f"  {level['ratio'] * 100:5.1f}%" + ("  FULL" if full else "") + grown
             )
     return "\n".join(lines)
 

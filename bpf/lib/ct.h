@@ -48,11 +48,20 @@ static __always_inline __u64 ct_touch(struct ct4_entry *ct, const struct pkt4 *p
 	return ct->expires;
 }
 
+/* The conntrack table in use: the agent swaps in a larger one as flows fill it (maps.h). */
+static __always_inline void *ct4_table(void)
+{
+	__u32 zero = 0;
+
+	return ebpflb_ct4ref.lookup(&zero);
+}
+
 /* A live flow for this tuple, or NULL. A new TCP SYN restarts a closing flow. */
 static __always_inline struct ct4_entry *ct4_lookup(const struct flow4 *flow,
 						    const struct pkt4 *pkt, __u64 now)
 {
-	struct ct4_entry *ct = ebpflb_ct4.lookup((struct flow4 *)flow);
+	void *table = ct4_table();
+	struct ct4_entry *ct = table ? bpf_map_lookup_elem(table, flow) : NULL;
 
 	if (!ct || ct->expires < now)
 		return NULL;

@@ -55,13 +55,17 @@ static __always_inline struct lb4_backend *lb4_select_backend(const struct lb4_s
 {
 	struct lb4_slot_pair *pair;
 	struct lb4_backend *backend;
-	__u32 slot, pair_index, backend_id;
+	__u32 slot, pair_index, backend_id, pool_index = 0;
+	void *pool;
 
 	if (svc->table_size == 0)
 		return NULL;
 	slot = svc->table_off + hash % svc->table_size;
 	pair_index = slot >> 1;
-	pair = ebpflb_slots.lookup(&pair_index);
+	pool = ebpflb_slotref.lookup(&pool_index);
+	if (!pool)
+		goto miss;
+	pair = bpf_map_lookup_elem(pool, &pair_index);
 	if (!pair)
 		goto miss;
 	backend_id = pair->backend_id[slot & 1];

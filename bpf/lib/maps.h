@@ -1,4 +1,7 @@
-/* Map definitions only. All are pinned under EBPFLB_PIN_DIR: BCC opens an existing pin or
+/* Map definitions only. Hash maps the control plane writes are BPF_F_NO_PREALLOC: memory
+ * follows the entries (plus 16 bytes a bucket), not max_entries; so is ebpflb_rnat4, written
+ * once per new NodePort flow (a failed insert is counted, STAT_RNAT_STORE_FAIL). LRU maps
+ * cannot be: the kernel preallocates their lists. All are pinned under EBPFLB_PIN_DIR: BCC opens an existing pin or
  * creates and pins the map, so maps (and the traffic they steer) outlive the agent. The
  * agent checks a pin's type, sizes and flags before compiling (ebpflb/datapath/loader.py)
  * against ebpflb/datapath/contract.py MAPS, which tests/unit/test_contract.py compares with
@@ -10,7 +13,7 @@
 
 /* Frontend -> service: table location, flags. The first lookup of every translation. */
 BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
-		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svc4");
+		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svc4", BPF_F_NO_PREALLOC);
 
 /* Backend id -> address; shared by every service that uses the backend. An array indexed by
  * id (1..EBPFLB_MAX_BACKENDS; 0 is never allocated): one lookup with no hashing, where a
@@ -20,14 +23,17 @@ BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
 BPF_TABLE_PINNED("array", __u32, struct lb4_backend, ebpflb_be4,
 		 EBPFLB_MAX_BACKENDS + 1, EBPFLB_PIN_DIR "/ebpflb_be4");
 
-/* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range.
- * Mmapable: the agent writes and reads tables as memory, not one syscall per pair. */
-BPF_TABLE_PINNED("array", __u32, struct lb4_slot_pair, ebpflb_slots,
-		 EBPFLB_SLOT_POOL_SIZE / 2, EBPFLB_PIN_DIR "/ebpflb_slots", BPF_F_MMAPABLE);
+/* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range. The
+ * pool itself (ebpflb_slots: an array of EBPFLB_SLOT_POOL_SIZE / 2 pairs at most, flags
+ * BPF_F_MMAPABLE | BPF_F_INNER_MAP, so the agent writes tables as memory) starts small and
+ * grows: the agent swaps a larger copy into this one-slot map (ebpflb/datapath/growable.py,
+ * which creates both pins before the programs are compiled). */
+BPF_TABLE_PINNED("array_of_maps$ebpflb_slots", __u32, __u32, ebpflb_slotref,
+		 1, EBPFLB_PIN_DIR "/ebpflb_slotref");
 
 /* Service id -> "namespace/name:port", for dumps and agent restarts only. */
 BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,
-		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svcmeta");
+		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svcmeta", BPF_F_NO_PREALLOC);
 
 /* (socket cookie, backend) -> frontend, for recvmsg4/getpeername4: every socket's entry
  * without EBPFLB_HAVE_SK_STORAGE, else those of UDP sockets only (see ebpflb_sockrev4). */
@@ -42,13 +48,16 @@ BPF_TABLE_PINNED("lru_hash", struct lb4_revsk_key, struct lb4_revsk_val, ebpflb_
 BPF_TABLE_PINNED("sk_storage", int, struct lb4_sock_rev, ebpflb_sockrev4, 0,
 		 EBPFLB_PIN_DIR "/ebpflb_sockrev4", BPF_F_NO_PREALLOC);
 
-/* NodePort/LB flows: original tuple -> backend, SNAT, lifetime. */
-BPF_TABLE_PINNED("lru_hash", struct flow4, struct ct4_entry, ebpflb_ct4,
-		 EBPFLB_CT_MAX, EBPFLB_PIN_DIR "/ebpflb_ct4");
+/* NodePort/LB flows: original tuple -> backend, SNAT, lifetime. The table itself
+ * (ebpflb_ct4: an LRU hash of struct flow4 -> struct ct4_entry, at most EBPFLB_CT_MAX
+ * entries) starts small and grows like the slot pool: the programs reach it through this
+ * one-slot map (lib/ct.h ct4_table). */
+BPF_TABLE_PINNED("array_of_maps$ebpflb_ct4", __u32, __u32, ebpflb_ct4ref,
+		 1, EBPFLB_PIN_DIR "/ebpflb_ct4ref");
 
 /* Reply tuple -> client view; also the SNAT port reservations. */
 BPF_TABLE_PINNED("hash", struct flow4, struct rnat4_val, ebpflb_rnat4,
-		 EBPFLB_RNAT_MAX, EBPFLB_PIN_DIR "/ebpflb_rnat4");
+		 EBPFLB_RNAT_MAX, EBPFLB_PIN_DIR "/ebpflb_rnat4", BPF_F_NO_PREALLOC);
 
 /* (service id, source prefix) allowed to reach a LoadBalancer IP with source ranges. */
 BPF_TABLE_PINNED("lpm_trie", struct src_range4_key, __u8, ebpflb_srcrng4,
@@ -61,11 +70,11 @@ BPF_TABLE_PINNED("lru_hash", struct aff4_key, struct aff4_val, ebpflb_aff4,
 /* (service id, backend id) -> affinity timeout in seconds, written by the control plane
  * for the backends of every frontend with session affinity. */
 BPF_TABLE_PINNED("hash", struct aff4_match_key, __u32, ebpflb_affpair4,
-		 EBPFLB_AFFINITY_MAX, EBPFLB_PIN_DIR "/ebpflb_affpair4");
+		 EBPFLB_AFFINITY_MAX, EBPFLB_PIN_DIR "/ebpflb_affpair4", BPF_F_NO_PREALLOC);
 
 /* ifindex -> the node address on it: the SNAT source for flows arriving there. */
 BPF_TABLE_PINNED("hash", __u32, __be32, ebpflb_ifaddr4,
-		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifaddr4");
+		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifaddr4", BPF_F_NO_PREALLOC);
 
 /* Per-CPU event counters (STAT_*), summed by the agent at scrape time. */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, ebpflb_stats,

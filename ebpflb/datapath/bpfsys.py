@@ -314,8 +314,10 @@ def map_create(
     btf_key_type_id: int = 0,
     btf_value_type_id: int = 0,
     name: str = "",
+    inner_map_fd: int = 0,
 ) -> int:
-    """Create an (unpinned) map; the caller owns the fd."""
+    """Create an (unpinned) map; the caller owns the fd. `inner_map_fd`: the template of a
+    map-in-map's inner maps."""
     attr = _MapCreateAttr(
         map_name=name.encode()[:15],
         map_type=map_type,
@@ -323,6 +325,7 @@ def map_create(
         value_size=value_size,
         max_entries=max_entries,
         map_flags=flags,
+        inner_map_fd=inner_map_fd,
         btf_fd=btf_fd,
         btf_key_type_id=btf_key_type_id,
         btf_value_type_id=btf_value_type_id,

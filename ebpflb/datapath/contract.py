@@ -48,7 +48,12 @@ SRC_RANGE_EXACT_PREFIXLEN = SRC_RANGE_ID_PREFIXLEN + 32  # a lookup of one addre
 # Map flags from uapi/linux/bpf.h that maps.h uses.
 BPF_F_NO_PREALLOC = 1 << 0
 BPF_F_MMAPABLE = 1 << 10
-MAP_FLAG_NAMES = {"BPF_F_NO_PREALLOC": BPF_F_NO_PREALLOC, "BPF_F_MMAPABLE": BPF_F_MMAPABLE}
+BPF_F_INNER_MAP = 1 << 12  # an inner map of any max_entries (5.10)
+MAP_FLAG_NAMES = {
+    "BPF_F_NO_PREALLOC": BPF_F_NO_PREALLOC,
+    "BPF_F_MMAPABLE": BPF_F_MMAPABLE,
+    "BPF_F_INNER_MAP": BPF_F_INNER_MAP,
+}
 
 
 # ---- flags and counters -------------------------------------------------------------------
@@ -410,11 +415,13 @@ class MapName(enum.StrEnum):
     SERVICES = "ebpflb_svc4"
     BACKENDS = "ebpflb_be4"
     SLOTS = "ebpflb_slots"
+    SLOTS_REF = "ebpflb_slotref"
     SERVICE_META = "ebpflb_svcmeta"
     REVERSE_SOCK = "ebpflb_revsk4"
     SOCK_STORAGE = "ebpflb_sockrev4"
     STATS = "ebpflb_stats"
     CONNTRACK = "ebpflb_ct4"
+    CONNTRACK_REF = "ebpflb_ct4ref"
     REPLY_NAT = "ebpflb_rnat4"
     SOURCE_RANGES = "ebpflb_srcrng4"
     IFACE_ADDRS = "ebpflb_ifaddr4"
@@ -431,11 +438,12 @@ class MapType(enum.IntEnum):
     PERCPU_ARRAY = 6
     LRU_HASH = 9
     LPM_TRIE = 11
+    ARRAY_OF_MAPS = 12
     SK_STORAGE = 24
 
     @property
     def c_name(self) -> str:
-        """As BCC's BPF_TABLE spells it."""
+        """As BCC's BPF_TABLE spells it (a map-in-map adds "$" and its inner map)."""
         return self.name.lower()
 
 
@@ -481,7 +489,14 @@ class MapSpec:
 MAPS: dict[MapName, MapSpec] = {
     spec.name: spec
     for spec in (
-        MapSpec(MapName.SERVICES, MapType.HASH, Lb4SvcKey, Lb4SvcVal, MAX_SERVICES),
+        MapSpec(
+            MapName.SERVICES,
+            MapType.HASH,
+            Lb4SvcKey,
+            Lb4SvcVal,
+            MAX_SERVICES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
         # Indexed by backend id, 1..max_backends (0 is never allocated).
         MapSpec(MapName.BACKENDS, MapType.ARRAY, ct.c_uint32, Lb4Backend, MAX_BACKENDS, extra=1),
         MapSpec(
@@ -491,9 +506,18 @@ MAPS: dict[MapName, MapSpec] = {
             Lb4SlotPair,
             SLOT_POOL_SIZE,
             per_entry=SLOTS_PER_ELEMENT,
-            flags=BPF_F_MMAPABLE,
+            flags=BPF_F_MMAPABLE | BPF_F_INNER_MAP,
         ),
-        MapSpec(MapName.SERVICE_META, MapType.HASH, ct.c_uint32, Lb4SvcMeta, MAX_SERVICES),
+        # The slot pool the programs use (growable.py): one slot holding ebpflb_slots.
+        MapSpec(MapName.SLOTS_REF, MapType.ARRAY_OF_MAPS, ct.c_uint32, ct.c_uint32, 1),
+        MapSpec(
+            MapName.SERVICE_META,
+            MapType.HASH,
+            ct.c_uint32,
+            Lb4SvcMeta,
+            MAX_SERVICES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
         MapSpec(MapName.REVERSE_SOCK, MapType.LRU_HASH, Lb4RevskKey, Lb4RevskVal, REV_SK_MAX),
         # Per-socket storage: no entries of its own (max_entries 0); keyed by a socket fd.
         MapSpec(
@@ -505,7 +529,11 @@ MAPS: dict[MapName, MapSpec] = {
             flags=BPF_F_NO_PREALLOC,
         ),
         MapSpec(MapName.CONNTRACK, MapType.LRU_HASH, Flow4, Ct4Entry, CT_MAX),
-        MapSpec(MapName.REPLY_NAT, MapType.HASH, Flow4, Rnat4Val, RNAT_MAX),
+        # The conntrack table the programs use (growable.py): one slot holding ebpflb_ct4.
+        MapSpec(MapName.CONNTRACK_REF, MapType.ARRAY_OF_MAPS, ct.c_uint32, ct.c_uint32, 1),
+        MapSpec(
+            MapName.REPLY_NAT, MapType.HASH, Flow4, Rnat4Val, RNAT_MAX, flags=BPF_F_NO_PREALLOC
+        ),
         MapSpec(
             MapName.SOURCE_RANGES,
             MapType.LPM_TRIE,
@@ -514,9 +542,23 @@ MAPS: dict[MapName, MapSpec] = {
             SRC_RANGE_MAX,
             flags=BPF_F_NO_PREALLOC,
         ),
-        MapSpec(MapName.IFACE_ADDRS, MapType.HASH, ct.c_uint32, ct.c_uint32, MAX_IFACES),
+        MapSpec(
+            MapName.IFACE_ADDRS,
+            MapType.HASH,
+            ct.c_uint32,
+            ct.c_uint32,
+            MAX_IFACES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
         MapSpec(MapName.AFFINITY, MapType.LRU_HASH, Aff4Key, Aff4Val, AFFINITY_MAX),
-        MapSpec(MapName.AFFINITY_MATCH, MapType.HASH, Aff4MatchKey, ct.c_uint32, AFFINITY_MAX),
+        MapSpec(
+            MapName.AFFINITY_MATCH,
+            MapType.HASH,
+            Aff4MatchKey,
+            ct.c_uint32,
+            AFFINITY_MAX,
+            flags=BPF_F_NO_PREALLOC,
+        ),
         MapSpec(MapName.STATS, MapType.PERCPU_ARRAY, ct.c_uint32, ct.c_uint64, STAT_MAX),
         # Indexed by service id, 1..max_services (0 is never allocated).
         MapSpec(
@@ -528,4 +570,16 @@ MAPS: dict[MapName, MapSpec] = {
             extra=1,
         ),
     )
+}
+
+# Growable maps (ebpflb.datapath.growable): the map -> the ref map the programs reach it
+# through. Its MapSpec's max_entries is the limit it may grow to; it starts at
+# INITIAL_ENTRIES (at most the limit) and doubles when full.
+GROWABLE: dict[MapName, MapName] = {
+    MapName.SLOTS: MapName.SLOTS_REF,
+    MapName.CONNTRACK: MapName.CONNTRACK_REF,
+}
+INITIAL_ENTRIES: dict[MapName, Callable[[Config], int]] = {
+    MapName.SLOTS: lambda c: c.slot_pool_initial // SLOTS_PER_ELEMENT,
+    MapName.CONNTRACK: lambda c: c.ct_initial,
 }

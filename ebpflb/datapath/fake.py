@@ -83,9 +83,10 @@ class FakeMap(Generic[K, V]):
 class FakeSlotPool:
     """An array of slots, written in whole pairs like the kernel's."""
 
-    def __init__(self, name: str, capacity: int) -> None:
+    def __init__(self, name: str, capacity: int, limit: int | None = None) -> None:
         self.name = name
         self.capacity = capacity
+        self.limit = capacity if limit is None else limit
         self.array: SlotArray = np.zeros(capacity, dtype=np.uint32)
         self.slots_written = 0
         self.batches = 0  # write_many calls
@@ -113,6 +114,12 @@ class FakeSlotPool:
 
     def read(self, offset: int, count: int) -> SlotArray:
         return self.array[offset : offset + count].copy()
+
+    def grow(self, capacity: int) -> None:
+        if not self.capacity < capacity <= self.limit or capacity % SLOTS_PER_ELEMENT:
+            raise MapError(f"{self.name}: cannot grow from {self.capacity} to {capacity} slots")
+        self.array = np.concatenate([self.array, np.zeros(capacity - self.capacity, np.uint32)])
+        self.capacity = capacity
 
 
 class FakeServiceCounters:
@@ -150,6 +157,7 @@ class FakeMapSet:
         max_services: int = 1024,
         max_backends: int = 1024,
         slot_pool_size: int = 1 << 20,
+        slot_pool_limit: int | None = None,
         src_range_max: int = 1024,
         ct_max: int = 1024,
         rnat_max: int = 1024,
@@ -160,7 +168,7 @@ class FakeMapSet:
         )
         self.backends: FakeMap[int, BackendEntry] = FakeMap(MapName.BACKENDS.value, max_backends)
         self.service_meta: FakeMap[int, str] = FakeMap(MapName.SERVICE_META.value, max_services)
-        self.slots = FakeSlotPool(MapName.SLOTS.value, slot_pool_size)
+        self.slots = FakeSlotPool(MapName.SLOTS.value, slot_pool_size, slot_pool_limit)
         self.source_ranges: FakeMap[SourceRange, int] = FakeMap(
             MapName.SOURCE_RANGES.value, src_range_max
         )

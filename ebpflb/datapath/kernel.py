@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ebpflb.datapath import bpfsys, codecs, contract, layout, sockdiag
+from ebpflb.datapath import bpfsys, codecs, contract, growable, layout, sockdiag
 from ebpflb.datapath.codecs import Codec
 from ebpflb.datapath.contract import Counter, MapName
 from ebpflb.datapath.elementio import (
@@ -186,7 +186,9 @@ class BackendArray(KernelMap[int, V]):
 class KernelMapSet:
     """Every pinned ebpflb map, opened by path (MapSet protocol)."""
 
-    def __init__(self, bpffs_dir: Path) -> None:
+    def __init__(self, bpffs_dir: Path, slot_limit: int | None = None) -> None:
+        """`slot_limit`: slots the pool may grow to (the agent's --slot-pool-size); None
+        for a reader, which never grows it."""
         self.bpffs_dir = bpffs_dir
         missing = [m.value for m in MapName if not (bpffs_dir / m.value).exists()]
         if len(missing) == len(MapName):
@@ -205,7 +207,7 @@ class KernelMapSet:
         self.services = KernelMap(pins[MapName.SERVICES], codecs.FRONTEND, codecs.SERVICE)
         self.backends = BackendArray(pins[MapName.BACKENDS], codecs.U32, codecs.BACKEND)
         self.service_meta = KernelMap(pins[MapName.SERVICE_META], codecs.U32, codecs.META)
-        self.slots = KernelSlotPool(pins[MapName.SLOTS])
+        self.slots = KernelSlotPool(pins[MapName.SLOTS], slot_limit)
         self.source_ranges = KernelMap(pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8)
         self.conntrack = KernelMap(pins[MapName.CONNTRACK], codecs.FLOW, codecs.CONNTRACK)
         self.reply_nat = KernelMap(pins[MapName.REPLY_NAT], codecs.FLOW, codecs.NAT)
@@ -297,7 +299,10 @@ class KernelMapSet:
         }
 
     def map_infos(self) -> dict[str, bpfsys.MapInfo]:
-        return {m.value: p.info for m, p in self._pins.items()}
+        """What the kernel said of each map when opened (the slot pool: since it last grew)."""
+        infos = {m.value: p.info for m, p in self._pins.items()}
+        infos[MapName.SLOTS.value] = self.slots.pinned.info
+        return infos
 
     def count_entries(self, name: MapName) -> int:
         """Elements in a hash, LRU or LPM map now, at most its max_entries (see
@@ -307,6 +312,19 @@ class KernelMapSet:
         pinned = self._pins[name]
         io = ElementIO(pinned.fd, pinned.name, pinned.info.key_size, pinned.info.value_size)
         return count_entries(io, pinned.capacity)
+
+    def grow_conntrack(self, limit: int) -> tuple[int, int] | None:
+        """Double ebpflb_ct4 (at most to `limit`) once it is half full (growable.py):
+        (entries before, after), or None when it stays."""
+        pinned = self._pins[MapName.CONNTRACK]
+        before = pinned.capacity
+        if before >= limit or self.count_entries(MapName.CONNTRACK) * 2 < before:
+            return None
+        growable.grow_table(self.bpffs_dir, MapName.CONNTRACK, min(limit, before * 2))
+        pinned.close()  # the old table goes with its last user
+        self._pins[MapName.CONNTRACK] = grown = PinnedMap(pinned.path)
+        self.conntrack = KernelMap(grown, codecs.FLOW, codecs.CONNTRACK)
+        return before, grown.capacity
 
     def close(self) -> None:
         if hasattr(self, "slots"):

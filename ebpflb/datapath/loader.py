@@ -27,7 +27,7 @@ from functools import cache
 from pathlib import Path
 
 from ebpflb.config import Config, XdpMode
-from ebpflb.datapath import bpfsys, contract, netdev, pins, probes, programs
+from ebpflb.datapath import bpfsys, contract, growable, netdev, pins, probes, programs
 from ebpflb.datapath.programs import Function, Origin, ProgramSet
 from ebpflb.errors import AttachError, BpfLoadError
 
@@ -100,6 +100,7 @@ class SocketLB:
         self.features = features or probe_features()
         pins.ensure_bpffs(config.bpffs_dir)
         pins.drop_incompatible(config)
+        growable.ensure(config)  # the programs reach growable maps through pinned ref maps
         started = time.monotonic()
         self.programs = ProgramSet(
             BPF_DIR / "sock_lb.c",
@@ -173,6 +174,7 @@ class NodePortLB:
     def __init__(self, config: Config, features: Features | None = None) -> None:
         self.config = config
         self.features = features or probe_features()
+        growable.ensure(config)  # usually done by SocketLB already; idempotent
         started = time.monotonic()
         cflags = config.cflags() + self.features.cflags()
         self.programs = ProgramSet(

@@ -220,6 +220,15 @@ class SlotPool(Protocol):
         """Slots (twice the array's elements)."""
         ...
 
+    @property
+    def limit(self) -> int:
+        """Slots the pool may grow to (`capacity` when it cannot grow)."""
+        ...
+
+    def grow(self, capacity: int) -> None:
+        """Become `capacity` slots (even, above `capacity`, at most `limit`), every slot
+        kept and readable by the datapath throughout. MapError if it cannot."""
+
     def write(
         self, offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None = None
     ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
+import dataclasses
 import errno
 import logging
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, contract
+from ebpflb.datapath import bpfsys, contract, growable
 from ebpflb.datapath.contract import MapLayout, MapName
 from ebpflb.datapath.elementio import ElementIO
 from ebpflb.datapath.mounts import is_bpffs
@@ -71,8 +72,21 @@ def restrict_pin_dir(pin_dir: Path) -> None:
 
 
 def expected_map_layout(config: Config) -> dict[str, MapLayout]:
-    """Type, key and value sizes, max entries and flags of every pinned map."""
+    """Type, key and value sizes, max entries and flags of every pinned map (a growable
+    map's max entries: the limit it may grow to)."""
     return {name.value: spec.layout(config) for name, spec in contract.MAPS.items()}
+
+
+def compatible(name: str, actual: MapLayout, expected: MapLayout) -> bool:
+    """The pinned map can serve: its layout is the expected one, or, for a growable map,
+    the same but no larger than its limit (it grew that far)."""
+    if actual == expected:
+        return True
+    if MapName(name) not in contract.GROWABLE:
+        return False
+    return dataclasses.replace(actual, max_entries=expected.max_entries) == expected and (
+        actual.max_entries <= expected.max_entries
+    )
 
 
 def pinned_layout(path: Path) -> MapLayout | None:
@@ -101,10 +115,15 @@ def drop_incompatible(config: Config) -> list[str]:
     for name, expected in expected_map_layout(config).items():
         path = config.bpffs_dir / name
         actual = pinned_layout(path)
-        if actual is None or actual == expected:
+        if actual is None or compatible(name, actual, expected):
             continue
         if name == MapName.BACKENDS and _backends_to_array(path, actual, expected):
             continue
+        spec = contract.MAPS[MapName(name)]
+        if spec.name in contract.GROWABLE and growable.migrate(spec, config, path):
+            continue  # an older ebpflb's pool, copied: its tables stay readable
+        if spec.name not in contract.GROWABLE and growable.copy_into_new_layout(spec, config, path):
+            continue  # the same entries in the new layout: nothing to rebuild
         log.warning(
             "pinned map %s has layout %s, config wants %s: recreating it", path, actual, expected
         )
@@ -113,6 +132,10 @@ def drop_incompatible(config: Config) -> list[str]:
         except OSError as exc:
             raise KernelSetupError(f"cannot remove the stale pin {path}: {exc.strerror}") from exc
         dropped.append(name)
+    for name, ref in contract.GROWABLE.items():
+        if name.value in dropped:  # the ref map still holds the old one
+            with contextlib.suppress(FileNotFoundError):
+                (config.bpffs_dir / ref.value).unlink()
     return dropped
 
 
@@ -179,9 +202,11 @@ def remove_pins(bpffs_dir: Path) -> int:
     removed = 0
     if not bpffs_dir.exists():
         return 0
-    # The maps, and the programs pinned next to them (loader.program_pin).
+    # The maps, the programs pinned next to them (loader.program_pin), and a growable map's
+    # "_next" pin (an agent killed while growing it: growable.py).
     names = [name.value for name in MapName]
     names += [p.name for p in bpffs_dir.iterdir() if PROGRAM_PIN.match(p.name)]
+    names += [f"{name.value}_next" for name in contract.GROWABLE]
     for name in names:
         pin = bpffs_dir / name
         if pin.exists():

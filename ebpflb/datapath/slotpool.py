@@ -8,13 +8,14 @@ import contextlib
 import ctypes as ct
 import errno
 import mmap
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from ebpflb.datapath import bpfsys, contract
+from ebpflb.datapath import bpfsys, contract, growable
 from ebpflb.datapath.elementio import ElementIO, errno_error
 from ebpflb.datapath.maps import SLOTS_PER_ELEMENT, SlotArray, SlotWrite, slot_pairs, write_one
 from ebpflb.errors import MapError
@@ -32,9 +33,14 @@ class KernelSlotPool:
     ebpflb) is written with BPF_MAP_UPDATE_BATCH and read with BPF_MAP_LOOKUP_BATCH.
     """
 
-    def __init__(self, pinned: PinnedMap) -> None:
-        self.pinned = pinned
+    def __init__(self, pinned: PinnedMap, limit: int | None = None) -> None:
         self.name = pinned.name
+        self._open(pinned)
+        # Slots the pool may grow to (growable.py); None: it stays as it is (a reader).
+        self.limit = self.capacity if limit is None else max(limit, self.capacity)
+
+    def _open(self, pinned: PinnedMap) -> None:
+        self.pinned = pinned
         self.capacity = pinned.capacity * SLOTS_PER_ELEMENT
         self.io = ElementIO(pinned.fd, pinned.name, pinned.info.key_size, pinned.info.value_size)
         self._mmap: mmap.mmap | None = None
@@ -50,6 +56,32 @@ class KernelSlotPool:
     @property
     def mapped(self) -> bool:
         return self._slots is not None
+
+    def grow(self, capacity: int) -> None:
+        """Swap in a pool of `capacity` slots (at most `limit`) holding every slot of this
+        one. The agent is the pool's only writer, so the copy is exact: a program sees the
+        old pool or the new one, with the same tables."""
+        if not self.capacity < capacity <= self.limit or capacity % SLOTS_PER_ELEMENT:
+            raise MapError(f"{self.name}: cannot grow from {self.capacity} to {capacity} slots")
+        spec = contract.MAPS[contract.MapName.SLOTS]
+        fd = growable.create(spec, capacity // SLOTS_PER_ELEMENT)
+        try:
+            size = -(-capacity * 4 // mmap.PAGESIZE) * mmap.PAGESIZE
+            with mmap.mmap(fd, size) as memory:
+                new: SlotArray = np.frombuffer(memory, dtype=np.uint32, count=capacity)
+                new[: self.capacity] = self.read(0, self.capacity)
+                del new
+            growable.swap(self.pinned.path.parent, contract.MapName.SLOTS, fd)
+        except (OSError, bpfsys.BpfError) as exc:
+            raise MapError(f"growing {self.name} to {capacity} slots failed: {exc}") from exc
+        finally:
+            os.close(fd)
+        from ebpflb.datapath.kernel import PinnedMap
+
+        old = self.pinned
+        self.close()
+        old.close()
+        self._open(PinnedMap(old.path))
 
     def write(
         self, offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None = None

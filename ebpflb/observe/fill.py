@@ -116,7 +116,7 @@ def has_fill_level(name: MapName) -> bool:
     )
 
 
-_UNSIZED = (MapType.ARRAY, MapType.PERCPU_ARRAY, MapType.SK_STORAGE)
+_UNSIZED = (MapType.ARRAY, MapType.PERCPU_ARRAY, MapType.ARRAY_OF_MAPS, MapType.SK_STORAGE)
 
 
 def _levels(max_entries: Mapping[MapName, int], entries: Callable[[MapName], int]) -> list[MapFill]:

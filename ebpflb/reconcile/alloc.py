@@ -139,6 +139,15 @@ class SlotAllocator:
         self._insert(start, end - start)
         self.used -= size
 
+    def extend(self, capacity: int) -> None:
+        """The pool grew to `capacity`: the new room is free (merged with a free tail)."""
+        capacity -= capacity % self.align
+        if capacity <= self.capacity:
+            return
+        old, self.capacity = self.capacity, capacity
+        self.used += capacity - old  # release() takes it off again
+        self.release(old, capacity - old)
+
     def _take(self, start: int, size: int) -> None:
         length = self._lengths.pop(start)
         self._starts.remove(start)

@@ -184,7 +184,7 @@ class Planner:
             if reuse and current is not None:
                 offset = current.entry.table_off
             elif size:
-                offset = space.slots.allocate(size, label)
+                offset = space.allocate_slots(size, label)
             else:
                 offset = 0
         except EbpflbError:

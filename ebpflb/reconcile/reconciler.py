@@ -8,6 +8,7 @@ not a belief), diffs the desired state against it, and writes only the differenc
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from ebpflb import maglev
@@ -25,6 +26,8 @@ from ebpflb.reconcile.space import Space
 from ebpflb.reconcile.stale import purge_udp_flows
 from ebpflb.reconcile.state import Leftovers, MapContents, Realized, RealizedState
 from ebpflb.reconcile.write import Outcome, Writer
+
+log = logging.getLogger(__name__)
 
 
 class Reconciler:
@@ -306,6 +309,17 @@ class Reconciler:
         self._last_errors.update(report.failures)
 
     def _update_gauges(self) -> None:
+        for grow in self.space.grown:
+            log.info(
+                "%s grew from %d to %d slots (limit %d)",
+                grow.map,
+                grow.before,
+                grow.after,
+                grow.limit,
+            )
+            if self.metrics:
+                self.metrics.map_grows.labels(grow.map).inc()
+        self.space.grown.clear()
         if not self.metrics:
             return
         self.metrics.frontends.set(len(self.state))

@@ -231,8 +231,7 @@ class ManifestSource:
         if first:  # both kinds come from one read of the files
             seconds = time.monotonic() - started
             self._lists = {
-                kind: ListFigures(sum(1 for k, _ in objects if k is kind), seconds)
-                for kind in Kind
+                kind: ListFigures(sum(1 for k, _ in objects if k is kind), seconds) for kind in Kind
             }
         self._reloads += 1
         # Only now: a reload that failed part-way is done again at the next poll.

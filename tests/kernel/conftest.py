@@ -23,6 +23,8 @@ from ebpflb.testing.netns import Cgroup, Topology
 PODS = {"pod1": "10.244.1.11", "pod2": "10.244.1.12", "pod3": "10.244.1.13"}
 TCP_PORT, UDP_PORT = 8080, 5353
 BPFFS_ROOT = Path("/sys/fs/bpf")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_session_per_machine() -> Iterator[None]:
     """One kernel test session (or bench) per machine at a time: see machinelock."""

@@ -18,7 +18,7 @@ import pytest
 from bcc import BPF
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, compiler, loader
+from ebpflb.datapath import bpfsys, compiler, growable, loader
 from ebpflb.datapath.contract import CtFlags, NatFlags
 from ebpflb.datapath.elementio import LOOKUP_CHUNK
 from ebpflb.datapath.kernel import KernelMapSet, PinnedMap
@@ -55,6 +55,7 @@ def pins() -> Iterator[Path]:
         src_range_max=LOOKUP_CHUNK + 100,
     )
     ensure_bpffs(path)
+    growable.ensure(config)  # as the loader does: the programs open the pinned ref maps
     bpf = compiler.compile_program(
         loader.BPF_DIR / "sock_lb.c", config.cflags() + loader.Features(False).cflags()
     )

@@ -213,7 +213,8 @@ def test_sigkill_during_large_syncs_never_exposes_a_half_written_frontend(
         sync_s = agent.status()["sync"]["first"]["duration_s"]
         agent.stop()
 
-        previous = snapshot(dump.collect(maps, flows=0))
+        with KernelMapSet(bpffs) as pinned:  # the pool as pinned now (it may have grown)
+            previous = snapshot(dump.collect(pinned, flows=0))
         for gen in range(2, CYCLES + 2):
             desired = write_generation(manifests, gen)
             agent = start_agent(*run, wait=False)
@@ -221,8 +222,10 @@ def test_sigkill_during_large_syncs_never_exposes_a_half_written_frontend(
             time.sleep(max(0.0, kill_at - time.monotonic()))
             agent.proc.kill()
             agent.stop()
-            # The `maps dump --json` document, read from the pins with no agent running.
-            report = dump.collect(maps, flows=0)
+            # The `maps dump --json` document, read from the pins with no agent running,
+            # opened again: an agent that grew the slot pool pinned a new one in its place.
+            with KernelMapSet(bpffs) as pinned:
+                report = dump.collect(pinned, flows=0)
             errors = consistency_errors(report)
             assert not errors, f"cycle {gen}: {len(errors)} inconsistencies: {errors[:10]}"
             now = snapshot(report)

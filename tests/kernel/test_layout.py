@@ -20,7 +20,7 @@ from bcc import BPF
 from bcc.libbcc import lib
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, codecs, compiler, contract, loader
+from ebpflb.datapath import bpfsys, codecs, compiler, contract, growable, loader
 from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.elementio import ElementIO, raw_items
 from ebpflb.datapath.kernel import BackendArray, PinnedMap
@@ -77,6 +77,7 @@ def compiled() -> Iterator[tuple[Path, dict[str, object]]]:
     pins = Path("/sys/fs/bpf") / f"ebpflb-layout-{uuid.uuid4().hex[:8]}"
     config = dataclasses.replace(CONFIG, bpffs_dir=pins)
     ensure_bpffs(pins)
+    growable.ensure(config)  # as the loader does: BCC opens the pinned ref maps
     flags = config.cflags() + loader.Features(False).cflags()
     programs = [
         compiler.compile_program(loader.BPF_DIR / source, flags)
@@ -99,7 +100,9 @@ def compiled() -> Iterator[tuple[Path, dict[str, object]]]:
         pins.rmdir()
 
 
-@pytest.mark.parametrize("name", list(MapName), ids=lambda m: m.value)
+@pytest.mark.parametrize(
+    "name", [m for m in MapName if m not in contract.GROWABLE], ids=lambda m: m.value
+)
 def test_mirrors_match_bcc_types(compiled: tuple[Path, dict[str, object]], name: MapName) -> None:
     _, tables = compiled
     assert name.value in tables, f"{name.value} is not declared in bpf/lib/maps.h"
@@ -181,3 +184,18 @@ def test_an_older_backend_hash_is_replaced_by_the_array_with_its_backends(
         for pin in pins.iterdir():
             pin.unlink()
         pins.rmdir()
+
+
+@pytest.mark.parametrize("name", list(contract.GROWABLE), ids=lambda m: m.value)
+def test_a_growable_map_is_the_one_its_ref_map_holds(
+    compiled: tuple[Path, dict[str, object]], name: MapName
+) -> None:
+    """The programs reach the map through its ref map: both pins name the same map."""
+    pins, _ = compiled
+    fd = bpfsys.obj_get(str(pins / name.value))
+    ref = bpfsys.obj_get(str(pins / contract.GROWABLE[name].value))
+    try:
+        assert growable._ref_get(ref, "ref") == bpfsys.map_info(fd, name.value).id
+    finally:
+        os.close(fd)
+        os.close(ref)

@@ -46,9 +46,10 @@ def test_fill_levels_and_kube_proxy_sync_metrics(
     assert scrape.value("ebpflb_map_capacity", map="ebpflb_svc4") == defaults.max_services
     # web (TCP 8080) and dns (UDP 5353) on the same three pods: six backends.
     assert scrape.value("ebpflb_map_entries", map="ebpflb_be4") == 2 * len(PODS)
-    assert scrape.value("ebpflb_map_capacity", map="ebpflb_slots") == defaults.slot_pool_size
+    # The slot pool starts at its initial size (it grows up to slot_pool_size).
+    assert scrape.value("ebpflb_map_capacity", map="ebpflb_slots") == defaults.slot_pool_initial
     ct = scrape.value("ebpflb_map_capacity", map="ebpflb_ct4")
-    assert ct == defaults.ct_max and scrape.value("ebpflb_map_entries", map="ebpflb_ct4") == 0
+    assert ct == defaults.ct_initial and scrape.value("ebpflb_map_entries", map="ebpflb_ct4") == 0
     # The first sync was a full one, and succeeded.
     assert scrape.value("kubeproxy_sync_full_proxy_rules_duration_seconds_count", **IPV4) == 1
     synced = scrape.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds", **IPV4)

@@ -167,7 +167,7 @@ def test_every_hash_map_has_a_fill_level_and_no_counter_array() -> None:
     """A map added to the contract gets a fill level if it can fill up (counted in the
     kernel unless the reconciler knows it): arrays of counters by index and socket storage
     cannot; the slot pool and the backend array (indexed by allocated ids) can."""
-    unsized = (MapType.ARRAY, MapType.PERCPU_ARRAY, MapType.SK_STORAGE)
+    unsized = (MapType.ARRAY, MapType.PERCPU_ARRAY, MapType.ARRAY_OF_MAPS, MapType.SK_STORAGE)
     for name, spec in MAPS.items():
         assert has_fill_level(name) == (
             name in (MapName.SLOTS, MapName.BACKENDS) or spec.type not in unsized

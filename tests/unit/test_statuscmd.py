@@ -209,3 +209,22 @@ def test_the_pins_render_when_the_agent_does_not_answer() -> None:
         },
     }
     assert statuscmd.render_text(document) == EXPECTED_PINS
+
+
+def test_a_grown_map_shows_how_often_it_grew() -> None:
+    samples = statuscmd.metric_samples(
+        'ebpflb_map_entries{map="ebpflb_slots"} 7140\n'
+        'ebpflb_map_capacity{map="ebpflb_slots"} 7168\n'
+        'ebpflb_map_grows_total{map="ebpflb_slots"} 5\n'
+        'ebpflb_map_entries{map="ebpflb_svc4"} 14\n'
+        'ebpflb_map_capacity{map="ebpflb_svc4"} 65536\n'
+    )
+    levels = statuscmd.fill_from_metrics(samples)
+    assert levels["ebpflb_slots"]["grows"] == 5 and "grows" not in levels["ebpflb_svc4"]
+    document = {**status_document(), "maps": levels, "maps_from": "agent"}
+    lines = {
+        line.split()[0]: line
+        for line in statuscmd.render_text(document, now=NOW).splitlines()
+        if line.startswith("ebpflb_")
+    }
+    assert lines["ebpflb_slots"].endswith("grew 5x") and "grew" not in lines["ebpflb_svc4"]
