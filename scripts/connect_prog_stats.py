@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ebpflb.bench.agentrun import running_agent
 from ebpflb.bench.scenario import bench_services
+from ebpflb.testing.machinelock import machine_lock
 from ebpflb.testing.netns import Cgroup
 
 CLIENT = r"""
@@ -179,13 +180,15 @@ def main(argv: list[str]) -> int:
         else:
             sizes.append(int(arg))
     stats = Path("/proc/sys/kernel/bpf_stats_enabled")
-    previous = stats.read_text().strip()
-    stats.write_text("1\n")
-    try:
-        for n in sizes:
-            measure(n, connects, rounds, variants or [Variant("this", None, [])])
-    finally:
-        stats.write_text(previous + "\n")
+    # Its namespaces and agents must not meet a kernel test session's leftover checks.
+    with machine_lock("scripts/connect_prog_stats.py"):
+        previous = stats.read_text().strip()
+        stats.write_text("1\n")
+        try:
+            for n in sizes:
+                measure(n, connects, rounds, variants or [Variant("this", None, [])])
+        finally:
+            stats.write_text(previous + "\n")
     return 0
 
 
