@@ -34,7 +34,7 @@ from ebpflb.fields import show
 
 MANIFEST = "Manifest"  # the kind a document that is not an object yet is reported as
 MAX_DEPTH = 100  # Kubernetes objects nest a dozen levels
-_DOC_SEPARATOR = re.compile(r"^---[ \t]*(?:#.*)?$", re.MULTILINE)
+_DOC_SEPARATOR = re.compile(r"^---[ \t]*(?:#.*)?(?:\n|$)", re.MULTILINE)  # with its line break
 _ALIAS_SLACK, _ALIAS_RATIO = 10_000, 10  # as goyaml: aliases may not multiply a document
 
 
@@ -105,13 +105,16 @@ class _Fallback:
 PYYAML: Any = _Fallback()
 """fast_read's answer for a document that PyYAML must read."""
 
-# What rapidyaml reads differently or not at all: anchors, aliases, tags (&, *, !), a
-# directive (%), the reserved indicators PyYAML refuses (@, `), tabs (PyYAML refuses more of
-# them), YAML 1.1's other line breaks (\r\n is read as \n), document markers, a character
-# PyYAML refuses. Anywhere in the text, even quoted: then PyYAML reads it (only slower).
+# What rapidyaml reads differently or not at all: anchors, aliases, tags (&, *, !), the
+# reserved indicators PyYAML refuses (@, `), tabs (PyYAML refuses more of them), YAML 1.1's
+# other line breaks (\r\n is read as \n), a character PyYAML refuses; and, at the start of a
+# line, a directive (%) or a document marker. Anywhere in the text, even quoted: then
+# PyYAML reads it, which is only slower. Most manifests are ASCII: a short class for them.
 _PYYAML_BREAKS = "\t\r\x85\u2028\u2029\ufeff"
 _REFUSED = "[^\x0a\x0d\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
-_NOT_FAST = re.compile(f"[&*!@`{_PYYAML_BREAKS}]|^%|^---|^\\.\\.\\.|{_REFUSED}", re.MULTILINE)
+_NOT_FAST = re.compile(f"[&*!@`{_PYYAML_BREAKS}]|{_REFUSED}")
+_NOT_FAST_ASCII = re.compile("[&*!@`\t\r\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_LINE_STARTS = ("%", "---", "...")
 # In JSON text, where the indicators are inside strings.
 _NOT_JSON = re.compile(f"[{_PYYAML_BREAKS}]|{_REFUSED}")
 # A JSON string PyYAML could resolve to another type, had it been a plain scalar: a superset
@@ -126,7 +129,8 @@ _UNQUOTED_TYPES = (
     r'|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9][0-9]?[^"]*'
     r"|<<|="
 )
-_AMBIGUOUS = re.compile(f'"(?:{_UNQUOTED_TYPES})"')
+# (The lookahead skips most strings at once: 3 times faster.)
+_AMBIGUOUS = re.compile(f'"(?=[-+.0-9~<=yYnNtTfFoO"])(?:{_UNQUOTED_TYPES})"')
 
 
 # Flow collections other than an empty [] or {}: rapidyaml takes some text PyYAML refuses
@@ -163,9 +167,11 @@ def fast_read(text: str) -> Any:
             return doc
     if "\r" in text:
         text = text.replace("\r\n", "\n")
-    if _NOT_FAST.search(text):
+    if (_NOT_FAST_ASCII if text.isascii() else _NOT_FAST).search(text):
         return PYYAML
-    if _FLOW.search(text):
+    if any(text.startswith(m) or f"\n{m}" in text for m in _LINE_STARTS):
+        return PYYAML
+    if ("[" in text or "{" in text or "]" in text or "}" in text) and _FLOW.search(text):
         return PYYAML
     try:
         tree = ryml.parse_in_arena(text.encode())
@@ -184,7 +190,9 @@ def fast_read(text: str) -> Any:
 def _json(text: str) -> Any:
     """`text` as JSON, or PYYAML if PyYAML might read it otherwise (a float, a duplicate key,
     a surrogate pair escape, deep nesting) or it is not JSON."""
-    if _SURROGATE_ESCAPE.search(text) or text.count("{") + text.count("[") > MAX_DEPTH:
+    if ("\\u" in text and _SURROGATE_ESCAPE.search(text)) or (
+        text.count("{") + text.count("[") > MAX_DEPTH
+    ):
         return PYYAML
     try:
         return _JSON.decode(text)
