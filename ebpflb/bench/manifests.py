@@ -8,8 +8,11 @@ checks that each document reads back as scenario.py's objects.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ebpflb.bench.scenario import (
     AFFINITY_TIMEOUT,
@@ -95,6 +98,28 @@ def manifest_text(services: Sequence[BenchService]) -> str:
     return "---\n".join(documents(services))
 
 
-def write_manifests(path: Path, services: Sequence[BenchService]) -> Path:
-    path.write_text(manifest_text(services))
-    return path
+@dataclass
+class ManifestFile:
+    """The file the agent reads, and its documents as last written."""
+
+    path: Path
+    documents: list[str]
+
+    @classmethod
+    def write(cls, path: Path, services: Sequence[BenchService]) -> ManifestFile:
+        written = cls(path, documents(services))
+        path.write_text("---\n".join(written.documents))
+        return written
+
+    def write_change(self, slice_object: Mapping[str, Any]) -> None:
+        """Replace one service's EndpointSlice document by `slice_object` and write the
+        file as a ConfigMap update or `kubectl`-style tooling does: a new file renamed over
+        the old, so the agent never reads it half-written."""
+        name = slice_object["metadata"]["labels"]["kubernetes.io/service-name"]
+        index = int(name.removeprefix("svc-"))  # scenario's names: svc-NNNNNN
+        not_ready = sum(1 for e in slice_object["endpoints"] if not e["conditions"]["ready"])
+        svc = BenchService(index, len(slice_object["endpoints"]))
+        self.documents[2 * index + 1] = slice_text(svc, not_ready=not_ready)
+        staged = self.path.with_name(f".{self.path.name}.new")
+        staged.write_text("---\n".join(self.documents))
+        os.replace(staged, self.path)
