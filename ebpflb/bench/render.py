@@ -304,7 +304,7 @@ def render_sync(run: SyncRun) -> str:
         else "ebpflb: `ebpflb run --kubeconfig` on the fake API server (127.0.0.1), real BPF maps",
         *startup_lines(run.startup),
         _row(
-            "one document edited, file written -> map entry"
+            "one document edited: file write -> map entry"
             if manifests
             else "one slice change -> map entry written",
             f"{_spread(run.change_to_map_s)}, {len(run.change_to_map_s)} changes",
@@ -314,11 +314,11 @@ def render_sync(run: SyncRun) -> str:
         start, worst = run.startup.start_to_synced_s, max(run.change_to_map_s)
         lines += [
             _row(
-                f"  target: start -> synced <= {MANIFESTS_START_TARGET_S:g} s at 10,000",
+                f"  target (10,000): start -> synced <= {MANIFESTS_START_TARGET_S:g} s",
                 f"{_verdict(start <= MANIFESTS_START_TARGET_S)} ({_ms(start)} at {n:,})",
             ),
             _row(
-                f"  target: edit -> map < {MANIFESTS_EDIT_TARGET_S:g} s (20,000 documents)",
+                f"  target (20,000 docs): edit -> map < {MANIFESTS_EDIT_TARGET_S:g} s",
                 f"{_verdict(worst < MANIFESTS_EDIT_TARGET_S)} (worst {_ms(worst)} of"
                 f" {2 * n:,} documents)",
             ),

@@ -71,9 +71,9 @@ def test_the_manifests_sync_report_judges_the_targets() -> None:
     )
     text = render.render(run)
     assert "`ebpflb run --manifests FILE`, one file of 20,000 documents" in text
-    assert "one document edited, file written -> map entry" in text
-    assert "target: start -> synced <= 3 s at 10,000" in text
-    assert "target: edit -> map < 1 s (20,000 documents)" in text
+    assert "one document edited: file write -> map entry" in text
+    assert "target (10,000): start -> synced <= 3 s" in text
+    assert "target (20,000 docs): edit -> map < 1 s" in text
     assert "MISSED (worst 1.20 s of 20,000 documents)" in text
 
 
