@@ -130,7 +130,21 @@ _UNQUOTED_TYPES = (
     r"|<<|="
 )
 # (The lookahead skips most strings at once: 3 times faster.)
-_AMBIGUOUS = re.compile(f'"(?=[-+.0-9~<=yYnNtTfFoO"])(?:{_UNQUOTED_TYPES})"')
+_AMBIGUOUS = re.compile(f'"(?=[-+.0-9~<=yYnNtTfFoO"])({_UNQUOTED_TYPES})"')
+
+
+def _quoted_in(text: str, content: str) -> bool:
+    """Whether every string `content` in the JSON was quoted in the YAML `text`: each of
+    its occurrences there stands between quotes. A plain scalar's text is in the document
+    as it is, between neither quote, unless it was folded over lines (then it holds a
+    space) or rapidyaml rewrote it (nan, inf: always left to PyYAML), or the JSON escapes
+    a character of it. kubectl's output quotes its numeric strings and timestamps
+    (resourceVersion: "12345"), annotations their "true": those are read fast. An empty
+    string is left to PyYAML (an empty key reads as null there)."""
+    low = content.lower()
+    if not content or " " in content or "\\" in content or "nan" in low or "inf" in low:
+        return False
+    return text.count(content) == text.count(f'"{content}"') + text.count(f"'{content}'")
 
 
 # Flow collections other than an empty [] or {}: rapidyaml takes some text PyYAML refuses
@@ -175,14 +189,15 @@ def fast_read(text: str) -> Any:
         return PYYAML
     try:
         tree = ryml.parse_in_arena(text.encode())
-        if tree.is_stream(tree.root_id()):  # `--- x` lines, a directive: PyYAML decides
+        root = tree.root_id()
+        # Only a mapping or an array: a stream (`--- x` lines, a directive), a document of
+        # one scalar (never an object) or of none (comments) is PyYAML's.
+        if tree.is_stream(root) or not (tree.is_map(root) or tree.is_seq(root)):
             return PYYAML
         emitted = ryml.emit_json(tree)
     except Exception:  # ryml.ExceptionParse, ExceptionVisit (too deep), ...
         return PYYAML
-    if emitted is None:
-        return None  # no content: comments only
-    if _AMBIGUOUS.search(emitted):
+    if any(not _quoted_in(text, m.group(1)) for m in _AMBIGUOUS.finditer(emitted)):
         return PYYAML
     return _json(emitted)
 

@@ -64,7 +64,9 @@ PIECES = [
     *("e", "_", "\\", "|", ">", "|-", ">+", "?", "[", "]", "{", "}", ",", "y", "~", "True"),
     *("\t", "\r", "\r\n", "\x85", "\u2028", "\ufeff", "...", "--- ", "%", "0x", "1e3", " #c"),
     *("\\n", "\\t", "\\x41", "\\u00e9", "\\ud83d", "\\\n", "-0", "12:30", "2024-01-01", "="),
-    *("<<", "[]", "{}", "@", "`", ".inf", "NaN", "0o7", "1_000", "null", "off"),
+    *("<<", "[]", "{}", "@", "`", ".inf", "NaN", "0o7", "1_000", "null", "off", "nan", "inf"),
+    *('"yes"', "'80'", '"2024-01-01"', '"12:30"', "'~'", '"true"', "'.inf'", '""', "''"),
+    *("a: '1'\n", 'b: "1"\n', "c: 1\n", "- '07'\n", "'0x1F': 1\n", "  ", "e: |-\n  yes\n"),
 ]
 fragments = st.lists(st.sampled_from(PIECES) | st.text(max_size=3), max_size=30).map("".join)
 
@@ -106,7 +108,7 @@ def test_generated_services_and_slices_take_the_fast_path() -> None:
         "a: 1_000\n",
         "a: 1e3\n",  # a string for PyYAML, a number for rapidyaml
         "a: 1.5\n",  # floats: PyYAML decides
-        "a: '80'\n",  # "80": was it quoted? the JSON does not say
+        "a: 80\nb: '80'\n",  # "80" in the JSON: quoted, but 80 stands unquoted too
         "a: ~\n",
         "a: 2024-01-01\n",
         "a: &x 1\nb: *x\n",
@@ -129,7 +131,18 @@ def test_plain_block_documents_and_json_take_the_fast_path() -> None:
     assert fast_read(block) == {"a": {"b": [], "c": {}, "d": [1, "x"], "e": True, "f": None,
                                       "g": "t\n"}}  # fmt: skip
     assert fast_read('{"a": [1, "2", true, null]}') == {"a": [1, "2", True, None]}
-    assert fast_read("# only a comment\n") is None
+    assert fast_read("# only a comment\n") is PYYAML  # which reads None
+
+
+def test_strings_quoted_as_kubectl_quotes_them_take_the_fast_path() -> None:
+    text = (
+        'apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  resourceVersion: "12345"\n'
+        '  creationTimestamp: "2024-05-01T10:00:00Z"\n  annotations:\n'
+        '    service.beta.kubernetes.io/aws-load-balancer-internal: "true"\n'
+        "    x: '0x1F'\nspec:\n  ports:\n  - port: 80\n    targetPort: \"8080\"\n"
+    )
+    assert check_same_as_pyyaml(text)
+    assert fast_read(text)["metadata"]["resourceVersion"] == "12345"
 
 
 def test_without_rapidyaml_pyyaml_reads_everything_and_says_why(
