@@ -80,18 +80,21 @@ def test_the_manifests_sync_report_judges_the_targets() -> None:
 def test_a_manifest_change_edits_only_that_services_slice_document(tmp_path: Path) -> None:
     from ebpflb.bench.manifests import ManifestFile
     from ebpflb.bench.scenario import bench_services, objects, slice_object
-    from ebpflb.sources.manifests import read_file
+    from ebpflb.sources.manifests import read_file, scan_file
 
     services = bench_services(20, 3)
     file = ManifestFile.write(tmp_path / "s.yaml", services)
     before = read_file(file.path)
     assert not before.problems and list(before.objects.values()) == list(objects(services))
+    scan, _ = scan_file(file.path)
     file.write_change(slice_object(services[7], not_ready=1))
-    after = read_file(file.path, before.readings)
+    after, fresh = scan_file(file.path, scan.readings)
     assert after.parsed == 1
-    changed = [key for key, obj in after.objects.items() if obj != before.objects[key]]
-    assert [ref.name for _, ref in changed] == ["svc-000007-bench"]
-    assert after.objects[changed[0]] == slice_object(services[7], not_ready=1)
+    assert list(fresh.values()) == [slice_object(services[7], not_ready=1)]
+    assert read_file(file.path).objects == {
+        **before.objects,
+        **{key: fresh[token] for key, token in after.held.items() if token in fresh},
+    }
     assert not list(tmp_path.glob(".*"))  # the staged file was renamed over the old one
 
 

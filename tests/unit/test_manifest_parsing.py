@@ -18,7 +18,7 @@ from ebpflb.errors import Fault, InvalidObjectError
 from ebpflb.sources import documents
 from ebpflb.sources.base import Kind
 from ebpflb.sources.documents import PYYAML, fast_read, parse_document, split_documents
-from ebpflb.sources.manifests import ManifestSource, read_file
+from ebpflb.sources.manifests import ManifestSource, digest, scan_file
 from tests.unit.fuzzing import fuzz
 from tests.unit.test_fuzz_manifests import dump, plain_values, yaml_ish
 from tests.unit.test_manifests import SERVICE, SLICE, Sink, sync
@@ -177,41 +177,35 @@ def test_a_read_again_parses_only_changed_and_added_documents(tmp_path: Path) ->
     path = tmp_path / "a.yaml"
     docs = [service(f"s{i}", f"10.96.0.{i + 1}") for i in range(5)]
     path.write_text("---\n".join(docs))
-    first = read_file(path)
-    assert first.parsed == 5 and len(first.objects) == 5
+    first, fresh = scan_file(path)
+    assert first.parsed == 5 and len(first.held) == 5 and len(fresh) == 5
     # s1 changed, s3 removed, s9 added, two documents swapped places: two parsed.
     docs[1] = service("s1", "10.96.1.1")
     del docs[3]
     docs.append(service("s9", "10.96.0.9"))
     docs[0], docs[2] = docs[2], docs[0]
     path.write_text("---\n".join(docs))
-    second = read_file(path, first.readings)
+    second, fresh = scan_file(path, first.readings)
     assert second.parsed == 2
-    assert {ref.name for _, ref in second.objects} == {"s0", "s1", "s2", "s4", "s9"}
-    s1 = next(obj for (_, ref), obj in second.objects.items() if ref.name == "s1")
-    assert s1["spec"]["clusterIP"] == "10.96.1.1"
-    # The unchanged documents give the very objects of the first read (compared cheaply).
-    for key, obj in second.objects.items():
+    assert {ref.name for _, ref in second.held} == {"s0", "s1", "s2", "s4", "s9"}
+    # Only the parsed documents' objects are given; the others are where they were.
+    assert sorted(obj["metadata"]["name"] for obj in fresh.values()) == ["s1", "s9"]
+    assert [obj["spec"]["clusterIP"] for obj in fresh.values()] == ["10.96.1.1", "10.96.0.9"]
+    for key, token in second.held.items():
         if key[1].name in ("s0", "s2", "s4"):
-            assert obj is first.objects[key]
-    assert set(second.readings) == {documents_digest(d) for d in docs}
-
-
-def documents_digest(text: str) -> bytes:
-    from ebpflb.sources.manifests import digest
-
-    return digest(text if text.endswith("\n") else text + "\n")
+            assert token == first.held[key]
+    assert set(second.readings) == {digest(d) for d in docs}
 
 
 def test_a_malformed_document_reread_names_its_new_place(tmp_path: Path) -> None:
     path = tmp_path / "a.yaml"
     broken = "kind: [unclosed\n"
     path.write_text(f"{SERVICE}---\n{broken}")
-    first = read_file(path)
+    first, _ = scan_file(path)
     (problem,) = first.problems
     assert f"{path} document 2: invalid YAML" in str(problem)
     path.write_text(f"{SLICE}---\n{SERVICE}---\n{broken}")  # moved: not parsed again
-    second = read_file(path, first.readings)
+    second, _ = scan_file(path, first.readings)
     assert second.parsed == 1  # the slice
     (problem,) = second.problems
     assert str(problem).startswith(f"Manifest {path} document 3: invalid YAML")
@@ -270,3 +264,34 @@ def test_a_file_changed_just_now_is_read_when_it_has_stayed_unchanged(tmp_path: 
         assert time.monotonic() - started >= 0.3
     finally:
         source.stop()
+
+
+def test_an_object_kept_from_a_broken_file_is_delivered_when_it_wins_again(
+    tmp_path: Path,
+) -> None:
+    """The source keeps documents' texts, not their objects: an object a broken file still
+    holds (its document gone in the broken edit) is parsed again from the kept text when
+    the later file stops defining it."""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(service("web", "10.96.0.1"))
+    b.write_text(service("web", "10.96.0.2"))  # the later file wins
+    sink = Sink()
+    source = ManifestSource(tmp_path, sink)
+    source.sync_once()
+    assert source.sync_once()
+    a.write_text("kind: [unclosed\n")  # broken: web from a.yaml is kept
+    assert sync(source, a)
+    b.write_text(SLICE)  # b.yaml no longer defines web: a.yaml's kept web wins
+    sink.events.clear()
+
+    delivered: list[str] = []
+    real = sink.object_updated
+
+    def updated(kind: Kind, obj: Any) -> None:
+        delivered.append(obj.get("spec", {}).get("clusterIP", ""))
+        real(kind, obj)
+
+    sink.object_updated = updated  # type: ignore[method-assign]
+    assert sync(source, b)
+    assert ("update", Kind.SERVICE, "web") in sink.events
+    assert "10.96.0.1" in delivered
