@@ -53,7 +53,9 @@ TESTS: Mapping[str, tuple[str, ...]] = {
     ),
     "sendmsg4": (f"{SOCKET_LB}::test_udp_reply_comes_from_the_clusterip",),
     "recvmsg4": (f"{SOCKET_LB}::test_udp_reply_comes_from_the_clusterip",),
-    "getpeername4": (f"{SOCKET_LB}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",),
+    "getpeername4": (
+        f"{SOCKET_LB}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",
+    ),
     "mmapable_array": (f"{BATCH}::test_the_slot_pool_is_mapped_and_written_as_memory",),
     "set_retval": (f"{SOCKET_LB}::test_service_without_endpoints_refuses_tcp_and_udp",),
     "batch_ops": (
