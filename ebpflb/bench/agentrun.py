@@ -6,7 +6,9 @@ from nothing" is the agent's cold start. The agent gets its own bpffs directory,
 cgroup (unless given one), map sizes with room for every service, and its health and
 metrics servers on 127.0.0.1 of its namespace; it is ready when /readyz says so, and its
 start-up figures come from /status (ebpflb.bench.agent). On exit everything it made goes.
-Used by `bench compare` (in the node namespace) and `bench sync`.
+Used by `bench compare` (in the node namespace) and `bench sync`. With `manifests`, the
+agent reads the services from one manifest file instead (`ebpflb run --manifests`), written
+before the spawn; the API server is then left empty.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ebpflb.bench.agent import AgentError, Endpoints, startup
+from ebpflb.bench.manifests import ManifestFile
 from ebpflb.bench.measure.changes import ChangeTiming, change_latencies
 from ebpflb.bench.measure.cost import process_cpu_seconds, process_memory
 from ebpflb.bench.records.agent import AgentStartup, MapSizes, ProcessMemory
@@ -78,10 +81,11 @@ class RunningAgent:
     endpoints: Endpoints
     startup: AgentStartup
     spawn: Callable[[], tuple[AgentProcess, AgentStartup]]
+    manifests: ManifestFile | None = None  # the agent's source, when not the API server
 
     def restart(self) -> AgentStartup:
         """Stop the agent (SIGTERM, as an upgrade would) and start it again on the same
-        pins, cgroup and API server; the new process's start-up figures."""
+        pins, cgroup and source; the new process's start-up figures."""
         self.agent.stop()
         self.agent, figures = self.spawn()
         return figures
@@ -97,8 +101,10 @@ class RunningAgent:
         return process_memory(self.pid)
 
     def change_latencies(self, picks: Sequence[int], *, pause: float) -> list[ChangeTiming]:
+        """One endpoint turning not ready per pick: in the API, or in the manifest file."""
+        write = self.manifests.write_change if self.manifests else self.api.update
         return change_latencies(
-            self.api, self.bpffs, self.services, picks, agent_pid=self.pid, pause=pause
+            write, self.bpffs, self.services, picks, agent_pid=self.pid, pause=pause
         )
 
 
@@ -112,13 +118,15 @@ def running_agent(
     sync_period: float = 3600.0,
     min_sync_period: float = 0.1,
     preexec_fn: Callable[[], None] | None = None,
+    manifests: bool = False,
 ) -> Iterator[RunningAgent]:
     """Serve `services` from a fake API server, start `ebpflb run` on it (inside `netns` if
     given, with `extra_args` such as `--interfaces eth0,eth1`), wait until it is ready and
     yield it with its start-up figures; stop it and remove everything it made on exit.
 
     `cgroup`: where socket-LB attaches (default: a test cgroup made here). `preexec_fn`
-    runs in the agent's process before exec (e.g. CPU affinity, a memory cgroup). Root only.
+    runs in the agent's process before exec (e.g. CPU affinity, a memory cgroup).
+    `manifests`: the services come from one manifest file, not the API server. Root only.
     """
     # Imported here so that `bench --help` works without bcc and without root.
     from ebpflb.datapath import loader
@@ -135,13 +143,19 @@ def running_agent(
     api = FakeApiServer()
     own_cgroup: Cgroup | None = None
     agents: list[AgentProcess] = []
+    manifest_file: ManifestFile | None = None
     try:
         # The agent's 127.0.0.1 is its namespace's: the API server must listen there.
         with thread_in_netns(netns) if netns else contextlib.nullcontext():
             api.start()
         loaded = time.perf_counter()
-        api.load(objects(list(services)))
-        api.compact()
+        if manifests:
+            manifest_file = ManifestFile.write(workdir / "services.yaml", services)
+            source_args = ["--manifests", str(manifest_file.path)]
+        else:
+            api.load(objects(list(services)))
+            api.compact()
+            source_args = ["--kubeconfig", str(api.write_kubeconfig(workdir / "kubeconfig"))]
         api_load_s = time.perf_counter() - loaded
         if cgroup is None:
             own_cgroup = Cgroup.create(f"ebpflb-bench-{tag}")
@@ -152,8 +166,7 @@ def running_agent(
             health=f"127.0.0.1:{health_port}", metrics=f"127.0.0.1:{metrics_port}", netns=netns
         )
         argv = [
-            "--kubeconfig",
-            str(api.write_kubeconfig(workdir / "kubeconfig")),
+            *source_args,
             "--bpffs",
             str(bpffs),
             "--cgroup",
@@ -194,7 +207,7 @@ def running_agent(
             map_sizes=sizes,
             table_size=table_size_for(services[0].endpoint_count),
         )
-        yield RunningAgent(agent, api, services, bpffs, endpoints, figures, spawn)
+        yield RunningAgent(agent, api, services, bpffs, endpoints, figures, spawn, manifest_file)
     finally:
         for started in agents:
             started.stop()

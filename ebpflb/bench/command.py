@@ -149,6 +149,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sync.add_argument(
         "--changes", type=int, help=f"single-slice changes timed (default {SYNC.changes})"
     )
+    sync.add_argument(
+        "--source",
+        choices=[s.value for s in bench_settings.SyncSource],
+        help="the fake API server (api, the default) or one manifest file of every Service"
+        " and EndpointSlice, a change being one document edited (manifests)",
+    )
 
 
 def compare_settings(args: argparse.Namespace) -> CompareSettings:
@@ -176,7 +182,12 @@ def compare_settings(args: argparse.Namespace) -> CompareSettings:
 
 def sync_settings(args: argparse.Namespace) -> SyncSettings:
     base = SYNC_QUICK if args.quick else SYNC
-    given = {"services": args.services, "endpoints": args.endpoints, "changes": args.changes}
+    given = {
+        "services": args.services,
+        "endpoints": args.endpoints,
+        "changes": args.changes,
+        "source": bench_settings.SyncSource(args.source) if args.source else None,
+    }
     settings = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     settings.validate()
     return settings

@@ -13,7 +13,7 @@ from ebpflb.bench.records.codec import Report
 from ebpflb.bench.records.compare import CompareRun, ModeResult, Target
 from ebpflb.bench.records.maglev import MaglevRun
 from ebpflb.bench.records.sync import SyncRun
-from ebpflb.bench.settings import Mode
+from ebpflb.bench.settings import Mode, SyncSource
 from ebpflb.bench.stats import spread
 
 
@@ -289,19 +289,46 @@ def startup_lines(e: AgentStartup) -> list[str]:
     return lines
 
 
+# Issue 15's targets for the manifest source, at 10,000 Services + 10,000 EndpointSlices.
+MANIFESTS_START_TARGET_S = 3.0
+MANIFESTS_EDIT_TARGET_S = 1.0
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
 def render_sync(run: SyncRun) -> str:
     n, k = run.settings.services, run.settings.endpoints
+    manifests = run.settings.source is SyncSource.MANIFESTS
     lines = [
         f"ebpflb bench sync: {n:,} Services x {k} endpoints ({n * k:,} endpoints, {n:,}"
         f" EndpointSlices), {run.cpus} CPUs, Linux {run.kernel}",
         "",
-        "ebpflb: `ebpflb run --kubeconfig` on the fake API server (127.0.0.1), real BPF maps",
+        f"ebpflb: `ebpflb run --manifests FILE`, one file of {2 * n:,} documents, real BPF maps"
+        if manifests
+        else "ebpflb: `ebpflb run --kubeconfig` on the fake API server (127.0.0.1), real BPF maps",
         *startup_lines(run.startup),
         _row(
-            "one slice change -> map entry written",
+            "one document edited: file write -> map entry"
+            if manifests
+            else "one slice change -> map entry written",
             f"{_spread(run.change_to_map_s)}, {len(run.change_to_map_s)} changes",
         ),
     ]
+    if manifests:
+        start, worst = run.startup.start_to_synced_s, max(run.change_to_map_s)
+        lines += [
+            _row(
+                f"  target (10,000): start -> synced <= {MANIFESTS_START_TARGET_S:g} s",
+                f"{_verdict(start <= MANIFESTS_START_TARGET_S)} ({_ms(start)} at {n:,})",
+            ),
+            _row(
+                f"  target (20,000 docs): edit -> map < {MANIFESTS_EDIT_TARGET_S:g} s",
+                f"{_verdict(worst < MANIFESTS_EDIT_TARGET_S)} (worst {_ms(worst)} of"
+                f" {2 * n:,} documents)",
+            ),
+        ]
     if run.periodic_full_resync_s is not None:
         lines.append(
             _row(

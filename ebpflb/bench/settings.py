@@ -98,9 +98,17 @@ COMPARE_QUICK = CompareSettings(
 )
 
 
+class SyncSource(StrEnum):
+    """Where `bench sync`'s agent reads the services from."""
+
+    API = "api"  # the fake API server (`ebpflb run --kubeconfig`)
+    MANIFESTS = "manifests"  # one file of 2 x N documents (`ebpflb run --manifests`)
+
+
 @dataclass(frozen=True)
 class SyncSettings:
-    """`ebpflb bench sync`: the agent's control plane fed by the Kubernetes API."""
+    """`ebpflb bench sync`: the agent's control plane fed by the Kubernetes API (or by a
+    manifest file)."""
 
     services: int = 10_000
     endpoints: int = 3
@@ -108,6 +116,7 @@ class SyncSettings:
     # A full resync is timed once: the bench waits up to one period for it.
     sync_period: float = 15.0
     min_sync_period: float = 0.5
+    source: SyncSource = SyncSource.API
 
     def validate(self) -> None:
         scenario.bench_services(self.services, self.endpoints)  # raises with the limits

@@ -1,8 +1,9 @@
 """`ebpflb bench sync`: the agent's control plane fed by the Kubernetes API, in detail.
 
 The real agent serves N Services of K endpoints from the fake API server (up to 131,070
-services; ebpflb.bench.agentrun), in this namespace with its own bpffs directory and test
-cgroup, all removed at the end. Measured: each start-up step (from /status), the agent's
+services; ebpflb.bench.agentrun), or with `--source manifests` from one manifest file of
+2 x N documents, in this namespace with its own bpffs directory and test cgroup, all
+removed at the end. Measured: each start-up step (from /status), the agent's
 CPU seconds and memory once settled, one periodic full resync (its /status result), and
 for a few single-slice changes (one endpoint turning not ready) the time from the API
 write to the pinned map showing the new service entry, polled from this process. Last,
@@ -20,7 +21,7 @@ from ebpflb.bench.agentrun import RunningAgent, running_agent
 from ebpflb.bench.measure.cost import mapped_libraries
 from ebpflb.bench.records.sync import SyncRun
 from ebpflb.bench.scenario import bench_services
-from ebpflb.bench.settings import SyncSettings
+from ebpflb.bench.settings import SyncSettings, SyncSource
 
 SLOT_BYTES = 4  # one u32 backend id per Maglev slot
 
@@ -46,6 +47,7 @@ def run_sync_bench(settings: SyncSettings, *, extra_args: Sequence[str] = ()) ->
         extra_args=extra_args,
         sync_period=settings.sync_period,
         min_sync_period=settings.min_sync_period,
+        manifests=settings.source is SyncSource.MANIFESTS,
     ) as run:
         # Past the minimum interval since the last sync, as a lone change would be.
         pause = settings.min_sync_period + 0.2

@@ -204,6 +204,7 @@ def test_bad_files_and_documents_through_the_manifest_source(tmp_path: Path) -> 
     agent = Agent(Config(min_sync_period=1.0), maps, Metrics(CollectorRegistry()), clock=clock)
     source = ManifestSource(tmp_path, agent)
     source.start()
+    assert source.wait_listed(10)  # read in the source's thread
     agent.runner.run_once()
     assert frontends(maps) == {"10.96.0.10:80/TCP": ["10.244.1.11:8080"], "10.96.0.20:80/TCP": []}
     assert sample(agent, "ebpflb_invalid_objects_total", kind="Manifest", reason="decode") == 1

@@ -3,6 +3,8 @@ services change, and its report rendered (no kernel)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ebpflb.bench import agentrun, render, sync
@@ -54,3 +56,54 @@ def test_the_sync_report_as_text() -> None:
     assert "median 1.7 ms (p99 1.8 ms, min 1.6 ms, max 1.8 ms), 2 changes" in text
     assert "periodic full resync (every 15 s here)" in text
     assert "RSS 300 MiB, peak 320 MiB" in text
+
+
+def test_the_manifests_sync_report_judges_the_targets() -> None:
+    import dataclasses
+
+    from ebpflb.bench.settings import SyncSource
+
+    run = _sync()
+    run = dataclasses.replace(
+        run,
+        settings=dataclasses.replace(run.settings, source=SyncSource.MANIFESTS),
+        change_to_map_s=(0.3, 1.2),
+    )
+    text = render.render(run)
+    assert "`ebpflb run --manifests FILE`, one file of 20,000 documents" in text
+    assert "one document edited: file write -> map entry" in text
+    assert "target (10,000): start -> synced <= 3 s" in text
+    assert "target (20,000 docs): edit -> map < 1 s" in text
+    assert "MISSED (worst 1.20 s of 20,000 documents)" in text
+
+
+def test_a_manifest_change_edits_only_that_services_slice_document(tmp_path: Path) -> None:
+    from ebpflb.bench.manifests import ManifestFile
+    from ebpflb.bench.scenario import bench_services, objects, slice_object
+    from ebpflb.sources.manifests import read_file, scan_file
+
+    services = bench_services(20, 3)
+    file = ManifestFile.write(tmp_path / "s.yaml", services)
+    before = read_file(file.path)
+    assert not before.problems and list(before.objects.values()) == list(objects(services))
+    scan, _ = scan_file(file.path)
+    file.write_change(slice_object(services[7], not_ready=1))
+    after, fresh = scan_file(file.path, scan.readings)
+    assert after.parsed == 1
+    assert list(fresh.values()) == [slice_object(services[7], not_ready=1)]
+    assert read_file(file.path).objects == {
+        **before.objects,
+        **{key: fresh[token] for key, token in after.held.items() if token in fresh},
+    }
+    assert not list(tmp_path.glob(".*"))  # the staged file was renamed over the old one
+
+
+def test_sync_source_option() -> None:
+    from ebpflb.bench import command
+    from ebpflb.bench.settings import SyncSource
+    from ebpflb.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "sync", "--source", "manifests"])
+    assert command.sync_settings(args).source is SyncSource.MANIFESTS
+    args = build_parser().parse_args(["bench", "sync"])
+    assert command.sync_settings(args).source is SyncSource.API

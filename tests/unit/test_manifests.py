@@ -98,9 +98,9 @@ def test_source_delivers_initial_list_then_only_changes(tmp_path: Path) -> None:
     source = ManifestSource(path, sink)
     assert not source.sync_once()  # files seen once: read when they stay the same
     assert source.sync_once()
-    assert sink.events == [
-        ("update", Kind.ENDPOINT_SLICE, "web-1"),
+    assert sink.events == [  # the first read: in the files' order, as each is parsed
         ("update", Kind.SERVICE, "web"),
+        ("update", Kind.ENDPOINT_SLICE, "web-1"),
         ("listed", Kind.SERVICE, None),
         ("listed", Kind.ENDPOINT_SLICE, None),
     ]

@@ -1,25 +1,24 @@
-"""One endpoint change, timed from the API write to the pinned map showing it.
+"""One endpoint change, timed from the write to the pinned map showing it.
 
-The agent under test serves the bench's services from a fake API server; for each service
-picked, one of its endpoints turns not ready there, and this process polls the pinned
-service entry (through the datapath's own map reader) until it shows one backend fewer.
+The agent under test serves the bench's services from a fake API server (or a manifest
+file); for each service picked, one of its endpoints turns not ready there (the slice
+written to the API, or its document edited in the file), and this process polls the
+pinned service entry (through the datapath's own map reader) until it shows one backend
+fewer.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ebpflb.bench.measure.cost import live_threads_cpu_seconds
 from ebpflb.bench.scenario import PORT, BenchService, slice_object
 from ebpflb.errors import EbpflbError
-
-if TYPE_CHECKING:
-    from ebpflb.testing.fakeapi import FakeApiServer
 
 CHANGE_TIMEOUT = 30.0
 
@@ -31,7 +30,7 @@ class ChangeTiming:
 
 
 def change_latencies(
-    api: FakeApiServer,
+    write: Callable[[Mapping[str, Any]], object],
     bpffs: Path,
     services: Sequence[BenchService],
     picks: Sequence[int],
@@ -39,8 +38,9 @@ def change_latencies(
     agent_pid: int,
     pause: float,
 ) -> list[ChangeTiming]:
-    """Per service index in `picks`: one of its endpoints turns not ready in the API; how
-    long until the pinned entry has one backend fewer, and the agent's CPU seconds for it.
+    """Per service index in `picks`: one of its endpoints turns not ready (`write` puts
+    the slice where the agent reads it: FakeApiServer.update, ManifestFile.write_change);
+    how long until the pinned entry has one backend fewer, and the agent's CPU seconds.
     `pause` before each, so that each is a lone change."""
     # Imported here: the bench's other parts (and --help) work without bcc.
     from ebpflb.datapath.kernel import KernelMapSet
@@ -57,7 +57,7 @@ def change_latencies(
             time.sleep(pause)
             cpu = live_threads_cpu_seconds(agent_pid)
             started = time.perf_counter()
-            api.update(slice_object(svc, not_ready=1))
+            write(slice_object(svc, not_ready=1))
             while (entry := maps.services.get(frontend)) is None or (
                 entry.backend_count != svc.endpoint_count - 1
             ):
