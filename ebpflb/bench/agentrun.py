@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ebpflb.bench.agent import AgentError, Endpoints, startup
 from ebpflb.bench.measure.changes import ChangeTiming, change_latencies
-from ebpflb.bench.measure.cost import process_cpu_seconds, process_memory
+from ebpflb.bench.measure.cost import KernelMemoryCgroup, process_cpu_seconds, process_memory
 from ebpflb.bench.records.agent import AgentStartup, MapSizes, ProcessMemory
 from ebpflb.bench.scenario import BenchService, objects
 from ebpflb.errors import EbpflbError
@@ -77,6 +77,8 @@ class RunningAgent:
     bpffs: Path
     endpoints: Endpoints
     startup: AgentStartup
+    # The memory cgroup the agent runs in, if the caller made one (its kernel-memory figure).
+    memory_cgroup: KernelMemoryCgroup | None = None
 
     @property
     def pid(self) -> int:

@@ -149,6 +149,32 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sync.add_argument(
         "--changes", type=int, help=f"single-slice changes timed (default {SYNC.changes})"
     )
+    sync.add_argument(
+        "--min-sync-period",
+        type=float,
+        metavar="S",
+        help=f"the agent's --min-sync-period (default {SYNC.min_sync_period:g}; the agent's"
+        " own default is 0.5)",
+    )
+    sync.add_argument(
+        "--sync-period",
+        type=float,
+        metavar="S",
+        help=f"the agent's full resync period (default {SYNC.sync_period:g}); the churn"
+        " runs right after one resync and must end before the next",
+    )
+    sync.add_argument(
+        "--churn-rate",
+        type=int,
+        metavar="PER_S",
+        help=f"endpoint changes per second in the churn (default {SYNC.churn_rate}; 0: none)",
+    )
+    sync.add_argument(
+        "--churn-seconds",
+        type=float,
+        metavar="S",
+        help=f"how long the churn lasts (default {SYNC.churn_seconds:g})",
+    )
 
 
 def compare_settings(args: argparse.Namespace) -> CompareSettings:
@@ -176,7 +202,15 @@ def compare_settings(args: argparse.Namespace) -> CompareSettings:
 
 def sync_settings(args: argparse.Namespace) -> SyncSettings:
     base = SYNC_QUICK if args.quick else SYNC
-    given = {"services": args.services, "endpoints": args.endpoints, "changes": args.changes}
+    given = {
+        "services": args.services,
+        "endpoints": args.endpoints,
+        "changes": args.changes,
+        "min_sync_period": args.min_sync_period,
+        "sync_period": args.sync_period,
+        "churn_rate": args.churn_rate,
+        "churn_seconds": args.churn_seconds,
+    }
     settings = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     settings.validate()
     return settings

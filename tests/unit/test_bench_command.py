@@ -100,7 +100,8 @@ def test_scenario_addresses() -> None:
     assert services[1].endpoints == ("10.128.0.2", "10.130.0.2", "10.132.0.2")
     assert [s.node_port for s in services] == [None] * 4 + [scenario.NODE_PORT]
     last = scenario.bench_services(scenario.MAX_SERVICES, scenario.MAX_ENDPOINTS)[-1]
-    assert all(scenario.endpoint(last.index, e) in scenario.ENDPOINT_CIDR for e in range(8))
+    blocks = range(scenario.MAX_ENDPOINTS)
+    assert all(scenario.endpoint(last.index, e) in scenario.ENDPOINT_CIDR for e in blocks)
     slice_ = scenario.slice_object(services[2], not_ready=1)
     assert [e["conditions"]["ready"] for e in slice_["endpoints"]] == [True, True, False]
 
