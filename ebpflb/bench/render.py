@@ -317,8 +317,9 @@ def churn_lines(run: SyncRun) -> list[str]:
             f" {c.agent_cpu_s:.2f} CPU s ({c.agent_cpu_s / c.seconds:.0%} of a core)",
         ),
         _row(
-            "  poller: interval, own CPU",
-            f"{_ms(c.poll_interval_s)}, {c.poller_cpu_share:.1%} of a core",
+            "  poller: between passes, own CPU",
+            f"p99 {_ms(c.poller_gap_p99_s)}, max {_ms(c.poller_gap_max_s)} (sleeps"
+            f" {_ms(c.poll_interval_s)}); {c.poller_cpu_share:.1%} of a core",
         ),
     ]
     if c.resync_in_window:
@@ -367,10 +368,6 @@ def render_sync(run: SyncRun) -> str:
             )
         )
     lines += churn_lines(run)
-    if run.restart_to_ready_s is not None:
-        lines.append(_row("restart -> ready", _ms(run.restart_to_ready_s)))
-    if run.manifest_edit_s is not None:
-        lines.append(_row("one manifest document edited -> map", _ms(run.manifest_edit_s)))
     memory = run.memory_after_sync
     lines += [
         _row(

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from ebpflb.bench.scenario import PORT, BenchService, slice_object
 
 if TYPE_CHECKING:
-    from ebpflb.datapath.kernel import KernelMapSet
+    from ebpflb.datapath.maps import MapSet
     from ebpflb.testing.fakeapi import FakeApiServer
 
 TIMEOUT = 10.0  # a sampled change not in the map by then is counted as timed out
@@ -47,6 +47,9 @@ class ChurnFigures:
     latencies_s: tuple[float, ...]  # of the sampled changes seen in the map
     timed_out: int
     poller_cpu_s: float
+    # Time between the starts of the poller's passes: its real resolution. A pass that
+    # starts late (the process descheduled) adds its lateness to the changes it sees.
+    poller_gaps_s: tuple[float, ...]
 
 
 @dataclass
@@ -60,7 +63,7 @@ class _Poller(threading.Thread):
     """Looks up the outstanding sampled changes' service entries until each shows its
     backend count (or times out)."""
 
-    def __init__(self, maps: KernelMapSet, services: Sequence[BenchService], poll: float):
+    def __init__(self, maps: MapSet, services: Sequence[BenchService], poll: float):
         super().__init__(name="churn-poller", daemon=True)
         from ebpflb.model import Frontend, Proto
 
@@ -72,13 +75,18 @@ class _Poller(threading.Thread):
         self.latencies: list[float] = []
         self.timed_out = 0
         self.cpu_s = 0.0
+        self.gaps: list[float] = []
         self.outstanding: dict[int, _Pending] = {}  # service index -> its sampled change
 
     def run(self) -> None:
         cpu = time.thread_time()
         services = self._maps.services
         outstanding = self.outstanding
+        last = time.perf_counter()
         while True:
+            now = time.perf_counter()
+            self.gaps.append(now - last)
+            last = now
             while self.inbox:
                 pending = self.inbox.popleft()
                 if pending.index in outstanding:  # rewritten before seen: indistinguishable
@@ -155,4 +163,5 @@ def churn(
         latencies_s=tuple(poller.latencies),
         timed_out=poller.timed_out + len(poller.outstanding),
         poller_cpu_s=poller.cpu_s,
+        poller_gaps_s=tuple(poller.gaps),
     )

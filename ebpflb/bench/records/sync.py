@@ -3,8 +3,7 @@ and the verdicts on issue 15's control-plane targets.
 
 Fields after `total_s` have defaults: reports saved before them (docs/bench, schema 1 and
 early schema 2) still load, and a figure a run did not measure stays None ("not measured"
-in the targets). `restart_to_ready_s` is filled by the restart step and
-`manifest_edit_s` by the manifest source's edit step (see ebpflb.bench.sync).
+in the targets). `restart` is filled by a restart step (a second agent on the same pins).
 """
 
 from __future__ import annotations
@@ -32,7 +31,9 @@ class Churn:
     p50_s: float | None
     p99_s: float | None
     max_s: float | None
-    poll_interval_s: float  # the poller's sleep between passes (its resolution)
+    poll_interval_s: float  # the poller's sleep between passes
+    poller_gap_p99_s: float  # time between its passes: its real resolution, p99 and max
+    poller_gap_max_s: float
     poller_cpu_share: float  # the poller thread's CPU seconds / the window's seconds
     agent_cpu_s: float  # the agent's CPU over the window
     syncs: int  # the agent's syncs over the window (its /status count)
@@ -66,7 +67,8 @@ class SyncRun:
     # What the maps cost the kernel: the agent's memory cgroup, bpftool's figure.
     kernel_memory: KernelMemory | None = None
     churn: Churn | None = None
-    restart_to_ready_s: float | None = None  # agent restarted on its pins -> /readyz 200
-    manifest_edit_s: float | None = None  # one document edited in the manifest file -> map
+    # A second agent started on the same pins after the first stopped: its start-up (spawn
+    # -> first sync, i.e. ready).
+    restart: AgentStartup | None = None
     metrics_scrape_s: float | None = None  # one GET /metrics of the synced agent
     targets: tuple[Verdict, ...] = ()
