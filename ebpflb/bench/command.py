@@ -170,6 +170,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help=f"endpoint changes per second in the churn (default {SYNC.churn_rate}; 0: none)",
     )
     sync.add_argument(
+        "--agent-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more flag for `ebpflb run`, e.g. --agent-arg=--per-service-metrics=false"
+        " (repeatable)",
+    )
+    sync.add_argument(
         "--churn-seconds",
         type=float,
         metavar="S",
@@ -210,6 +218,7 @@ def sync_settings(args: argparse.Namespace) -> SyncSettings:
         "sync_period": args.sync_period,
         "churn_rate": args.churn_rate,
         "churn_seconds": args.churn_seconds,
+        "agent_args": tuple(args.agent_arg) or None,
     }
     settings = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     settings.validate()

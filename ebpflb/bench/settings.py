@@ -126,6 +126,8 @@ class SyncSettings:
     churn_seconds: float = 10.0
     churn_sample: float = 0.1
     source: SyncSource = SyncSource.API
+    # More flags for `ebpflb run` (e.g. --per-service-metrics=false), after the bench's own.
+    agent_args: tuple[str, ...] = ()
 
     def validate(self) -> None:
         scenario.bench_services(self.services, self.endpoints)  # raises with the limits

@@ -74,6 +74,7 @@ def api_source(settings: SyncSettings, specs: Sequence[BenchService]) -> Iterato
         memory_cgroup(f"ebpflb-bench-sync-{os.getpid()}") as cgroup,
         running_agent(
             specs,
+            extra_args=settings.agent_args,
             sync_period=settings.sync_period,
             min_sync_period=settings.min_sync_period,
             preexec_fn=cgroup.enter if cgroup is not None else None,
@@ -216,14 +217,15 @@ STEPS: tuple[Step, ...] = (
 
 
 def agent_flags(args: Sequence[str]) -> tuple[str, ...]:
-    """The flags worth reporting: map sizes and sync periods (not paths or ports, which
-    change every run)."""
+    """The flags worth reporting: map sizes, sync periods and the run's own extra flags
+    (not paths or ports, which change every run)."""
     wanted = (
         "--slot-pool-size",
         "--max-services",
         "--max-backends",
         "--sync-period",
         "--min-sync-period",
+        "--per-service-metrics",
     )
     return tuple(a for a in args if a.startswith(wanted))
 

@@ -77,6 +77,19 @@ def test_sync_settings() -> None:
     assert quick.services == SYNC_QUICK.services and quick.changes == 7
     with pytest.raises(ConfigError, match="--changes"):
         command.sync_settings(parse("bench", "sync", "--changes", "0"))
+    churn = command.sync_settings(
+        parse(
+            "bench", "sync", "--services", "100000", "--endpoints", "10", "--sync-period", "30",
+            "--min-sync-period", "0.02", "--churn-rate", "500", "--churn-seconds", "12",
+            "--agent-arg=--per-service-metrics=false",
+        )
+    )  # fmt: skip
+    assert (churn.services, churn.endpoints, churn.sync_period) == (100_000, 10, 30.0)
+    assert (churn.min_sync_period, churn.churn_rate, churn.churn_seconds) == (0.02, 500, 12.0)
+    assert churn.agent_args == ("--per-service-metrics=false",)
+    # The churn must end before the next periodic resync (15 s by default).
+    with pytest.raises(ConfigError, match="--churn-seconds 15 must end a second before"):
+        command.sync_settings(parse("bench", "sync", "--churn-seconds", "15"))
 
 
 def test_settings_validate() -> None:
