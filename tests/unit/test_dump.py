@@ -80,7 +80,9 @@ def filled_maps() -> FakeMapSet:
     )
     maps.reply_nat.put(
         Flow(AddrPort(web.address, web.port), AddrPort(ip("198.51.100.8"), 5000), Proto.TCP),
-        NatEntry(AddrPort(ip("198.51.100.8"), 5000), frontend, NatFlags.NONE, NOW - 1_500_000_000),
+        NatEntry(
+            AddrPort(ip("198.51.100.8"), 5000), frontend, NatFlags.NONE, NOW - 1_500_000_000
+        ),
     )
     maps.stats[Counter.NP_NEW_FLOW] = 2
     maps.stats[Counter.SNAT_EXHAUSTED] = 1
