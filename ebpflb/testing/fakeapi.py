@@ -538,10 +538,6 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive and chunked streams, as the real server
-    # TCP_NODELAY, as Go's net package (the real API server) sets it: with Nagle, a watch
-    # event written while the previous one is unacknowledged waits for the client's
-    # delayed ACK (up to 40 ms), which `bench sync`'s churn counted as the agent's latency.
-    disable_nagle_algorithm = True
     server: _Server
 
     def setup(self) -> None:
