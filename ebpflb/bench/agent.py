@@ -31,6 +31,7 @@ class SyncResult:
     duration_s: float
     failed: int
     errors: tuple[str, ...] = ()
+    finished: float | None = None  # unix time
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class AgentStatus:
                     float(last["duration_s"]),
                     int(last.get("failed", 0)),
                     tuple(str(e) for e in last.get("errors", ())),
+                    float(last["finished"]) if "finished" in last else None,
                 )
                 if last
                 else None,

@@ -155,6 +155,40 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="the fake API server (api, the default) or one manifest file of every Service"
         " and EndpointSlice, a change being one document edited (manifests)",
     )
+    sync.add_argument(
+        "--min-sync-period",
+        type=float,
+        metavar="S",
+        help=f"the agent's --min-sync-period (default {SYNC.min_sync_period:g}; the agent's"
+        " own default is 0.5)",
+    )
+    sync.add_argument(
+        "--sync-period",
+        type=float,
+        metavar="S",
+        help=f"the agent's full resync period (default {SYNC.sync_period:g}); the churn"
+        " runs right after one resync and must end before the next",
+    )
+    sync.add_argument(
+        "--churn-rate",
+        type=int,
+        metavar="PER_S",
+        help=f"endpoint changes per second in the churn (default {SYNC.churn_rate}; 0: none)",
+    )
+    sync.add_argument(
+        "--agent-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more flag for `ebpflb run`, e.g. --agent-arg=--per-service-metrics=false"
+        " (repeatable)",
+    )
+    sync.add_argument(
+        "--churn-seconds",
+        type=float,
+        metavar="S",
+        help=f"how long the churn lasts (default {SYNC.churn_seconds:g})",
+    )
 
 
 def compare_settings(args: argparse.Namespace) -> CompareSettings:
@@ -187,6 +221,11 @@ def sync_settings(args: argparse.Namespace) -> SyncSettings:
         "endpoints": args.endpoints,
         "changes": args.changes,
         "source": bench_settings.SyncSource(args.source) if args.source else None,
+        "min_sync_period": args.min_sync_period,
+        "sync_period": args.sync_period,
+        "churn_rate": args.churn_rate,
+        "churn_seconds": args.churn_seconds,
+        "agent_args": tuple(args.agent_arg) or None,
     }
     settings = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     settings.validate()

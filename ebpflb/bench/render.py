@@ -137,7 +137,7 @@ def render_compare(run: CompareRun, *, width: int = 140) -> str:
     for header in ("N", "target", "", "measured"):
         verdicts.add_column(header)
     for v in run.targets:
-        verdicts.add_row(f"{v.services:,}", v.target, "met" if v.ok else "MISSED", v.detail)
+        verdicts.add_row(f"{v.services:,}", v.target, v.outcome, v.detail)
     console.print(verdicts)
     for problem in run.problems:
         console.print(f"[bold red]problem:[/] {problem}")
@@ -151,10 +151,18 @@ def _ok(passed: bool) -> str:
     return "ok" if passed else "MISSED"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], *, left: bool = False
+) -> list[str]:
     cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return ["  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return [
+        "  "
+        + "  ".join(
+            c.ljust(w) if left else c.rjust(w) for c, w in zip(row, widths, strict=True)
+        ).rstrip()
+        for row in cells
+    ]
 
 
 MAGLEV_HEADERS = [
@@ -289,13 +297,56 @@ def startup_lines(e: AgentStartup) -> list[str]:
     return lines
 
 
-# Issue 15's targets for the manifest source, at 10,000 Services + 10,000 EndpointSlices.
-MANIFESTS_START_TARGET_S = 3.0
-MANIFESTS_EDIT_TARGET_S = 1.0
+def churn_lines(run: SyncRun) -> list[str]:
+    c = run.churn
+    if c is None:
+        return []
+    lines = [
+        _row(
+            f"churn: {c.rate:,.0f} changes/s for {c.seconds:g} s",
+            f"{c.written:,} written at {c.achieved_rate:,.0f}/s (writer at most"
+            f" {_ms(c.writer_lag_max_s)} behind)",
+        ),
+    ]
+    if c.p50_s is not None and c.p99_s is not None and c.max_s is not None:
+        lines.append(
+            _row(
+                "  API write -> map entry, sampled",
+                f"p50 {_ms(c.p50_s)}, p99 {_ms(c.p99_s)}, max {_ms(c.max_s)}"
+                f" ({c.sampled:,} sampled, {c.timed_out} never seen)",
+            )
+        )
+    lines += [
+        _row(
+            "  agent: syncs, CPU",
+            f"{c.syncs} syncs (--min-sync-period {c.min_sync_period:g} s),"
+            f" {c.agent_cpu_s:.2f} CPU s ({c.agent_cpu_s / c.seconds:.0%} of a core)",
+        ),
+        _row(
+            "  poller: between passes, own CPU",
+            f"p99 {_ms(c.poller_gap_p99_s)}, max {_ms(c.poller_gap_max_s)} (sleeps"
+            f" {_ms(c.poll_interval_s)}); {c.poller_cpu_share:.1%} of a core",
+        ),
+    ]
+    if c.resync_in_window:
+        lines.append(_row("  a periodic full resync fell in the window", "changes waited"))
+    return lines
 
 
-def _verdict(met: bool) -> str:
-    return "met" if met else "MISSED"
+def sync_target_lines(run: SyncRun) -> list[str]:
+    from ebpflb.bench.synctargets import judge
+
+    # Reports saved before the targets existed are judged now, from their figures.
+    verdicts = run.targets or judge(run)
+    return [
+        "",
+        "Targets",
+        *_table(
+            ["target", "", "measured"],
+            [[v.target, v.outcome, v.detail] for v in verdicts],
+            left=True,
+        ),
+    ]
 
 
 def render_sync(run: SyncRun) -> str:
@@ -308,6 +359,10 @@ def render_sync(run: SyncRun) -> str:
         f"ebpflb: `ebpflb run --manifests FILE`, one file of {2 * n:,} documents, real BPF maps"
         if manifests
         else "ebpflb: `ebpflb run --kubeconfig` on the fake API server (127.0.0.1), real BPF maps",
+    ]
+    if run.agent_args:
+        lines.append(_row("agent flags", " ".join(run.agent_args)))
+    lines += [
         *startup_lines(run.startup),
         _row(
             "one document edited: file write -> map entry"
@@ -316,19 +371,6 @@ def render_sync(run: SyncRun) -> str:
             f"{_spread(run.change_to_map_s)}, {len(run.change_to_map_s)} changes",
         ),
     ]
-    if manifests:
-        start, worst = run.startup.start_to_synced_s, max(run.change_to_map_s)
-        lines += [
-            _row(
-                f"  target (10,000): start -> synced <= {MANIFESTS_START_TARGET_S:g} s",
-                f"{_verdict(start <= MANIFESTS_START_TARGET_S)} ({_ms(start)} at {n:,})",
-            ),
-            _row(
-                f"  target (20,000 docs): edit -> map < {MANIFESTS_EDIT_TARGET_S:g} s",
-                f"{_verdict(worst < MANIFESTS_EDIT_TARGET_S)} (worst {_ms(worst)} of"
-                f" {2 * n:,} documents)",
-            ),
-        ]
     if run.periodic_full_resync_s is not None:
         lines.append(
             _row(
@@ -336,6 +378,7 @@ def render_sync(run: SyncRun) -> str:
                 f"{_ms(run.periodic_full_resync_s)} (re-read, compare, repair)",
             )
         )
+    lines += churn_lines(run)
     memory = run.memory_after_sync
     lines += [
         _row(
@@ -368,5 +411,16 @@ def render_sync(run: SyncRun) -> str:
                 ", ".join(run.restart_compiler_libraries) or "none",
             )
         )
-    lines += ["", f"total bench time {run.total_s:.0f} s"]
+    kernel = run.kernel_memory
+    if kernel is not None:
+        lines.append(
+            _row(
+                "kernel memory: agent's cgroup, BPF maps",
+                f"{_fmt(kernel.cgroup_bytes, 'MiB')} MiB, {_fmt(kernel.bpf_map_bytes, 'MiB')}"
+                " MiB (bpftool)",
+            )
+        )
+    if run.metrics_scrape_s is not None:
+        lines.append(_row("one GET /metrics after sync", _ms(run.metrics_scrape_s)))
+    lines += [*sync_target_lines(run), "", f"total bench time {run.total_s:.0f} s"]
     return "\n".join(lines)

@@ -6,8 +6,11 @@ Addresses are arithmetic so that a compiled client can pick "service i" without 
 - ClusterIP of service i:          10.96.0.0 + i + 1           (inside 10.96.0.0/12)
 - endpoint e of service i:          10.128.0.0 + e * 2**17 + i + 1  (block e is a /15)
 
+Up to 16 endpoints per service (10.128.0.0/11): `bench sync`'s million endpoints are
+100,000 services x 10.
+
 Every endpoint block is one "pod network" behind the bench's backend namespace, which
-accepts the whole 10.128.0.0/12 locally (an AnyIP route), so 100,000 services need no
+accepts the whole 10.128.0.0/11 locally (an AnyIP route), so 100,000 services need no
 100,000 interface addresses. The last service is also a NodePort service (the others are
 ClusterIP only: a cluster has 2,768 NodePorts at most), so a NodePort packet in iptables
 mode walks all of KUBE-SERVICES before KUBE-NODEPORTS, as it does on a real node.
@@ -43,9 +46,9 @@ PORT_NAME = "http"
 PORT, TARGET_PORT = 80, 8080
 NODE_PORT = 30080
 SERVICE_CIDR = IPv4Network("10.96.0.0/12")
-ENDPOINT_CIDR = IPv4Network("10.128.0.0/12")
+ENDPOINT_CIDR = IPv4Network("10.128.0.0/11")  # 10.128-10.159: clear of SERVICE_CIDR
 ENDPOINT_BLOCK_BITS = 17  # one /15 per endpoint index
-MAX_ENDPOINTS = 1 << (32 - ENDPOINT_CIDR.prefixlen - ENDPOINT_BLOCK_BITS)  # 8
+MAX_ENDPOINTS = 1 << (32 - ENDPOINT_CIDR.prefixlen - ENDPOINT_BLOCK_BITS)  # 16
 MAX_SERVICES = (1 << ENDPOINT_BLOCK_BITS) - 2  # 131070: every address stays in its block
 # The cluster's pod CIDR as kube-proxy's --cluster-cidr sees it (masquerade decisions).
 CLUSTER_CIDR = str(ENDPOINT_CIDR)

@@ -1,6 +1,6 @@
 """The benchmark's own network: three namespaces, made and removed by `ebpflb bench`.
 
-    external (10.240.0.2) --eth0-- node --eth1-- backends (10.250.0.2, owns 10.128.0.0/12)
+    external (10.240.0.2) --eth0-- node --eth1-- backends (10.250.0.2, owns 10.128.0.0/11)
                                    10.240.0.1 / 10.250.0.1
 
 - node: where the proxy under test runs and the ClusterIP client connects from. It routes

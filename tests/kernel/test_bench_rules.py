@@ -4,7 +4,7 @@ Per mode (iptables-legacy, iptables-nft, nftables) a topology of our own namespa
 
     external 192.168.50.2 --- 192.168.50.1 node 192.168.51.1 --- 192.168.51.2 backends
 
-The backends namespace accepts all of 10.128.0.0/12 (an AnyIP local route) on 0.0.0.0:8080
+The backends namespace accepts all of 10.128.0.0/11 (an AnyIP local route) on 0.0.0.0:8080
 and answers "<address it was reached at> <peer address>", so a client learns which
 endpoint the rules picked and which source the endpoint saw. The node routes the service
 and endpoint ranges to it; the backends route the external link back through the node (an

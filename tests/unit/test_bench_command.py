@@ -77,6 +77,19 @@ def test_sync_settings() -> None:
     assert quick.services == SYNC_QUICK.services and quick.changes == 7
     with pytest.raises(ConfigError, match="--changes"):
         command.sync_settings(parse("bench", "sync", "--changes", "0"))
+    churn = command.sync_settings(
+        parse(
+            "bench", "sync", "--services", "100000", "--endpoints", "10", "--sync-period", "30",
+            "--min-sync-period", "0.02", "--churn-rate", "500", "--churn-seconds", "12",
+            "--agent-arg=--per-service-metrics=false",
+        )
+    )  # fmt: skip
+    assert (churn.services, churn.endpoints, churn.sync_period) == (100_000, 10, 30.0)
+    assert (churn.min_sync_period, churn.churn_rate, churn.churn_seconds) == (0.02, 500, 12.0)
+    assert churn.agent_args == ("--per-service-metrics=false",)
+    # The churn must end before the next periodic resync (15 s by default).
+    with pytest.raises(ConfigError, match="--churn-seconds 15 must end a second before"):
+        command.sync_settings(parse("bench", "sync", "--churn-seconds", "15"))
 
 
 def test_settings_validate() -> None:
@@ -100,7 +113,8 @@ def test_scenario_addresses() -> None:
     assert services[1].endpoints == ("10.128.0.2", "10.130.0.2", "10.132.0.2")
     assert [s.node_port for s in services] == [None] * 4 + [scenario.NODE_PORT]
     last = scenario.bench_services(scenario.MAX_SERVICES, scenario.MAX_ENDPOINTS)[-1]
-    assert all(scenario.endpoint(last.index, e) in scenario.ENDPOINT_CIDR for e in range(8))
+    blocks = range(scenario.MAX_ENDPOINTS)
+    assert all(scenario.endpoint(last.index, e) in scenario.ENDPOINT_CIDR for e in blocks)
     slice_ = scenario.slice_object(services[2], not_ready=1)
     assert [e["conditions"]["ready"] for e in slice_["endpoints"]] == [True, True, False]
 

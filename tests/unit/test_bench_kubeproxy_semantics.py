@@ -353,7 +353,7 @@ def test_nftables_internal_local_goes_to_the_local_chain_only() -> None:
     assert ("chain", service) not in state.objects  # no Cluster chain: nothing uses it
     ep1, ep3 = (naming.nft_endpoint_chain(svc, ip) for ip in ("10.0.1.1", "10.0.1.3"))
     assert state.rules[local] == [
-        f"add rule ip kube-proxy {local} ip daddr 172.30.1.1 ip saddr != 10.128.0.0/12"
+        f"add rule ip kube-proxy {local} ip daddr 172.30.1.1 ip saddr != 10.128.0.0/11"
         " jump mark-for-masquerade",
         f"add rule ip kube-proxy {local} numgen random mod 2 vmap {{ 0 : goto {ep1} , 1 : goto"
         f" {ep3} }}",

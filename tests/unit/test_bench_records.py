@@ -85,9 +85,22 @@ def test_saved_schema_1_reports_load(name: str) -> None:
     assert isinstance(report, CompareRun)
     raw = json.loads((DOCS / name).read_text())
     assert [s.services for s in report.sizes] == [int(n) for n in raw["results"]]
-    # The same verdicts whether read from the file or judged again from the records.
+    # A report keeps the verdicts on the targets of its day (the first round's 5%); judged
+    # again, the same figures meet or miss issue 15's 3%, with the same details.
     assert [v.target for v in report.targets] == [t["target"] for t in raw["targets"]]
-    assert targets.judge(report.sizes) == report.targets
+    assert report.targets[0].target == "connect p50 (first) within 5% of no proxy"
+    again = {(v.target, v.services): v for v in targets.judge(report.sizes)}
+    ratios = [v for v in report.targets if "within 5%" in v.target]
+    assert ratios
+    for old in ratios:
+        new = again[(old.target.replace("5%", "3%"), old.services)]
+        assert new.detail == old.detail and new.ok is not None
+    kept = {(v.target, v.services) for v in report.targets}
+    assert {k: v for k, v in again.items() if k in kept} == {
+        (v.target, v.services): v for v in report.targets if (v.target, v.services) in again
+    }
+    if 20_000 in [s.services for s in report.sizes]:
+        assert ("kernel memory at most nftables'", 20_000) in again
     first = report.sizes[0]
     ebpflb, xdp = first.get(Mode.EBPFLB), first.get(Mode.EBPFLB_XDP)
     assert ebpflb is not None and ebpflb.control is not None and ebpflb.control.agent

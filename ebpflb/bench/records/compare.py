@@ -136,12 +136,17 @@ class SizeResult:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One target judged at one N: met or missed, with the figures."""
+    """One target judged at one N: met or missed, with the figures; `ok` None: not measured
+    in this run (`bench sync` lists every target, saying which it could not judge)."""
 
     target: str
     services: int
-    ok: bool
+    ok: bool | None
     detail: str
+
+    @property
+    def outcome(self) -> str:
+        return "not measured" if self.ok is None else "met" if self.ok else "MISSED"
 
 
 @dataclass(frozen=True)
