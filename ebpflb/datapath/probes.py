@@ -48,10 +48,12 @@ ATTACH_UDP4_RECVMSG = 19
 ATTACH_INET4_GETPEERNAME = 29
 MAP_TYPE_HASH = 1
 MAP_TYPE_ARRAY = 2
+MAP_TYPE_ARRAY_OF_MAPS = 12
 MAP_TYPE_SK_STORAGE = 24
 SOCK_ADDR_SK_OFFSET = 64  # offsetof(struct bpf_sock_addr, sk)
 F_NO_PREALLOC = 1 << 0
 F_MMAPABLE = 1 << 10
+F_INNER_MAP = 1 << 12
 FUNC_SK_STORAGE_GET = 107
 FUNC_REDIRECT_NEIGH = 152
 FUNC_SET_RETVAL = 187
@@ -112,6 +114,21 @@ def _map(map_type: int, what: str, flags: int = 0) -> _Probe:
         os.close(bpfsys.map_create(map_type, 4, 8, 1, what, flags))
 
     return probe
+
+
+def _inner_map() -> None:
+    """An array that may sit in a map of maps whatever its size (BPF_F_INNER_MAP), held
+    by a one-slot array of maps: how the slot pool and conntrack grow (growable.py)."""
+    inner = bpfsys.map_create(
+        MAP_TYPE_ARRAY, 4, 8, 2, "a probe inner array", F_MMAPABLE | F_INNER_MAP
+    )
+    try:
+        outer = bpfsys.map_create(
+            MAP_TYPE_ARRAY_OF_MAPS, 4, 4, 1, "a probe array of maps", inner_map_fd=inner
+        )
+        os.close(outer)
+    finally:
+        os.close(inner)
 
 
 def _batch_ops() -> None:
@@ -247,6 +264,17 @@ FEATURES: tuple[tuple[Feature, _Probe], ...] = (
             _REFUSE,
         ),
         _map(MAP_TYPE_ARRAY, "a probe mmapable array", F_MMAPABLE),
+    ),
+    (
+        Feature(
+            "inner_map",
+            "inner maps of any size (BPF_F_INNER_MAP)",
+            "5.10",
+            Need.ALWAYS,
+            "slot pool and conntrack that start small and grow (a larger map swapped in)",
+            _REFUSE,
+        ),
+        _inner_map,
     ),
     (
         Feature(

@@ -55,6 +55,10 @@ TESTS: Mapping[str, tuple[str, ...]] = {
     "recvmsg4": (f"{SOCKET_LB}::test_udp_reply_comes_from_the_clusterip",),
     "getpeername4": (f"{SOCKET_LB}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",),
     "mmapable_array": (f"{BATCH}::test_the_slot_pool_is_mapped_and_written_as_memory",),
+    "inner_map": (
+        "tests/kernel/test_grow.py::test_the_pool_grows_under_traffic_and_a_restart_adopts_it",
+        "tests/kernel/test_grow.py::test_conntrack_grows_and_every_flow_keeps_its_translation",
+    ),
     "set_retval": (f"{SOCKET_LB}::test_service_without_endpoints_refuses_tcp_and_udp",),
     "batch_ops": (
         f"{BATCH}::test_many_entries_written_and_read_back[batched]",
