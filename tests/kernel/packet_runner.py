@@ -10,6 +10,7 @@ Frames are built and dissected with scapy; a difference is reported field by fie
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import statistics
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from pathlib import Path
+from typing import Any
 
 from scapy.layers.inet import IP, TCP, UDP, IPOption
 from scapy.layers.l2 import Ether
@@ -117,9 +119,10 @@ PROGRAM_NAMES = {
 
 
 @contextmanager
-def open_datapath() -> Iterator[Datapath]:
+def open_datapath(**config_overrides: Any) -> Iterator[Datapath]:
     """The node's namespace, the programs compiled and loaded into a private pin directory,
-    the services programmed; all removed again on leaving, also after a failure."""
+    the services programmed; all removed again on leaving, also after a failure.
+    `config_overrides`: Config fields a test needs otherwise (e.g. a longer lifetime)."""
     namespaces = Namespaces(f"elb{uuid.uuid4().hex[:6]}")
     pin_dir = BPFFS / f"ebpflb-test-{uuid.uuid4().hex[:8]}"
     nodeport: loader.NodePortLB | None = None
@@ -139,6 +142,7 @@ def open_datapath() -> Iterator[Datapath]:
             snat_port_min=pc.SNAT_PORTS[0],
             snat_port_max=pc.SNAT_PORTS[1],
         )
+        config = dataclasses.replace(config, **config_overrides)
         pins.ensure_bpffs(pin_dir)
         nodeport = loader.NodePortLB(config, loader.Features(set_retval=False))
         with KernelMapSet(pin_dir) as maps:
