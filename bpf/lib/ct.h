@@ -56,12 +56,27 @@ static __always_inline void *ct4_table(void)
 	return ebpflb_ct4ref.lookup(&zero);
 }
 
+/* The entry of this tuple in the table in use, live or not; NULL if none. */
+static __always_inline struct ct4_entry *ct4_get(const struct flow4 *flow)
+{
+	void *table = ct4_table();
+
+	return table ? bpf_map_lookup_elem(table, flow) : NULL;
+}
+
+/* Store a flow's entry in the table in use; non-zero on failure. */
+static __always_inline int ct4_store(const struct flow4 *flow, const struct ct4_entry *ct)
+{
+	void *table = ct4_table();
+
+	return table ? bpf_map_update_elem(table, flow, ct, BPF_ANY) : -1;
+}
+
 /* A live flow for this tuple, or NULL. A new TCP SYN restarts a closing flow. */
 static __always_inline struct ct4_entry *ct4_lookup(const struct flow4 *flow,
 						    const struct pkt4 *pkt, __u64 now)
 {
-	void *table = ct4_table();
-	struct ct4_entry *ct = table ? bpf_map_lookup_elem(table, flow) : NULL;
+	struct ct4_entry *ct = ct4_get(flow);
 
 	if (!ct || ct->expires < now)
 		return NULL;

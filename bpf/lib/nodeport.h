@@ -36,11 +36,9 @@ static __always_inline void np4_reply(const struct pkt4 *pkt, struct rnat4_val *
 {
 	struct flow4 orig = {};
 	struct ct4_entry *ct;
-	void *table;
 
 	rnat4_orig(&orig, rnat, pkt->flow.proto);
-	table = ct4_table();
-	ct = table ? bpf_map_lookup_elem(table, &orig) : NULL;
+	ct = ct4_get(&orig);
 	if (ct)
 		rnat->expires = ct_touch(ct, pkt, 1, now);
 	else /* conntrack entry evicted: keep answering the flow as long as it talks */
@@ -63,7 +61,6 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 	enum snat_result reserved;
 	__be32 *nat_addr;
 	__u64 deadline;
-	void *table;
 
 	backend = lb4_pick_backend(svc, hash, flow->saddr, 0, &ct->backend_id);
 	if (!backend) {
@@ -102,8 +99,7 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 		stat_inc(STAT_RNAT_STORE_FAIL);
 		return NP_DROP;
 	}
-	table = ct4_table();
-	if (!table || bpf_map_update_elem(table, flow, ct, BPF_ANY) != 0) {
+	if (ct4_store(flow, ct) != 0) {
 		stat_inc(STAT_CT_CREATE_FAIL);
 		return NP_DROP;
 	}

@@ -28,15 +28,12 @@ import logging
 import mmap
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ebpflb.config import Config
 from ebpflb.datapath import bpfsys, contract
 from ebpflb.datapath.contract import MapName, MapSpec
+from ebpflb.datapath.elementio import ElementIO
 from ebpflb.errors import KernelSetupError
-
-if TYPE_CHECKING:
-    from ebpflb.datapath.elementio import ElementIO
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +254,6 @@ def grow_table(bpffs_dir: Path, name: MapName, max_entries: int) -> int:
     packet after the swap made its own). Changes the programs made meanwhile to entries
     copied first (a deadline pushed on, a flag) are lost: the next packet makes them
     again. Returns how many entries were copied."""
-    from ebpflb.datapath.elementio import ElementIO  # bcc-free callers import this module
-
     spec = contract.MAPS[name]
     path = bpffs_dir / name.value
     old = bpfsys.obj_get(str(path))
@@ -315,8 +310,6 @@ def copy_into_new_layout(spec: MapSpec, config: Config, path: Path) -> bool:
     of the new layout pinned in its place, so the new programs start with every entry (a
     service, a reply translation) rather than an empty map until the first sync. False
     when it cannot be (another type or entry layout, or more entries than fit)."""
-    from ebpflb.datapath.elementio import ElementIO  # bcc-free callers import this module
-
     if spec.type not in (contract.MapType.HASH, contract.MapType.LRU_HASH):
         return False
     try:
