@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.testing.kernels import debian, features, initramfs, junit, matrix, plan, vm
+from ebpflb.testing.kernels import ci, debian, features, initramfs, junit, matrix, plan, vm
 from ebpflb.testing.kernels.guest import Plan
 from ebpflb.testing.kernels.junit import Case, KernelResult, Outcome
+
+REPO = Path(__file__).resolve().parents[2]
 
 IMAGE = debian.Package(
     "linux-image-5.10.0-46-amd64-unsigned",
@@ -421,3 +423,46 @@ def test_the_guest_gets_the_hosts_pip_configuration(tmp_path: Path) -> None:
         "PIP_CONFIG_FILE": "/etc/x"
     }
     assert plan.pip_settings({}, tmp_path / "nobody") == {}
+
+
+def test_ci_places_every_kernel_test_file() -> None:
+    files = [p.name for p in (REPO / "tests" / "kernel").glob("test_*.py")]
+    assert ci.unplaced(files) == []
+    assert ci.unplaced([*files, "test_new.py"]) == ["test_new.py"]
+    assert len({p.file for p in ci.PLACEMENTS}) == len(ci.PLACEMENTS)
+
+
+def test_ci_runs_kernel_feature_files_everywhere_and_behaviour_files_once() -> None:
+    on = {line: set(ci.files_on(line)) for line in ci.LINES}
+    for p in ci.PLACEMENTS:
+        assert p.lines <= set(ci.LINES), p
+        if p.why == ci.KERNEL_FEATURE:
+            assert all(p.path in on[line] for line in ci.LINES)
+        elif p.why == ci.AGENT_BEHAVIOUR:
+            assert sum(p.path in on[line] for line in ci.LINES) == 1, p
+        else:  # left out everywhere: plan.EXCLUDED must leave it out on every line too
+            assert not p.lines
+            for line in ci.LINES:
+                assert any(e.nodeid.startswith(p.path) for e in plan.excluded_on(line)), p
+    assert "tests/kernel/test_socket_lb.py" in on["5.10"] & on["6.1"]
+
+
+def test_ci_split_gives_each_kernel_its_own_selection() -> None:
+    options = matrix.Options(kernels=("5.10", "6.1"), per_line={"5.10": ("tests/kernel/a.py",)})
+    assert options.selection_on("5.10") == ("tests/kernel/a.py",)
+    assert options.selection_on("6.1") == (plan.KERNEL_TESTS,)
+
+
+def test_a_killed_guests_progress_is_read_from_its_console() -> None:
+    console = (
+        "boot\n"
+        "tests/kernel/test_a.py::test_x PASSED [ 1%]\n"
+        "tests/kernel/test_a.py::test_y[tc] FAILED [ 2%]\n"
+        "tests/kernel/test_b.py::test_z \n"
+    )
+    assert junit.progress_from_console(console) == (
+        "before the kill: 1 passed, 1 failed; running: tests/kernel/test_b.py::test_z"
+    )
+    assert junit.progress_from_console("boot\n") == (
+        "before the kill: no test finished; running: -"
+    )

@@ -7,12 +7,13 @@ import os
 import sys
 from pathlib import Path
 
-from ebpflb.testing.kernels import debian, matrix
+from ebpflb.testing.kernels import ci, debian, matrix
 
 EXAMPLES = """\
 examples:
   python -m ebpflb.testing.kernels run                          # 5.10 and 6.1, all kernel tests
   python -m ebpflb.testing.kernels run --kernels 6.1 tests/kernel/test_socket_lb.py
+  python -m ebpflb.testing.kernels run --ci                     # CI's split of the files
   python -m ebpflb.testing.kernels table --readme README.md     # the README's kernel table
 """
 
@@ -31,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"kernel lines, space- or comma-separated (known: {', '.join(debian.LINES)})",
     )
     run.add_argument("tests", nargs="*", help="pytest selection (default: tests/kernel)")
+    run.add_argument(
+        "--ci",
+        action="store_true",
+        help="CI's split: kernel-feature files on every line, the agent's own behaviour on "
+        "one line each (ebpflb/testing/kernels/ci.py)",
+    )
     run.add_argument("--out", type=Path, default=matrix.DEFAULT_OUT)
     run.add_argument("--cache", type=Path, default=debian.DEFAULT_CACHE)
     run.add_argument("--jobs", type=int, default=2, help="kernels booted at once (default 2)")
@@ -61,9 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "run":
+        if args.ci and args.tests:
+            parser.error("--ci chooses the tests itself: give either --ci or tests")
+        kernels = matrix.parse_kernels(args.kernels)
+        per_line = {line: ci.files_on(line) for line in kernels} if args.ci else {}
         return matrix.run(
             matrix.Options(
-                kernels=matrix.parse_kernels(args.kernels),
+                kernels=kernels,
                 selection=matrix.selection_or_default(args.tests),
                 out=args.out,
                 cache=args.cache,
@@ -71,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 vm_timeout=args.vm_timeout * 60,
                 refresh=args.refresh,
                 probe=tuple(args.probe.split()),
+                per_line=per_line,
             )
         )
     from ebpflb.testing.kernels import features

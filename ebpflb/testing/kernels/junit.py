@@ -78,6 +78,25 @@ class KernelResult:
         return not self.problem and self.count(Outcome.FAILED) == 0 and bool(self.cases)
 
 
+def progress_from_console(console: str) -> str:
+    """How far a guest killed before it wrote JUnit got, from pytest's -v lines on its
+    console: the counts so far and the test that was running."""
+    counts = dict.fromkeys(("PASSED", "FAILED", "ERROR", "SKIPPED"), 0)
+    running = ""
+    for text in console.splitlines():
+        words = text.split()
+        if not words or not words[0].startswith("tests/"):
+            continue
+        outcome = next((w for w in words[1:] if w in counts), "")
+        if outcome:
+            counts[outcome] += 1
+            running = ""
+        else:
+            running = words[0]
+    done = ", ".join(f"{n} {k.lower()}" for k, n in counts.items() if n)
+    return f"before the kill: {done or 'no test finished'}; running: {running or '-'}"
+
+
 def missing_result(kernel: str, problem: str) -> str:
     """A JUnit file standing for a guest that reported nothing: one failed case saying why,
     so a reader of the JUnit files alone sees the kernel failed."""

@@ -14,9 +14,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ebpflb.testing.kernels import debian, junit, plan, vm
@@ -42,6 +42,11 @@ class Options:
     vm_timeout: float = DEFAULT_VM_TIMEOUT
     refresh: bool = False
     probe: tuple[str, ...] = ()
+    # A selection per kernel line (CI's split, ebpflb/testing/kernels/ci.py) over `selection`.
+    per_line: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def selection_on(self, line: str) -> tuple[str, ...]:
+        return self.per_line.get(line, self.selection)
 
 
 def run_kernel(line: str, options: Options, echo: Callable[[str], None]) -> junit.KernelResult:
@@ -56,7 +61,7 @@ def run_kernel(line: str, options: Options, echo: Callable[[str], None]) -> juni
         release = kernel.release
         echo(f"kernel {release} ({kernel.manifest.key}) from {options.cache}")
         guest_plan = plan.guest_plan(
-            str(REPO), line, options.selection, probe=list(options.probe) or None
+            str(REPO), line, options.selection_on(line), probe=list(options.probe) or None
         )
         # The share lives outside the checkout: the guest writes nothing into it.
         with tempfile.TemporaryDirectory(prefix=f"ebpflb-kernel-{line}-", dir="/var/tmp") as tmp:
@@ -68,6 +73,9 @@ def run_kernel(line: str, options: Options, echo: Callable[[str], None]) -> juni
         problem = ""
         if result.timed_out:
             problem = f"VM killed after {options.vm_timeout / 60:.0f} min"
+            console = out / "console.log"
+            if console.is_file():
+                echo(junit.progress_from_console(console.read_text(errors="replace")))
         elif result.status is None:
             problem = "no exit status from the guest (it crashed or never ran the tests)"
         elif not (out / "junit.xml").exists():
@@ -111,6 +119,8 @@ def run(options: Options) -> int:
         print(f"kernel matrix: {why_not}", file=sys.stderr)
         return 2
     for line in options.kernels:
+        if line in options.per_line:
+            echo_for(line)(f"runs {' '.join(options.per_line[line])}")
         for exclusion in plan.excluded_on(line):
             print(f"[{line}] excluded {exclusion.nodeid}: {exclusion.reason}")
     with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
