@@ -32,7 +32,7 @@ from ebpflb.desired import DesiredFrontend, ExternalIPPolicy, NodeView, frontend
 from ebpflb.errors import Fault, InvalidObjectError
 from ebpflb.healthcheck import HealthCheckServers, HealthTarget
 from ebpflb.metrics import Metrics
-from ebpflb.model import Frontend, NamespacedName, TrafficPolicy
+from ebpflb.model import Frontend, IPAddress, NamespacedName, TrafficPolicy
 from ebpflb.observe.proxysync import ProxySyncRecorder
 from ebpflb.observe.status import AgentStatus, SyncRecord, SyncRecordKind
 from ebpflb.reconcile import ApplyResult, Reconciler
@@ -171,10 +171,9 @@ class Agent:
         if isinstance(translation, ServiceTranslation):
             pending = self._service_updated(translation)
         else:
-            if translation.skipped == "addressType IPv6":
-                self.metrics.ipv6_skipped.inc()
             pending = self.slices.update(translation)
-            if translation.skipped is None:  # kube-proxy's IPv4 tracker sees IPv4 slices only
+            # kube-proxy's IPv4 tracker sees IPv4 slices only
+            if translation.skipped is None and translation.family == 4:
                 self.proxy_sync.slice_event()
         if self.status is not None:
             self.status.object_accepted(kind.value, str(translation.ref))
@@ -466,7 +465,7 @@ class Agent:
         self.runner.loop(stop)
 
 
-def _external_ips(translation: ServiceTranslation) -> set[IPv4Address]:
+def _external_ips(translation: ServiceTranslation) -> set[IPAddress]:
     return {ip for port in translation.ports.values() for ip in port.external_ips}
 
 

@@ -23,6 +23,16 @@ BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
 BPF_TABLE_PINNED("array", __u32, struct lb4_backend, ebpflb_be4,
 		 EBPFLB_MAX_BACKENDS + 1, EBPFLB_PIN_DIR "/ebpflb_be4");
 
+/* IPv6 frontend -> service (struct lb4_svc_val: same ids, slot pool and flags as IPv4). */
+BPF_TABLE_PINNED("hash", struct lb6_svc_key, struct lb4_svc_val, ebpflb_svc6,
+		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svc6", BPF_F_NO_PREALLOC);
+
+/* Backend id -> IPv6 address: ebpflb_be4's twin for the ids of IPv6 backends (one id
+ * space, so both arrays have EBPFLB_MAX_BACKENDS + 1 elements; an id's element in the
+ * other family's array stays all zero). */
+BPF_TABLE_PINNED("array", __u32, struct lb6_backend, ebpflb_be6,
+		 EBPFLB_MAX_BACKENDS + 1, EBPFLB_PIN_DIR "/ebpflb_be6");
+
 /* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range. The
  * pool itself (ebpflb_slots: an array of EBPFLB_SLOT_POOL_SIZE / 2 pairs at most, flags
  * BPF_F_MMAPABLE | BPF_F_INNER_MAP, so the agent writes tables as memory) starts small and
@@ -39,6 +49,11 @@ BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,
  * without EBPFLB_HAVE_SK_STORAGE, else those of UDP sockets only (see ebpflb_sockrev4). */
 BPF_TABLE_PINNED("lru_hash", struct lb4_revsk_key, struct lb4_revsk_val, ebpflb_revsk4,
 		 EBPFLB_REV_SK_MAX, EBPFLB_PIN_DIR "/ebpflb_revsk4");
+
+/* (socket cookie, IPv6 backend) -> frontend, for recvmsg6/getpeername6 of IPv6 sockets
+ * (TCP and UDP: IPv6 sockets keep no socket storage entry). */
+BPF_TABLE_PINNED("lru_hash", struct lb6_revsk_key, struct lb6_revsk_val, ebpflb_revsk6,
+		 EBPFLB_REV_SK_MAX, EBPFLB_PIN_DIR "/ebpflb_revsk6");
 
 /* Socket storage: a connected TCP socket's backend and the frontend it stands for, stored
  * in the socket itself, so the entry costs no hash insert at connect() and lives exactly as

@@ -183,6 +183,53 @@ class Lb4Backend(ct.Structure):
     _network_order_ = ("addr", "port")
 
 
+class Lb6SvcKey(ct.Structure):
+    """struct lb6_svc_key"""
+
+    _fields_ = [
+        ("addr", ct.c_uint32 * 4),
+        ("port", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("scope", ct.c_uint8),
+    ]
+    _network_order_ = ("addr", "port")
+
+
+class Lb6Backend(ct.Structure):
+    """struct lb6_backend"""
+
+    _fields_ = [
+        ("addr", ct.c_uint32 * 4),
+        ("port", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("flags", ct.c_uint8),
+    ]
+    _network_order_ = ("addr", "port")
+
+
+class Lb6RevskKey(ct.Structure):
+    """struct lb6_revsk_key"""
+
+    _fields_ = [
+        ("cookie", ct.c_uint64),
+        ("addr", ct.c_uint32 * 4),
+        ("port", ct.c_uint16),
+        ("pad", ct.c_uint16 * 3),
+    ]
+    _network_order_ = ("addr", "port")
+
+
+class Lb6RevskVal(ct.Structure):
+    """struct lb6_revsk_val"""
+
+    _fields_ = [
+        ("addr", ct.c_uint32 * 4),
+        ("port", ct.c_uint16),
+        ("pad", ct.c_uint16),
+    ]
+    _network_order_ = ("addr", "port")
+
+
 class Lb4SvcMeta(ct.Structure):
     """struct lb4_svc_meta"""
 
@@ -338,6 +385,10 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "lb4_slot_pair": Lb4SlotPair,
     "lb4_backend": Lb4Backend,
     "lb4_svc_meta": Lb4SvcMeta,
+    "lb6_svc_key": Lb6SvcKey,
+    "lb6_backend": Lb6Backend,
+    "lb6_revsk_key": Lb6RevskKey,
+    "lb6_revsk_val": Lb6RevskVal,
     "lb4_revsk_key": Lb4RevskKey,
     "lb4_revsk_val": Lb4RevskVal,
     "lb4_sock_rev": Lb4SockRev,
@@ -428,6 +479,9 @@ class MapName(enum.StrEnum):
     SERVICE_STATS = "ebpflb_svcstats"
     AFFINITY = "ebpflb_aff4"
     AFFINITY_MATCH = "ebpflb_affpair4"
+    SERVICES6 = "ebpflb_svc6"
+    BACKENDS6 = "ebpflb_be6"
+    REVERSE_SOCK6 = "ebpflb_revsk6"
 
 
 class MapType(enum.IntEnum):
@@ -500,6 +554,16 @@ MAPS: dict[MapName, MapSpec] = {
         # Indexed by backend id, 1..max_backends (0 is never allocated).
         MapSpec(MapName.BACKENDS, MapType.ARRAY, ct.c_uint32, Lb4Backend, MAX_BACKENDS, extra=1),
         MapSpec(
+            MapName.SERVICES6,
+            MapType.HASH,
+            Lb6SvcKey,
+            Lb4SvcVal,
+            MAX_SERVICES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
+        # Indexed by the backend ids of IPv6 backends (one id space with ebpflb_be4).
+        MapSpec(MapName.BACKENDS6, MapType.ARRAY, ct.c_uint32, Lb6Backend, MAX_BACKENDS, extra=1),
+        MapSpec(
             MapName.SLOTS,
             MapType.ARRAY,
             ct.c_uint32,
@@ -519,6 +583,7 @@ MAPS: dict[MapName, MapSpec] = {
             flags=BPF_F_NO_PREALLOC,
         ),
         MapSpec(MapName.REVERSE_SOCK, MapType.LRU_HASH, Lb4RevskKey, Lb4RevskVal, REV_SK_MAX),
+        MapSpec(MapName.REVERSE_SOCK6, MapType.LRU_HASH, Lb6RevskKey, Lb6RevskVal, REV_SK_MAX),
         # Per-socket storage: no entries of its own (max_entries 0); keyed by a socket fd.
         MapSpec(
             MapName.SOCK_STORAGE,

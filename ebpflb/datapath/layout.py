@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import ctypes as ct
 import socket
+import struct
 from collections.abc import Sequence
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -33,6 +34,8 @@ from ebpflb.datapath.contract import (
     Lb4SvcKey,
     Lb4SvcMeta,
     Lb4SvcVal,
+    Lb6Backend,
+    Lb6SvcKey,
     NatFlags,
     Rnat4Val,
     SrcRange4Key,
@@ -47,7 +50,7 @@ from ebpflb.datapath.maps import (
     ServiceEntry,
     SourceRange,
 )
-from ebpflb.model import Backend, BackendFlags, Frontend, Proto, Scope, SvcFlags
+from ebpflb.model import Backend, BackendFlags, Frontend, IPAddress, Proto, Scope, SvcFlags
 
 
 def addr_to_be32(address: IPv4Address) -> int:
@@ -57,6 +60,31 @@ def addr_to_be32(address: IPv4Address) -> int:
 
 def be32_to_addr(value: int) -> IPv4Address:
     return IPv4Address(value.to_bytes(4, "little"))
+
+
+def v4(address: IPAddress) -> IPv4Address:
+    """An address bound for an IPv4 map; TypeError for an IPv6 one (a routing bug)."""
+    if not isinstance(address, IPv4Address):
+        raise TypeError(f"{address} is not an IPv4 address")
+    return address
+
+
+def v6(address: IPAddress) -> IPv6Address:
+    """An address bound for an IPv6 map; TypeError for an IPv4 one (a routing bug)."""
+    if not isinstance(address, IPv6Address):
+        raise TypeError(f"{address} is not an IPv6 address")
+    return address
+
+
+def addr_to_be32x4(address: IPv6Address) -> tuple[int, int, int, int]:
+    """IPv6 address -> the four host-order ints of a __be32[4] whose memory bytes are the
+    network-order address."""
+    a, b, c, d = struct.unpack("=4I", address.packed)
+    return a, b, c, d
+
+
+def be32x4_to_addr(words: Sequence[int]) -> IPv6Address:
+    return IPv6Address(struct.pack("=4I", *words))
 
 
 def port_to_be16(port: int) -> int:
@@ -69,7 +97,7 @@ def be16_to_port(value: int) -> int:
 
 def encode_frontend(frontend: Frontend) -> Lb4SvcKey:
     return Lb4SvcKey(
-        addr_to_be32(frontend.address),
+        addr_to_be32(v4(frontend.address)),
         port_to_be16(frontend.port),
         int(frontend.protocol),
         int(frontend.scope),
@@ -101,7 +129,7 @@ def decode_service(val: Lb4SvcVal) -> ServiceEntry:
 def encode_backend(entry: BackendEntry) -> Lb4Backend:
     backend = entry.backend
     return Lb4Backend(
-        addr_to_be32(backend.address),
+        addr_to_be32(v4(backend.address)),
         port_to_be16(backend.port),
         int(backend.protocol),
         int(entry.flags),
@@ -111,6 +139,36 @@ def encode_backend(entry: BackendEntry) -> Lb4Backend:
 def decode_backend(val: Lb4Backend) -> BackendEntry:
     backend = Backend(be32_to_addr(val.addr), be16_to_port(val.port), Proto(val.proto))
     return BackendEntry(backend, BackendFlags(val.flags))
+
+
+def encode_frontend6(frontend: Frontend) -> Lb6SvcKey:
+    return Lb6SvcKey(
+        addr_to_be32x4(v6(frontend.address)),
+        port_to_be16(frontend.port),
+        int(frontend.protocol),
+        int(frontend.scope),
+    )
+
+
+def decode_frontend6(key: Lb6SvcKey) -> Frontend:
+    return Frontend(
+        be32x4_to_addr(key.addr), be16_to_port(key.port), _proto(key.proto), _scope(key.scope)
+    )
+
+
+def encode_backend6(entry: BackendEntry) -> Lb6Backend:
+    backend = entry.backend
+    return Lb6Backend(
+        addr_to_be32x4(v6(backend.address)),
+        port_to_be16(backend.port),
+        int(backend.protocol),
+        int(entry.flags),
+    )
+
+
+def decode_backend6(val: Lb6Backend) -> BackendEntry:
+    backend = Backend(be32x4_to_addr(val.addr), be16_to_port(val.port), _proto(val.proto))
+    return BackendEntry(backend, _flags(BackendFlags, val.flags))
 
 
 def encode_meta(name: str) -> Lb4SvcMeta:

@@ -39,10 +39,12 @@ def source_ranges(networks: Iterable[IPv4Network]) -> frozenset[IPv4Network]:
     return frozenset(networks) or NO_RANGES
 
 
-def frontend_order(frontend: Frontend) -> tuple[int, int, int, int]:
-    """A sort key giving Frontend's own order (address, port, protocol, scope), in ints:
-    ordering 100,000 frontends through their dataclass comparisons costs a second."""
-    return (int(frontend.address), frontend.port, frontend.protocol, frontend.scope)
+def frontend_order(frontend: Frontend) -> tuple[int, int, int, int, int]:
+    """A sort key giving Frontend's own order (address, port, protocol, scope), in ints,
+    IPv4 before IPv6: ordering 100,000 frontends through their dataclass comparisons costs
+    a second, and addresses of two families do not compare at all."""
+    address = frontend.address
+    return (address.version, int(address), frontend.port, frontend.protocol, frontend.scope)
 
 
 def parse_owner(name: str) -> NamespacedName | None:
