@@ -1,0 +1,250 @@
+"""Socket-LB for IPv6 on the real kernel: the IPv6 twins of test_socket_lb.py, IPv4-mapped
+destinations of dual-stack sockets, and one dual-stack Service serving both families at
+once. Real programs, real sockets, namespaces with IPv6 addresses (fd00::/8, unique local)
+this module creates; the client's (node) namespace has no route out: an address left
+untranslated dies there."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ebpflb.datapath import loader
+from ebpflb.testing.agentproc import TIMEOUT_SCALE
+from ebpflb.testing.netns import Cgroup, Topology, sh
+from tests.kernel.conftest import PODS, TCP_PORT, UDP_PORT, AgentFactory, served_by, wait_backends
+
+NODE6 = "fd00:1::1"
+PODS6 = {"pod1": "fd00:244::11", "pod2": "fd00:244::12", "pod3": "fd00:244::13"}
+WEB6 = "[fd00:96::10]:80"
+DNS6 = "[fd00:96::53]:53"
+PENDING6 = "[fd00:96::99]:80"
+UDP_PENDING6 = "[fd00:96::98]:53"
+# The IPv4 Services of examples/ as a dual-stack socket addresses them.
+WEB_MAPPED = "[::ffff:10.96.0.10]:80"
+DNS_MAPPED = "[::ffff:10.96.0.53]:53"
+PENDING_MAPPED = "[::ffff:10.96.0.99]:80"
+DUAL4, DUAL6 = "10.96.0.20:80", "[fd00:96::20]:80"
+
+
+def _ipv6_on(netns: str, *interfaces: str) -> None:
+    """IPv6 on, without duplicate address detection (an address is usable at once)."""
+    settings = [
+        f"net.ipv6.conf.{name}.{key}={value}"
+        for name in ("all", "default", *interfaces)
+        for key, value in (("disable_ipv6", 0), ("accept_dad", 0))
+    ]
+    sh("ip", "netns", "exec", netns, "sysctl", "-qw", *settings)
+
+
+@pytest.fixture(scope="module")
+def topology() -> Iterator[Topology]:
+    """test_socket_lb's topology with IPv6 too: the node holds NODE6, each pod its PODS6
+    address next to its IPv4 one, routes on-link both ways and no route anywhere else;
+    every pod serves TCP 8080 and UDP 5353 on both families."""
+    topo = Topology.create()
+    try:
+        _ipv6_on(topo.node_ns)
+        for index, (name, ip) in enumerate(PODS.items()):
+            pod = topo.add_pod(name, ip)
+            host_if = f"v{topo.prefix[-6:]}{index}"[:15]  # as Topology.add_pod names it
+            _ipv6_on(topo.node_ns, host_if)
+            _ipv6_on(pod.netns, "eth0")
+            # The node's address on every pod link, so each pod finds it by neighbour
+            # discovery on its own link.
+            sh(
+                "ip",
+                "-n",
+                topo.node_ns,
+                "-6",
+                "addr",
+                "add",
+                f"{NODE6}/128",
+                "dev",
+                host_if,
+                "nodad",
+            )
+            sh(
+                "ip",
+                "-n",
+                pod.netns,
+                "-6",
+                "addr",
+                "add",
+                f"{PODS6[name]}/128",
+                "dev",
+                "eth0",
+                "nodad",
+            )
+            sh("ip", "-n", pod.netns, "-6", "route", "add", NODE6, "dev", "eth0")
+            sh("ip", "-n", topo.node_ns, "-6", "route", "add", f"{PODS6[name]}/128", "dev", host_if)
+            argv = [sys.executable, "-m", "ebpflb.testing.echo", "serve", "--name", name]
+            argv += ["--tcp", str(TCP_PORT), "--udp", str(UDP_PORT), "--ipv6", "--lifetime", "900"]
+            server = topo.spawn(pod.netns, argv)
+            assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        yield topo
+    finally:
+        topo.close()
+
+
+def _slice(
+    name: str, service: str, family: str, port: str, protocol: str, addresses: list[str]
+) -> str:
+    endpoints = "".join(
+        f'  - addresses: ["{a}"]\n    conditions: {{ready: true}}\n    nodeName: node-1\n'
+        for a in addresses
+    )
+    return (
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
+        f"metadata: {{name: {name}, labels: {{kubernetes.io/service-name: {service}}}}}\n"
+        f"addressType: {family}\n"
+        f"ports: [{{name: {port}, protocol: {protocol}, port: "
+        f"{TCP_PORT if protocol == 'TCP' else UDP_PORT}}}]\n"
+        + (f"endpoints:\n{endpoints}" if endpoints else "endpoints: []\n")
+    )
+
+
+def _service(name: str, ips: list[str], port: int, protocol: str) -> str:
+    families = ", ".join("IPv6" if ":" in ip else "IPv4" for ip in ips)
+    policy = "RequireDualStack" if len(ips) > 1 else "SingleStack"
+    return (
+        f"---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\n"
+        f"spec: {{clusterIP: '{ips[0]}', clusterIPs: [{', '.join(repr(ip) for ip in ips)}],"
+        f" ipFamilies: [{families}], ipFamilyPolicy: {policy},"
+        f" ports: [{{name: p, protocol: {protocol}, port: {port}}}]}}\n"
+    )
+
+
+@pytest.fixture
+def manifests6(manifests: Path) -> Path:
+    """examples/ (IPv4 web, dns, pending) plus IPv6 web6, dns6, pending6, udp-pending6 and
+    the dual-stack `dual` (IPv4 endpoints pod1, pod2; IPv6 endpoints pod2, pod3)."""
+    pods6 = list(PODS6.values())
+    (manifests / "ipv6.yaml").write_text(
+        _service("web6", ["fd00:96::10"], 80, "TCP")
+        + _slice("web6-a", "web6", "IPv6", "p", "TCP", pods6)
+        + _service("dns6", ["fd00:96::53"], 53, "UDP")
+        + _slice("dns6-a", "dns6", "IPv6", "p", "UDP", pods6)
+        + _service("pending6", ["fd00:96::99"], 80, "TCP")
+        + _service("udp-pending6", ["fd00:96::98"], 53, "UDP")
+        + _service("dual", ["10.96.0.20", "fd00:96::20"], 80, "TCP")
+        + _slice("dual-v4", "dual", "IPv4", "p", "TCP", [PODS["pod1"], PODS["pod2"]])
+        + _slice("dual-v6", "dual", "IPv6", "p", "TCP", [PODS6["pod2"], PODS6["pod3"]])
+    )
+    return manifests
+
+
+def _host(address: str) -> str:
+    """The address of "IP:PORT" or "[IPv6]:PORT"."""
+    return address.rpartition(":")[0].removeprefix("[").removesuffix("]")
+
+
+def test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip(
+    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
+) -> None:
+    agent = start_agent("--manifests", str(manifests6))
+    results = topology.requests(topology.node_ns, "tcp", WEB6, 300, cgroup)
+    counts = served_by(results)
+    assert set(counts) == set(PODS6)
+    assert min(counts.values()) >= 60  # uniform would be 100 each; 60 is > 5 sigma away
+    assert {r["peer"] for r in results} == {WEB6}  # getpeername6 shows the ClusterIP
+    # The backends saw the node's own IPv6 address: no SNAT, no IPv4 anywhere.
+    assert {_host(str(r["seen_as"])) for r in results} == {NODE6}
+    # Per-frontend metrics name the IPv6 frontend as [address]:port.
+    translated = agent.metrics().value(
+        "ebpflb_service_socket_translations_total",
+        service="default/web6",
+        port="p",
+        frontend="[fd00:96::10]:80",
+        protocol="TCP",
+    )
+    assert translated == 300
+
+
+def test_udp_reply_comes_from_the_clusterip(
+    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
+) -> None:
+    start_agent("--manifests", str(manifests6))
+    unconnected = topology.requests(topology.node_ns, "udp", DNS6, 90, cgroup)
+    assert set(served_by(unconnected)) == set(PODS6)
+    assert {r["peer"] for r in unconnected} == {DNS6}  # recvmsg6 source rewritten back
+    connected = topology.requests(topology.node_ns, "udp", DNS6, 30, cgroup, "--connected")
+    assert len(served_by(connected)) >= 2
+    assert {r["peer"] for r in connected} == {DNS6}  # getpeername6 on connected UDP
+
+
+def test_service_without_endpoints_refuses_tcp_and_udp(
+    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
+) -> None:
+    start_agent("--manifests", str(manifests6))
+    expected = "ECONNREFUSED" if loader.probe_features().set_retval else "EPERM"
+    started = time.monotonic()
+    tcp = topology.requests(topology.node_ns, "tcp", PENDING6, 3, cgroup, timeout=5.0)
+    assert [r.get("error") for r in tcp] == [expected] * 3
+    udp = topology.requests(topology.node_ns, "udp", UDP_PENDING6, 2, cgroup, timeout=5.0)
+    assert [r.get("error") for r in udp] == [expected] * 2
+    # Refused at once, not after a timeout (5 requests of 5 s each).
+    assert time.monotonic() - started < 5.0 * min(TIMEOUT_SCALE, 2.0)
+    # An IPv6 address that is no frontend is left alone: no route out of the namespace.
+    (result,) = topology.requests(topology.node_ns, "tcp", "[fd00:96::10]:81", 1, cgroup)
+    assert result["error"] == "ENETUNREACH"
+
+
+def test_v4_mapped_clusterip_is_translated_like_the_ipv4_one(
+    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
+) -> None:
+    """A dual-stack (AF_INET6) socket addressing ::ffff:<IPv4 ClusterIP> reaches the IPv4
+    backends (as ::ffff:<backend>), and sees the mapped ClusterIP as its peer."""
+    start_agent("--manifests", str(manifests6))
+    results = topology.requests(topology.node_ns, "tcp", WEB_MAPPED, 150, cgroup)
+    assert set(served_by(results)) == set(PODS)
+    assert {r["peer"] for r in results} == {WEB_MAPPED}
+    # The backends saw IPv4: the connection went out over IPv4 to an IPv4 backend.
+    assert {_host(str(r["seen_as"])) for r in results} == {topology.node_ip}
+    connected = topology.requests(topology.node_ns, "udp", DNS_MAPPED, 30, cgroup, "--connected")
+    assert len(served_by(connected)) >= 2
+    assert {r["peer"] for r in connected} == {DNS_MAPPED}
+    # Unconnected: the kernel hands the datagram to sendmsg4; the reply is read by
+    # recvmsg6, which finds the IPv4 entry and shows the mapped ClusterIP.
+    unconnected = topology.requests(topology.node_ns, "udp", DNS_MAPPED, 30, cgroup)
+    assert len(served_by(unconnected)) >= 2
+    assert {r["peer"] for r in unconnected} == {DNS_MAPPED}
+    expected = "ECONNREFUSED" if loader.probe_features().set_retval else "EPERM"
+    refused = topology.requests(topology.node_ns, "tcp", PENDING_MAPPED, 2, cgroup, timeout=5.0)
+    assert [r.get("error") for r in refused] == [expected] * 2
+
+
+def test_dual_stack_service_serves_both_families_at_once(
+    topology: Topology,
+    cgroup: Cgroup,
+    manifests6: Path,
+    start_agent: AgentFactory,
+    bpffs: Path,
+) -> None:
+    """One Service, ipFamilies [IPv4, IPv6]: each family's ClusterIP reaches that family's
+    endpoints only (pod1+pod2 over IPv4, pod2+pod3 over IPv6), clients of both running at
+    the same time."""
+    start_agent("--manifests", str(manifests6))
+    wait_backends(bpffs, "10.96.0.20:80/TCP", {"10.244.1.11:8080", "10.244.1.12:8080"})
+    wait_backends(bpffs, "[fd00:96::20]:80/TCP", {"[fd00:244::12]:8080", "[fd00:244::13]:8080"})
+    results: dict[str, list[dict[str, Any]]] = {}
+
+    def run(target: str) -> None:
+        results[target] = topology.requests(topology.node_ns, "tcp", target, 150, cgroup)
+
+    clients = [threading.Thread(target=run, args=(t,)) for t in (DUAL4, DUAL6)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(timeout=300)
+    assert set(served_by(results[DUAL4])) == {"pod1", "pod2"}
+    assert set(served_by(results[DUAL6])) == {"pod2", "pod3"}
+    assert {r["peer"] for r in results[DUAL4]} == {DUAL4}
+    assert {r["peer"] for r in results[DUAL6]} == {DUAL6}
+    assert {_host(str(r["seen_as"])) for r in results[DUAL6]} == {NODE6}
