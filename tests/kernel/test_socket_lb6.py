@@ -248,3 +248,20 @@ def test_dual_stack_service_serves_both_families_at_once(
     assert {r["peer"] for r in results[DUAL4]} == {DUAL4}
     assert {r["peer"] for r in results[DUAL6]} == {DUAL6}
     assert {_host(str(r["seen_as"])) for r in results[DUAL6]} == {NODE6}
+
+
+def test_restart_adopts_the_ipv6_entries_and_rewrites_nothing(
+    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
+) -> None:
+    """The IPv6 entries read back from the pinned maps are what was written: a restarted
+    agent finds every frontend of both families as it wants it."""
+    first = start_agent("--manifests", str(manifests6))
+    frontends = first.status()["frontends"]
+    first.stop()
+    counts = served_by(topology.requests(topology.node_ns, "tcp", WEB6, 30, cgroup))
+    assert len(counts) >= 2  # no agent: the programs and maps keep balancing
+    second = start_agent("--manifests", str(manifests6))
+    first_sync = second.status()["sync"]["first"]
+    assert (first_sync["added"], first_sync["updated"], first_sync["removed"]) == (0, 0, 0)
+    assert first_sync["unchanged"] == frontends
+    assert second.metrics().value("ebpflb_maglev_slots_written_total") == 0

@@ -141,6 +141,18 @@ def test_reconciler_writes_both_families_with_a_table_each() -> None:
     assert {b.backend.address.version for b in maps.backends.data.values()} == {4}
 
 
+def test_a_restarted_reconciler_adopts_both_families_and_writes_nothing() -> None:
+    maps = FakeMapSet(max_services=8, max_backends=16, slot_pool_size=4096)
+    want = frontends_for_service(state_of(dual_service(), slices()))
+    Reconciler(maps).apply({WEB: want})
+    writes = (maps.services.writes, maps.backends.writes, maps.slots.slots_written)
+    again = Reconciler(maps)
+    again.restore()
+    result = again.apply({WEB: want}, full=True)
+    assert (result.added, result.updated, result.removed, result.unchanged) == (0, 0, 0, 2)
+    assert (maps.services.writes, maps.backends.writes, maps.slots.slots_written) == writes
+
+
 def test_the_agent_programs_a_dual_stack_service_from_objects() -> None:
     maps = FakeMapSet()
     agent = Agent(Config(), maps, Metrics(CollectorRegistry()), clock=FakeClock())
