@@ -181,9 +181,13 @@ class Agent:
             self._changed()
 
     def _service_updated(self, translation: ServiceTranslation) -> bool:
-        if translation.ipv6_skipped:
-            self.metrics.ipv6_skipped.inc(translation.ipv6_skipped)
         previous = self.services.get(translation.ref)
+        # Reported and counted when first left out, not at every update (as the ports below).
+        seen = set(previous.ipv6_unserved) if previous else set()
+        for reason in translation.ipv6_unserved:
+            if reason not in seen:
+                log.info("service %s: %s", translation.ref, reason)
+                self.metrics.ipv6_skipped.inc()
         if translation.skipped and (previous is None or previous.skipped != translation.skipped):
             log.info("skipping service %s: %s", translation.ref, translation.skipped)
         # What is left out of a Service is reported when it first is, not at every update.
@@ -202,7 +206,7 @@ class Agent:
         refused = policy.refused(_external_ips(translation))
         if previous is not None:
             refused -= policy.refused(_external_ips(previous))
-        for address in sorted(refused):
+        for address in sorted(refused, key=lambda a: (a.version, int(a))):
             log.warning(
                 "service %s: externalIP %s not programmed: outside --external-ip-cidrs"
                 " (CVE-2020-8554: an externalIP would capture that address's traffic)",

@@ -87,6 +87,7 @@ class RealizedState:
         # Lists, not sets: most services have one frontend, and 100,000 sets take 20 MiB.
         self._by_owner: dict[NamespacedName | None, list[Frontend]] = {}
         self.undersized = 0
+        self.ipv6 = 0  # IPv6 frontends (ebpflb_svc6's entries; the rest are ebpflb_svc4's)
 
     def __len__(self) -> int:
         return len(self.frontends)
@@ -99,7 +100,9 @@ class RealizedState:
 
     def set(self, frontend: Frontend, realized: Realized) -> None:
         previous = self.frontends.get(frontend)
-        if previous is not None:
+        if previous is None:
+            self.ipv6 += frontend.address.version == 6
+        else:
             entry = previous.entry  # undersized(), inlined: this runs for every frontend
             self.undersized -= entry.table_size < MIN_SLOTS_PER_BACKEND * entry.backend_count
             if previous.owner != realized.owner:
@@ -114,6 +117,7 @@ class RealizedState:
     def drop(self, frontend: Frontend) -> Realized:
         realized = self.frontends.pop(frontend)
         self.undersized -= undersized(realized.entry)
+        self.ipv6 -= frontend.address.version == 6
         owned = self._by_owner[realized.owner]
         owned.remove(frontend)
         if not owned:

@@ -17,6 +17,7 @@ from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
 from ebpflb.datapath import contract, dump, layout
+from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.fake import FakeMap, FakeMapSet
 from ebpflb.datapath.maps import BackendEntry, FamilyMap, backend_family, frontend_family
 from ebpflb.desired import ExternalIPPolicy, NodeView, frontends_for_service
@@ -31,6 +32,7 @@ from ebpflb.model import (
     Scope,
     SvcFlags,
 )
+from ebpflb.observe.fill import agent_fill
 from ebpflb.observe.svccounters import ServiceCounterCollector
 from ebpflb.reconcile import Reconciler
 from ebpflb.sources.base import Kind
@@ -130,6 +132,11 @@ def test_reconciler_writes_both_families_with_a_table_each() -> None:
         named = {maps.backends.data[i].backend for i in ids}
         assert named == {b.backend for b in desired.backends}
         assert {b.address.version for b in named} == {frontend.address.version}
+    levels = {
+        fill.map: fill.entries
+        for fill in agent_fill(rec, {MapName.SERVICES: 8, MapName.SERVICES6: 8}, lambda _: 0)
+    }
+    assert levels == {"ebpflb_svc4": 1, "ebpflb_svc6": 1}  # each family's map its own
     four = maps.services.data[Frontend(V4, 80, Proto.TCP)]
     six = maps.services.data[Frontend(V6, 80, Proto.TCP)]
     assert four.svc_id != six.svc_id  # one id space: metadata and counters per frontend
@@ -221,3 +228,22 @@ def test_backend_ids_are_one_space_over_both_arrays() -> None:
     assert both.get(2) == e6 and both.get(1) == e4  # an id alone: looked up in both
     assert both.delete(2) and not six.data and four.data == {1: e4}
     assert not both.delete(3)
+
+
+def test_ipv6_paths_tc_does_not_serve_are_named_and_counted_once() -> None:
+    svc = dual_service(type="NodePort")
+    svc["spec"]["ports"][0]["nodePort"] = 30080
+    (reason,) = translate_service(svc).ipv6_unserved
+    assert "nodePort 30080" in reason and "not programmed" in reason
+    agent = Agent(Config(), FakeMapSet(), Metrics(CollectorRegistry()), clock=FakeClock())
+    agent.object_updated(Kind.SERVICE, svc)
+    agent.object_updated(Kind.SERVICE, svc)  # unchanged: not counted again
+    assert agent.metrics.registry.get_sample_value("ebpflb_ipv6_skipped_total") == 1
+
+
+def test_refused_external_ips_of_both_families_are_reported() -> None:
+    """externalIPs outside --external-ip-cidrs (none by default) of both families: both
+    refused and reported (the two families' addresses are never compared)."""
+    agent = Agent(Config(), FakeMapSet(), Metrics(CollectorRegistry()), clock=FakeClock())
+    agent.object_updated(Kind.SERVICE, dual_service(externalIPs=["2001:db8::7", "192.0.2.7"]))
+    assert agent.metrics.registry.get_sample_value("ebpflb_external_ips_refused_total") == 2

@@ -109,7 +109,6 @@ def test_an_agent_reports_every_pinned_map() -> None:
             MapName.REVERSE_SOCK,
             MapName.IFACE_ADDRS,
             MapName.AFFINITY,
-            MapName.SERVICES6,
             MapName.REVERSE_SOCK6,
         ]
     )
