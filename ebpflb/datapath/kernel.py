@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import errno
+import itertools
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence, Set
@@ -256,35 +257,31 @@ class KernelMapSet:
         return len(expired)
 
     def destroy_udp_sockets(self, left: Mapping[AddrPort, Set[AddrPort]]) -> int:
-        """The sockets in ebpflb_revsk4 sent to a backend that left (sockdiag.py)."""
-        pinned = self._pins[MapName.REVERSE_SOCK]
-        io = ElementIO(
-            pinned.fd,
-            pinned.name,
-            ct.sizeof(contract.Lb4RevskKey),
-            ct.sizeof(contract.Lb4RevskVal),
-        )
-        keys, values, count = io.read_all(contract.Lb4RevskKey, contract.Lb4RevskVal)
+        """The sockets in ebpflb_revsk4 and ebpflb_revsk6 sent to a backend that left
+        (sockdiag.py)."""
         wanted = {
             (f.address, f.port): {(b.address, b.port) for b in backends}
             for f, backends in left.items()
         }
+        entries = itertools.chain(self._reverse_entries(4), self._reverse_entries(6))
+        return sockdiag.destroy_udp_sockets(sockdiag.stale_cookies(entries, wanted))
 
-        def entries() -> Iterator[tuple[int, IPv4Address, int, IPv4Address, int]]:
-            for i in range(count):
-                key = contract.Lb4RevskKey.from_buffer_copy(keys, i * io.key_size)
-                val = contract.Lb4RevskVal.from_buffer_copy(values, i * io.value_size)
-                yield (
-                    int(key.cookie),
-                    layout.be32_to_addr(key.addr),
-                    layout.be16_to_port(key.port),
-                    layout.be32_to_addr(val.addr),
-                    layout.be16_to_port(val.port),
-                )
-
-        # IPv6 frontends' sockets (ebpflb_revsk6) are not looked at yet: an IPv6 UDP
-        # socket keeps a backend that left until it is closed.
-        return sockdiag.destroy_udp_sockets(sockdiag.stale_cookies(entries(), wanted))
+    def _reverse_entries(self, family: int) -> Iterator[sockdiag.Entry]:
+        """(cookie, backend address, port, frontend address, port) of one family's
+        socket-LB reverse entries."""
+        name = MapName.REVERSE_SOCK if family == 4 else MapName.REVERSE_SOCK6
+        key_type, value_type = (
+            (contract.Lb4RevskKey, contract.Lb4RevskVal)
+            if family == 4
+            else (contract.Lb6RevskKey, contract.Lb6RevskVal)
+        )
+        pinned = self._pins[name]
+        io = ElementIO(pinned.fd, pinned.name, ct.sizeof(key_type), ct.sizeof(value_type))
+        keys, values, count = io.read_all(key_type, value_type)
+        for i in range(count):
+            key = key_type.from_buffer_copy(keys, i * io.key_size)
+            val = value_type.from_buffer_copy(values, i * io.value_size)
+            yield (int(key.cookie), *layout.decode_reverse(key, val))
 
     def set_interface_addresses(self, addresses: dict[int, IPv4Address]) -> None:
         """ifindex -> node address used as the SNAT source on that interface."""

@@ -31,10 +31,14 @@ from ebpflb.datapath.contract import (
     CtFlags,
     Flow4,
     Lb4Backend,
+    Lb4RevskKey,
+    Lb4RevskVal,
     Lb4SvcKey,
     Lb4SvcMeta,
     Lb4SvcVal,
     Lb6Backend,
+    Lb6RevskKey,
+    Lb6RevskVal,
     Lb6SvcKey,
     NatFlags,
     Rnat4Val,
@@ -171,6 +175,19 @@ def decode_backend6(val: Lb6Backend) -> BackendEntry:
     return BackendEntry(backend, _flags(BackendFlags, val.flags))
 
 
+def decode_reverse(
+    key: Lb4RevskKey | Lb6RevskKey, val: Lb4RevskVal | Lb6RevskVal
+) -> tuple[IPAddress, int, IPAddress, int]:
+    """A socket-LB reverse entry (ebpflb_revsk4 or ebpflb_revsk6): (backend address,
+    port, frontend address, port)."""
+    if isinstance(key, Lb6RevskKey) and isinstance(val, Lb6RevskVal):
+        backend: IPAddress = be32x4_to_addr(key.addr)
+        frontend: IPAddress = be32x4_to_addr(val.addr)
+    else:
+        backend, frontend = be32_to_addr(key.addr), be32_to_addr(val.addr)
+    return backend, be16_to_port(key.port), frontend, be16_to_port(val.port)
+
+
 def encode_meta(name: str) -> Lb4SvcMeta:
     raw = name.encode()
     if len(raw) >= SVC_NAME_LEN:
@@ -213,8 +230,8 @@ def _addr_port(addr: int, port: int) -> AddrPort:
 
 def encode_flow(flow: Flow) -> Flow4:
     return Flow4(
-        addr_to_be32(flow.source.address),
-        addr_to_be32(flow.destination.address),
+        addr_to_be32(v4(flow.source.address)),
+        addr_to_be32(v4(flow.destination.address)),
         port_to_be16(flow.source.port),
         port_to_be16(flow.destination.port),
         int(flow.protocol),
@@ -230,10 +247,10 @@ def decode_flow(raw: Flow4) -> Flow:
 def encode_conntrack(entry: ConntrackEntry) -> Ct4Entry:
     snat = entry.snat or AddrPort(IPv4Address(0), 0)
     return Ct4Entry(
-        backend_addr=addr_to_be32(entry.backend.address),
+        backend_addr=addr_to_be32(v4(entry.backend.address)),
         backend_port=port_to_be16(entry.backend.port),
         flags=int(entry.flags),
-        nat_addr=addr_to_be32(snat.address),
+        nat_addr=addr_to_be32(v4(snat.address)),
         nat_port=port_to_be16(snat.port),
         svc_id=entry.svc_id,
         backend_id=entry.backend_id,
@@ -259,8 +276,8 @@ def decode_conntrack(raw: Ct4Entry) -> ConntrackEntry:
 
 def encode_nat(entry: NatEntry) -> Rnat4Val:
     return Rnat4Val(
-        client_addr=addr_to_be32(entry.client.address),
-        frontend_addr=addr_to_be32(entry.frontend.address),
+        client_addr=addr_to_be32(v4(entry.client.address)),
+        frontend_addr=addr_to_be32(v4(entry.frontend.address)),
         client_port=port_to_be16(entry.client.port),
         frontend_port=port_to_be16(entry.frontend.port),
         flags=int(entry.flags),

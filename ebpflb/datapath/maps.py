@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from ebpflb.datapath.contract import SLOTS_PER_ELEMENT, CtFlags, MapName, NatFlags
 from ebpflb.errors import MapError
-from ebpflb.model import Backend, BackendFlags, Frontend, Proto, SvcFlags
+from ebpflb.model import Backend, BackendFlags, Frontend, IPAddress, Proto, SvcFlags, host_port
 
 __all__ = [  # MapName and SLOTS_PER_ELEMENT are the contract's, re-exported for convenience
     "SLOTS_PER_ELEMENT",
@@ -91,13 +91,14 @@ class AffinityMatch:
 
 @dataclass(frozen=True, slots=True, order=True)
 class AddrPort:
-    """An IPv4 address and a port, as one side of a flow."""
+    """An address and a port, as one side of a flow (IPv4 only in the conntrack and NAT
+    maps; socket-LB's reverse entries hold either family)."""
 
-    address: IPv4Address
+    address: IPAddress
     port: int
 
     def __str__(self) -> str:
-        return f"{self.address}:{self.port}"
+        return host_port(self.address, self.port)
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -12,7 +12,6 @@ import logging
 from collections.abc import Mapping
 
 from ebpflb import maglev
-from ebpflb.datapath.layout import v4 as layout_v4
 from ebpflb.datapath.maps import AddrPort, MapSet, SourceRange
 from ebpflb.desired import DesiredFrontend
 from ebpflb.metrics import Metrics
@@ -217,21 +216,21 @@ class Reconciler:
             frontend = plan.frontend
             if outcome.failure is not None or current is None or frontend.protocol is not Proto.UDP:
                 continue
-            if frontend.address.version != 4:
-                continue  # IPv6: no tc/XDP flows; its sockets are not cleaned up yet
             gone = set(current.backend_ids) - set(outcome.table_ids)
             addresses = {
-                AddrPort(layout_v4(entries[i].backend.address), entries[i].backend.port)
+                AddrPort(entries[i].backend.address, entries[i].backend.port)
                 for i in gone
                 if i in entries
             }
             if not addresses:
                 continue
             flags = current.entry.flags
-            if frontend.scope is Scope.EXTERNAL and flags & SvcFlags.EXTERNAL:
+            v4 = frontend.address.version == 4
+            # tc/XDP flows are IPv4 only (no IPv6 conntrack yet).
+            if frontend.scope is Scope.EXTERNAL and flags & SvcFlags.EXTERNAL and v4:
                 by_svc[plan.svc_id] = addresses
             if frontend.scope is Scope.INTERNAL or not flags & SvcFlags.INTERNAL_SCOPE:
-                key = AddrPort(layout_v4(frontend.address), frontend.port)
+                key = AddrPort(frontend.address, frontend.port)
                 by_frontend.setdefault(key, set()).update(addresses)
         return by_svc, by_frontend
 

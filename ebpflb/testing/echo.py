@@ -228,7 +228,7 @@ def udp_hold(
     which error) answered each. Prints a "connected" line after the first answer."""
 
     def connect() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s = socket.socket(_family(target[0]), socket.SOCK_DGRAM)
         s.settimeout(timeout)
         s.connect(target)
         return s

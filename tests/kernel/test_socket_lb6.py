@@ -6,6 +6,8 @@ untranslated dies there."""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import threading
 import time
@@ -265,3 +267,57 @@ def test_restart_adopts_the_ipv6_entries_and_rewrites_nothing(
     assert (first_sync["added"], first_sync["updated"], first_sync["removed"]) == (0, 0, 0)
     assert first_sync["unchanged"] == frontends
     assert second.metrics().value("ebpflb_maglev_slots_written_total") == 0
+
+
+@pytest.mark.parametrize(
+    ("target", "frontend", "slice_file"),
+    [
+        (DNS6, "[fd00:96::53]:53/UDP", "ipv6"),
+        (DNS_MAPPED, "10.96.0.53:53/UDP", "dns"),
+    ],
+    ids=["ipv6", "ipv4-mapped"],
+)
+def test_connected_udp_socket_recovers_when_its_backend_leaves(
+    topology: Topology,
+    cgroup: Cgroup,
+    manifests6: Path,
+    start_agent: AgentFactory,
+    bpffs: Path,
+    target: str,
+    frontend: str,
+    slice_file: str,
+) -> None:
+    """test_semantics_udp's in-node twin for IPv6 sockets: connect() was translated once;
+    when that backend leaves, the agent aborts the socket (SOCK_DESTROY finds IPv6 sockets
+    too) and the client's new socket reaches a live backend."""
+    start_agent("--manifests", str(manifests6))
+    argv = [sys.executable, "-m", "ebpflb.testing.echo", "udp-hold", target]
+    argv += ["--pings", "40", "--interval", "0.1", "--timeout", "0.5"]
+    proc = topology.spawn(topology.node_ns, argv, cgroup)
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())["connected"]
+        others = [pod for pod in PODS if pod != first]
+        manifest = manifests6 / f"{slice_file}.yaml"
+        text = manifest.read_text()
+        gone = PODS6[first] if slice_file == "ipv6" else PODS[first]
+        # The first pod's endpoint leaves the slice (in ipv6.yaml: dns6's slice only).
+        head, sep, tail = text.partition(
+            "name: dns6-a" if slice_file == "ipv6" else "kind: EndpointSlice"
+        )
+        endpoint = re.compile(rf'  - addresses: \["{re.escape(gone)}"\]\n(    .*\n)*')
+        tail = endpoint.sub("", tail, count=1)
+        manifest.write_text(head + sep + tail)
+        left = {PODS6[p] if slice_file == "ipv6" else PODS[p] for p in others}
+        wait_backends(bpffs, frontend, {f"[{a}]:5353" if ":" in a else f"{a}:5353" for a in left})
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result = json.loads(out.splitlines()[-1])
+    answers = result["answers"]
+    assert result["sockets"] == 2, answers  # one abort, one new socket
+    switched = next(i for i, a in enumerate(answers) if a in others)
+    assert set(answers[:switched]) <= {first, "ECONNABORTED", "EDESTADDRREQ"}
+    assert set(answers[switched:]) <= set(others), answers
+    assert len(answers[switched:]) >= 5

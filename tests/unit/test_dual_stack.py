@@ -19,7 +19,13 @@ from ebpflb.config import Config
 from ebpflb.datapath import contract, dump, layout
 from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.fake import FakeMap, FakeMapSet
-from ebpflb.datapath.maps import BackendEntry, FamilyMap, backend_family, frontend_family
+from ebpflb.datapath.maps import (
+    AddrPort,
+    BackendEntry,
+    FamilyMap,
+    backend_family,
+    frontend_family,
+)
 from ebpflb.desired import ExternalIPPolicy, NodeView, frontends_for_service
 from ebpflb.errors import MapFullError
 from ebpflb.metrics import Metrics
@@ -247,3 +253,28 @@ def test_refused_external_ips_of_both_families_are_reported() -> None:
     agent = Agent(Config(), FakeMapSet(), Metrics(CollectorRegistry()), clock=FakeClock())
     agent.object_updated(Kind.SERVICE, dual_service(externalIPs=["2001:db8::7", "192.0.2.7"]))
     assert agent.metrics.registry.get_sample_value("ebpflb_external_ips_refused_total") == 2
+
+
+def test_ipv6_udp_sockets_of_a_leaving_backend_are_destroyed() -> None:
+    """A UDP backend leaving an IPv6 frontend: the agent asks for the connected sockets
+    aimed at it to be destroyed (no tc/XDP conntrack to purge: IPv6 has none yet)."""
+    maps = FakeMapSet()
+    rec = Reconciler(maps)
+    ports = [{"name": "dns", "protocol": "UDP", "port": 53, "targetPort": 5353}]
+    svc = service(cluster_ip="fd00::53", ports=ports)
+    six = [
+        endpoint_slice(
+            "web-6",
+            address_type="IPv6",
+            endpoints=[endpoint("fd00:244::11"), endpoint("fd00:244::12")],
+        )
+    ]
+    for obj in six:
+        obj["ports"] = [{"name": "dns", "protocol": "UDP", "port": 5353}]
+    rec.apply({WEB: frontends_for_service(state_of(svc, six))})
+    six[0]["endpoints"] = six[0]["endpoints"][:1]
+    rec.apply({WEB: frontends_for_service(state_of(svc, six))})
+    frontend = AddrPort(IPv6Address("fd00::53"), 53)
+    assert maps.destroy_requests == [
+        {frontend: frozenset({AddrPort(IPv6Address("fd00:244::12"), 5353)})}
+    ]
