@@ -321,3 +321,43 @@ def test_connected_udp_socket_recovers_when_its_backend_leaves(
     assert set(answers[:switched]) <= {first, "ECONNABORTED", "EDESTADDRREQ"}
     assert set(answers[switched:]) <= set(others), answers
     assert len(answers[switched:]) >= 5
+
+
+def test_upgrade_from_ipv4_only_pins_keeps_ipv4_and_adds_ipv6(
+    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory, bpffs: Path
+) -> None:
+    """Pins of an ebpflb without IPv6 (no ebpflb_svc6, ebpflb_be6, ebpflb_revsk6): the
+    IPv4 maps are adopted as they are (nothing rewritten) and the IPv6 maps are created."""
+    first = start_agent("--manifests", str(manifests6))
+    frontends = first.status()["frontends"]
+    first.stop()
+    for name in ("ebpflb_svc6", "ebpflb_be6", "ebpflb_revsk6"):
+        (bpffs / name).unlink()
+    second = start_agent("--manifests", str(manifests6))
+    first_sync = second.status()["sync"]["first"]
+    ipv6_frontends = first_sync["added"]
+    assert 0 < ipv6_frontends < frontends  # the IPv6 ones, written again
+    assert (first_sync["updated"], first_sync["removed"]) == (0, 0)
+    assert first_sync["unchanged"] == frontends - ipv6_frontends  # every IPv4 one adopted
+    assert set(served_by(topology.requests(topology.node_ns, "tcp", WEB6, 30, cgroup)))
+    assert set(served_by(topology.requests(topology.node_ns, "tcp", "10.96.0.10:80", 30, cgroup)))
+
+
+def test_session_affinity_holds_over_ipv6(
+    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
+) -> None:
+    """sessionAffinity ClientIP on an IPv6 ClusterIP: every connection of the client (the
+    node's network namespace) reaches one backend (the affinity maps are shared by both
+    families, keyed by service id)."""
+    (manifests6 / "sticky6.yaml").write_text(
+        _service("sticky6", ["fd00:96::30"], 80, "TCP").replace(
+            "ipFamilyPolicy: SingleStack,",
+            "ipFamilyPolicy: SingleStack, sessionAffinity: ClientIP,",
+        )
+        + _slice("sticky6-a", "sticky6", "IPv6", "p", "TCP", list(PODS6.values()))
+    )
+    agent = start_agent("--manifests", str(manifests6))
+    results = topology.requests(topology.node_ns, "tcp", "[fd00:96::30]:80", 60, cgroup)
+    assert len(served_by(results)) == 1
+    assert {r["peer"] for r in results} == {"[fd00:96::30]:80"}
+    assert (agent.metrics().value("ebpflb_datapath_events_total", event="affinity_hit") or 0) >= 59
