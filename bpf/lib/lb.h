@@ -296,6 +296,42 @@ static __always_inline struct lb4_sock_rev *lb4_sockrev_lookup(struct bpf_sock *
 		return NULL;
 	return rev;
 }
+
+/* lb4_sockrev_store's twin for a TCP socket connected to an IPv6 frontend. */
+static __always_inline void lb6_sockrev_store(struct bpf_sock *sk,
+					      const struct lb6_backend *backend,
+					      const __be32 vaddr[4], __be16 vport)
+{
+	struct lb6_sock_rev *rev;
+
+	rev = ebpflb_sockrev6.sk_storage_get(sk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!rev) {
+		stat_inc(STAT_REVSK_UPDATE_FAIL);
+		return;
+	}
+	rev->backend_addr[0] = backend->addr[0];
+	rev->backend_addr[1] = backend->addr[1];
+	rev->backend_addr[2] = backend->addr[2];
+	rev->backend_addr[3] = backend->addr[3];
+	rev->backend_port = backend->port;
+	rev->frontend_addr[0] = vaddr[0];
+	rev->frontend_addr[1] = vaddr[1];
+	rev->frontend_addr[2] = vaddr[2];
+	rev->frontend_addr[3] = vaddr[3];
+	rev->frontend_port = vport;
+}
+
+static __always_inline struct lb6_sock_rev *lb6_sockrev_lookup(struct bpf_sock *sk,
+							      const __be32 addr[4], __be16 port)
+{
+	struct lb6_sock_rev *rev = ebpflb_sockrev6.sk_storage_get(sk, NULL, 0);
+
+	if (!rev || rev->backend_port != port || rev->backend_addr[0] != addr[0] ||
+	    rev->backend_addr[1] != addr[1] || rev->backend_addr[2] != addr[2] ||
+	    rev->backend_addr[3] != addr[3])
+		return NULL;
+	return rev;
+}
 #endif
 
 #endif /* EBPFLB_LB_H */

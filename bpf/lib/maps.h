@@ -50,8 +50,8 @@ BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,
 BPF_TABLE_PINNED("lru_hash", struct lb4_revsk_key, struct lb4_revsk_val, ebpflb_revsk4,
 		 EBPFLB_REV_SK_MAX, EBPFLB_PIN_DIR "/ebpflb_revsk4");
 
-/* (socket cookie, IPv6 backend) -> frontend, for recvmsg6/getpeername6 of IPv6 sockets
- * (TCP and UDP: IPv6 sockets keep no socket storage entry). */
+/* (socket cookie, IPv6 backend) -> frontend, for recvmsg6/getpeername6: ebpflb_revsk4's
+ * twin (UDP sockets, and TCP ones without EBPFLB_HAVE_SK_STORAGE). */
 BPF_TABLE_PINNED("lru_hash", struct lb6_revsk_key, struct lb6_revsk_val, ebpflb_revsk6,
 		 EBPFLB_REV_SK_MAX, EBPFLB_PIN_DIR "/ebpflb_revsk6");
 
@@ -62,6 +62,10 @@ BPF_TABLE_PINNED("lru_hash", struct lb6_revsk_key, struct lb6_revsk_val, ebpflb_
  * so the pins are the same either way. */
 BPF_TABLE_PINNED("sk_storage", int, struct lb4_sock_rev, ebpflb_sockrev4, 0,
 		 EBPFLB_PIN_DIR "/ebpflb_sockrev4", BPF_F_NO_PREALLOC);
+
+/* ebpflb_sockrev4's twin for TCP sockets connected to an IPv6 frontend. */
+BPF_TABLE_PINNED("sk_storage", int, struct lb6_sock_rev, ebpflb_sockrev6, 0,
+		 EBPFLB_PIN_DIR "/ebpflb_sockrev6", BPF_F_NO_PREALLOC);
 
 /* NodePort/LB flows: original tuple -> backend, SNAT, lifetime. The table itself
  * (ebpflb_ct4: an LRU hash of struct flow4 -> struct ct4_entry, at most EBPFLB_CT_MAX

@@ -140,7 +140,12 @@ static __always_inline enum sys_verdict sock6_xlate_fwd(struct bpf_sock_addr *ct
 	backend = lb_pick_backend(svc, hash, client, 1, &backend_id, true);
 	if (!backend)
 		return sock_refuse(svc);
-	lb6_revsk_store(bpf_get_socket_cookie(ctx), backend, vaddr, vport, check_first);
+#if EBPFLB_HAVE_SK_STORAGE
+	if (ctx->protocol == IPPROTO_TCP)
+		lb6_sockrev_store(ctx->sk, backend, vaddr, vport);
+	else
+#endif
+		lb6_revsk_store(bpf_get_socket_cookie(ctx), backend, vaddr, vport, check_first);
 	ctx->user_ip6[0] = backend->addr[0];
 	ctx->user_ip6[1] = backend->addr[1];
 	ctx->user_ip6[2] = backend->addr[2];
@@ -171,6 +176,21 @@ static __always_inline void sock6_xlate_rev(struct bpf_sock_addr *ctx, __u32 sta
 		}
 		return;
 	}
+#if EBPFLB_HAVE_SK_STORAGE
+	if (ctx->protocol == IPPROTO_TCP) {
+		struct lb6_sock_rev *rev = lb6_sockrev_lookup(ctx->sk, addr, port);
+
+		if (rev) {
+			ctx->user_ip6[0] = rev->frontend_addr[0];
+			ctx->user_ip6[1] = rev->frontend_addr[1];
+			ctx->user_ip6[2] = rev->frontend_addr[2];
+			ctx->user_ip6[3] = rev->frontend_addr[3];
+			ctx->user_port = (__u32)rev->frontend_port;
+			stat_inc(stat);
+			return;
+		}
+	}
+#endif
 	frontend = lb6_revsk_lookup(bpf_get_socket_cookie(ctx), addr, port);
 	if (!frontend)
 		return;

@@ -63,8 +63,9 @@ struct lb6_backend {
 	__u8 flags;     /* BE_F_* */
 };
 
-/* Socket-LB reverse translation of an IPv6 socket: key of ebpflb_revsk6 (TCP and UDP; a
- * v6 socket talking to an IPv4-mapped frontend uses the IPv4 entries instead). */
+/* Socket-LB reverse translation of an IPv6 socket: key of ebpflb_revsk6 (UDP, and TCP
+ * without EBPFLB_HAVE_SK_STORAGE; a socket talking to an IPv4-mapped frontend uses the
+ * IPv4 entries instead). */
 struct lb6_revsk_key {
 	__u64 cookie;   /* bpf_get_socket_cookie() of the client socket */
 	__be32 addr[4]; /* backend IPv6 address the socket was sent to */
@@ -76,6 +77,15 @@ struct lb6_revsk_val {
 	__be32 addr[4]; /* frontend address the application asked for */
 	__be16 port;    /* frontend port */
 	__u16 pad;      /* zero */
+};
+
+/* Value of ebpflb_sockrev6 (socket storage): struct lb4_sock_rev's twin for a TCP
+ * socket connected to an IPv6 frontend. */
+struct lb6_sock_rev {
+	__be32 backend_addr[4];  /* the backend connect() was sent to */
+	__be32 frontend_addr[4]; /* the frontend the application asked for */
+	__be16 backend_port;
+	__be16 frontend_port;
 };
 
 /* Control-plane metadata for a service id, read by `ebpflb maps dump` and by a restarted

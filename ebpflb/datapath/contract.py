@@ -272,6 +272,18 @@ class Lb4SockRev(ct.Structure):
     _network_order_ = ("backend_addr", "frontend_addr", "backend_port", "frontend_port")
 
 
+class Lb6SockRev(ct.Structure):
+    """struct lb6_sock_rev (value of the socket storage ebpflb_sockrev6)"""
+
+    _fields_ = [
+        ("backend_addr", ct.c_uint32 * 4),
+        ("frontend_addr", ct.c_uint32 * 4),
+        ("backend_port", ct.c_uint16),
+        ("frontend_port", ct.c_uint16),
+    ]
+    _network_order_ = ("backend_addr", "frontend_addr", "backend_port", "frontend_port")
+
+
 class Flow4(ct.Structure):
     """struct flow4"""
 
@@ -389,6 +401,7 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "lb6_backend": Lb6Backend,
     "lb6_revsk_key": Lb6RevskKey,
     "lb6_revsk_val": Lb6RevskVal,
+    "lb6_sock_rev": Lb6SockRev,
     "lb4_revsk_key": Lb4RevskKey,
     "lb4_revsk_val": Lb4RevskVal,
     "lb4_sock_rev": Lb4SockRev,
@@ -482,6 +495,7 @@ class MapName(enum.StrEnum):
     SERVICES6 = "ebpflb_svc6"
     BACKENDS6 = "ebpflb_be6"
     REVERSE_SOCK6 = "ebpflb_revsk6"
+    SOCK_STORAGE6 = "ebpflb_sockrev6"
 
 
 class MapType(enum.IntEnum):
@@ -590,6 +604,14 @@ MAPS: dict[MapName, MapSpec] = {
             MapType.SK_STORAGE,
             ct.c_int32,
             Lb4SockRev,
+            0,
+            flags=BPF_F_NO_PREALLOC,
+        ),
+        MapSpec(
+            MapName.SOCK_STORAGE6,
+            MapType.SK_STORAGE,
+            ct.c_int32,
+            Lb6SockRev,
             0,
             flags=BPF_F_NO_PREALLOC,
         ),

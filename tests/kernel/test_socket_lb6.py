@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from ebpflb.datapath import loader
+from ebpflb.datapath import loader, probes
+from ebpflb.datapath.kernel import KernelMapSet
+from ebpflb.datapath.maps import MapName
 from ebpflb.testing.agentproc import TIMEOUT_SCALE
 from ebpflb.testing.netns import Cgroup, Topology, sh
 from tests.kernel.conftest import PODS, TCP_PORT, UDP_PORT, AgentFactory, served_by, wait_backends
@@ -361,3 +363,34 @@ def test_session_affinity_holds_over_ipv6(
     assert len(served_by(results)) == 1
     assert {r["peer"] for r in results} == {"[fd00:96::30]:80"}
     assert (agent.metrics().value("ebpflb_datapath_events_total", event="affinity_hit") or 0) >= 59
+
+
+@pytest.mark.parametrize("storage", ["socket-storage", "lru"])
+def test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru(
+    topology: Topology,
+    cgroup: Cgroup,
+    manifests6: Path,
+    start_agent: AgentFactory,
+    bpffs: Path,
+    storage: str,
+) -> None:
+    """test_socket_lb's twin: with socket storage an IPv6 TCP connect() inserts nothing
+    into ebpflb_revsk6 (the entry lives in the socket, ebpflb_sockrev6); without it, one
+    entry per socket. getpeername6 shows the ClusterIP either way; UDP keeps the LRU."""
+    in_socket = storage == "socket-storage"
+    if in_socket and not probes.probe().has("sk_storage_sock_addr"):
+        pytest.skip("this kernel has no bpf_sk_storage_get in sock_addr programs")
+    start_agent("--manifests", str(manifests6), f"--socket-storage={str(in_socket).lower()}")
+    with KernelMapSet(bpffs) as maps:
+        before = maps.counters()
+        results = topology.requests(topology.node_ns, "tcp", WEB6, 40, cgroup)
+        assert len(served_by(results)) == 3
+        assert {r["peer"] for r in results} == {WEB6}
+        after = maps.counters()
+        assert after["peer_xlated"] - before["peer_xlated"] >= 40
+        assert after["revsk_update_fail"] == before["revsk_update_fail"]
+        lingering = maps.count_entries(MapName.REVERSE_SOCK6)
+        assert lingering == 0 if in_socket else lingering >= 40
+        udp = topology.requests(topology.node_ns, "udp", DNS6, 6, cgroup, "--connected")
+        assert {r["peer"] for r in udp} == {DNS6}
+        assert maps.count_entries(MapName.REVERSE_SOCK6) >= lingering + 6

@@ -91,6 +91,7 @@ TESTS: Mapping[str, tuple[str, ...]] = {
     "sk_storage": (),
     "sk_storage_sock_addr": (
         f"{SOCKET_LB}::test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru",
+        f"{SOCKET_LB6}::test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru",
     ),
     "links": (),
 }
