@@ -51,9 +51,10 @@ BPF_TABLE_PINNED("lru_hash", struct lb4_revsk_key, struct lb4_revsk_val, ebpflb_
 		 EBPFLB_REV_SK_MAX, EBPFLB_PIN_DIR "/ebpflb_revsk4");
 
 /* (socket cookie, IPv6 backend) -> frontend, for recvmsg6/getpeername6: ebpflb_revsk4's
- * twin (UDP sockets, and TCP ones without EBPFLB_HAVE_SK_STORAGE). */
+ * twin (UDP sockets, and TCP ones without EBPFLB_HAVE_SK_STORAGE). A quarter of its size:
+ * an LRU map is preallocated, and at full size this one would cost 30 MiB (7.5 MiB so). */
 BPF_TABLE_PINNED("lru_hash", struct lb6_revsk_key, struct lb6_revsk_val, ebpflb_revsk6,
-		 EBPFLB_REV_SK_MAX, EBPFLB_PIN_DIR "/ebpflb_revsk6");
+		 EBPFLB_REV_SK_MAX / 4 + 1, EBPFLB_PIN_DIR "/ebpflb_revsk6");
 
 /* Socket storage: a connected TCP socket's backend and the frontend it stands for, stored
  * in the socket itself, so the entry costs no hash insert at connect() and lives exactly as

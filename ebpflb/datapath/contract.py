@@ -597,7 +597,16 @@ MAPS: dict[MapName, MapSpec] = {
             flags=BPF_F_NO_PREALLOC,
         ),
         MapSpec(MapName.REVERSE_SOCK, MapType.LRU_HASH, Lb4RevskKey, Lb4RevskVal, REV_SK_MAX),
-        MapSpec(MapName.REVERSE_SOCK6, MapType.LRU_HASH, Lb6RevskKey, Lb6RevskVal, REV_SK_MAX),
+        # A quarter of ebpflb_revsk4's entries (maps.h says why).
+        MapSpec(
+            MapName.REVERSE_SOCK6,
+            MapType.LRU_HASH,
+            Lb6RevskKey,
+            Lb6RevskVal,
+            REV_SK_MAX,
+            per_entry=4,
+            extra=1,  # never 0, whatever --rev-sk-max
+        ),
         # Per-socket storage: no entries of its own (max_entries 0); keyed by a socket fd.
         MapSpec(
             MapName.SOCK_STORAGE,
