@@ -54,13 +54,12 @@ class ServiceTranslation:
     # LoadBalancer ingress IPs and external IPs (socket-LB serves them to in-node clients
     # only) and the nodePorts of a Service with an IPv6 cluster IP (not programmed at all).
     ipv6_unserved: tuple[str, ...] = ()
+    skipped_ports: tuple[SkippedPort, ...] = ()  # ports of protocols ebpflb does not program
 
     @property
     def ipv6_skipped(self) -> int:
         """Counted in ebpflb_ipv6_skipped_total."""
         return len(self.ipv6_unserved)
-
-    skipped_ports: tuple[SkippedPort, ...] = ()  # ports of protocols ebpflb does not program
 
 
 @dataclass(frozen=True, slots=True)
