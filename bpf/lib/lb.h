@@ -51,11 +51,6 @@ static __always_inline void *lb_backend_lookup(__u32 backend_id, bool v6)
 	return backend4 && backend4->proto ? backend4 : NULL;
 }
 
-static __always_inline struct lb4_backend *lb4_backend_lookup(__u32 backend_id)
-{
-	return lb_backend_lookup(backend_id, false);
-}
-
 /* Backend in slot (hash mod M) of the service's table, its id in *backend_id_out; NULL
  * when the service has no usable backend (table_size == 0) or, counted as
  * STAT_SLOT_MISS, when a slot or backend is missing. The slot pool is shared by both

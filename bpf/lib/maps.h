@@ -19,7 +19,7 @@ BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
  * id (1..EBPFLB_MAX_BACKENDS; 0 is never allocated): one lookup with no hashing, where a
  * hash cost a second cache miss per connect() to a cold service. An array cannot delete:
  * a removed backend is an all-zero element, which the programs treat as absent
- * (lb4_backend_lookup). */
+ * (lb_backend_lookup). */
 BPF_TABLE_PINNED("array", __u32, struct lb4_backend, ebpflb_be4,
 		 EBPFLB_MAX_BACKENDS + 1, EBPFLB_PIN_DIR "/ebpflb_be4");
 

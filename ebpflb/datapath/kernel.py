@@ -152,7 +152,7 @@ class KernelMap(Generic[K, V]):
 class BackendArray(KernelMap[int, V]):
     """ebpflb_be4: an array indexed by backend id (1..capacity; 0 is never allocated), seen
     as a KeyValueMap. An array cannot delete: `delete` writes an all-zero element, which the
-    programs treat as no backend (lb4_backend_lookup), and `get`, `items` and `len` leave
+    programs treat as no backend (lb_backend_lookup), and `get`, `items` and `len` leave
     such elements out."""
 
     def __init__(self, pinned: PinnedMap, key: Codec[int], value: Codec[V]) -> None:

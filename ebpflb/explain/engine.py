@@ -233,7 +233,7 @@ def candidate(backend_id: int, be: BackendEntry | None, slots: int, size: int) -
 
 
 def table(work: Work) -> Explanation | None:
-    """lb4_select_backend()'s first test: table_size 0 means no usable backend (before
+    """lb_select_backend()'s first test: table_size 0 means no usable backend (before
     any affinity: lb4_pick_backend() goes straight to it then)."""
     entry, q = work.entry, work.query
     assert entry is not None
@@ -274,7 +274,7 @@ def table(work: Work) -> Explanation | None:
 
 
 def affinity(work: Work) -> Explanation | None:
-    """lb4_pick_backend() with SVC_F_AFFINITY: lb4_affinity_backend() follows the client's
+    """lb4_pick_backend() with SVC_F_AFFINITY: lb_affinity_backend() follows the client's
     ebpflb_aff4 entry while ebpflb_affpair4 holds (service, backend) and the timeout has
     not passed since its last new connection; else the Maglev choice below, which is then
     remembered as the client's entry (either way the entry's time becomes now)."""
@@ -355,7 +355,7 @@ def affinity(work: Work) -> Explanation | None:
 def affinity_view(
     work: Work, key: AffinityKey, value: AffinityEntry, timeouts: dict[int, int]
 ) -> AffinityClient:
-    """lb4_affinity_backend()'s tests on one entry."""
+    """lb_affinity_backend()'s tests on one entry."""
     age_ns = (work.now_ns - value.last_used_ns) & MASK64  # the C code's u64 subtraction
     timeout = timeouts.get(value.backend_id)
     fresh = timeout is not None and age_ns <= timeout * NSEC_PER_SEC
@@ -385,7 +385,7 @@ def why_not(view: AffinityClient) -> str:
 
 
 def pick(work: Work, hash_value: int | None, inputs: str) -> Explanation | None:
-    """Slot hash % M of the table, its backend id, the backend (lb4_select_backend())."""
+    """Slot hash % M of the table, its backend id, the backend (lb_select_backend())."""
     entry = work.entry
     assert entry is not None
     if hash_value is None:

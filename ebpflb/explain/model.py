@@ -152,7 +152,7 @@ class Nat:
 
 @dataclass(frozen=True, slots=True)
 class AffinityClient:
-    """One entry of ebpflb_aff4 for the frontend, and whether lb4_affinity_backend() would
+    """One entry of ebpflb_aff4 for the frontend, and whether lb_affinity_backend() would
     follow it now."""
 
     client: str  # the source address, or "netns cookie N"
