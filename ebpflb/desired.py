@@ -247,7 +247,9 @@ def frontends_for_port(
     """
     node = node or NodeView()
     endpoints = tuple(endpoints)
-    families = sorted({ip.version for ip in port.cluster_ips})
+    # A port without cluster IPs (built directly, never from a Service) is IPv4's, as the
+    # node addresses its NodePorts live on.
+    families = sorted({ip.version for ip in port.cluster_ips}) or [4]
     if len(families) == 1 and all(ep.address.version == families[0] for ep in endpoints):
         return with_affinity(port, _family_frontends(port, families[0], endpoints, node))
     # Dual-stack (or endpoints of another family): each family's frontends spread over

@@ -7,6 +7,7 @@ metrics naming IPv6 frontends unambiguously."""
 from __future__ import annotations
 
 import ctypes as ct
+import dataclasses
 from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 from typing import Any
 
@@ -26,7 +27,7 @@ from ebpflb.datapath.maps import (
     backend_family,
     frontend_family,
 )
-from ebpflb.desired import ExternalIPPolicy, NodeView, frontends_for_service
+from ebpflb.desired import ExternalIPPolicy, NodeView, frontends_for_port, frontends_for_service
 from ebpflb.errors import MapFullError
 from ebpflb.metrics import Metrics
 from ebpflb.model import (
@@ -278,3 +279,13 @@ def test_ipv6_udp_sockets_of_a_leaving_backend_are_destroyed() -> None:
     assert maps.destroy_requests == [
         {frontend: frozenset({AddrPort(IPv6Address("fd00:244::12"), 5353)})}
     ]
+
+
+def test_a_port_without_cluster_ips_keeps_its_ipv4_frontends() -> None:
+    """A ServicePort built without cluster IPs (tests and tools build such) still gets its
+    NodePort, LoadBalancer and external-IP frontends, as before dual-stack."""
+    port = next(iter(translate_service(service(type="NodePort")).ports.values()))
+    port = dataclasses.replace(port, cluster_ips=(), node_port=30080)
+    node = NodeView(addresses=(IPv4Address("192.168.1.5"),))
+    found = frontends_for_port(port, (), node)
+    assert {str(d.frontend) for d in found} == {"192.168.1.5:30080/TCP", "127.0.0.1:30080/TCP"}
