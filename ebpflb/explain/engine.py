@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 
 from ebpflb.datapath.contract import CtFlags, NatFlags
+from ebpflb.datapath.layout import v4
 from ebpflb.datapath.maps import AddrPort, BackendEntry, Flow, MapSet, ServiceEntry
 from ebpflb.explain.affinity import AffinityEntry, AffinityKey, AffinityTable
 from ebpflb.explain.flowhash import flow4_hash, mix64
@@ -118,7 +119,8 @@ def lookup_frontend(work: Work) -> Explanation | None:
     frontend = Frontend(q.address, q.port, q.protocol, Scope.EXTERNAL)
     entry = work.maps.services.get(frontend)
     if entry is None:
-        work.note("frontend", f"{frontend} is not in ebpflb_svc4" + not_a_frontend(work))
+        table = "ebpflb_svc4" if frontend.address.version == 4 else "ebpflb_svc6"
+        work.note("frontend", f"{frontend} is not in {table}" + not_a_frontend(work))
         verb = "connect()/sendmsg() proceeds" if q.path is Path.SOCKET else "the packet passes"
         return work.done(Verdict.NOT_TRANSLATED, f"not a frontend: {verb} untranslated")
     use_entry(work, frontend, entry)
@@ -284,7 +286,7 @@ def affinity(work: Work) -> Explanation | None:
         return None
     socket = q.path is Path.SOCKET
     keyed_by = "network namespace" if socket else "source address"
-    client: int | IPv4Address | None = q.netns_cookie if socket else q.client
+    client: int | IPv4Address | None = q.netns_cookie if socket else v4(q.client)
     timeouts = {
         m.backend_id: t for m, t in work.maps.affinity_match.items() if m.svc_id == entry.svc_id
     }
@@ -381,7 +383,7 @@ def why_not(view: AffinityClient) -> str:
         return "no longer one of the frontend's backends (not in ebpflb_affpair4)"
     if not view.fresh:
         return f"expired ({view.age_s:.0f} s since its last new connection)"
-    return "its backend is gone from ebpflb_be4"
+    return "its backend is gone from ebpflb_be4 (ebpflb_be6 for IPv6)"
 
 
 def pick(work: Work, hash_value: int | None, inputs: str) -> Explanation | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -252,6 +253,16 @@ def test_dual_stack_service_serves_both_families_at_once(
     assert {r["peer"] for r in results[DUAL4]} == {DUAL4}
     assert {r["peer"] for r in results[DUAL6]} == {DUAL6}
     assert {_host(str(r["seen_as"])) for r in results[DUAL6]} == {NODE6}
+    # `ebpflb explain` reads the same pinned IPv6 maps: the IPv6 frontend's candidates.
+    argv = [sys.executable, "-m", "ebpflb", "explain", "--json", "--bpffs", str(bpffs)]
+    done = subprocess.run([*argv, NODE6, DUAL6], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    explained = json.loads(done.stdout)
+    assert explained["verdict"] == "translated"
+    assert {c["backend"] for c in explained["candidates"]} == {
+        "[fd00:244::12]:8080",
+        "[fd00:244::13]:8080",
+    }
 
 
 def test_restart_adopts_the_ipv6_entries_and_rewrites_nothing(

@@ -28,7 +28,10 @@ from ebpflb.datapath.maps import (
     frontend_family,
 )
 from ebpflb.desired import ExternalIPPolicy, NodeView, frontends_for_port, frontends_for_service
-from ebpflb.errors import MapFullError
+from ebpflb.errors import ConfigError, MapFullError
+from ebpflb.explain import Verdict, explain
+from ebpflb.explain.engine import Settings
+from ebpflb.explain.model import parse_query
 from ebpflb.metrics import Metrics
 from ebpflb.model import (
     Backend,
@@ -289,3 +292,22 @@ def test_a_port_without_cluster_ips_keeps_its_ipv4_frontends() -> None:
     node = NodeView(addresses=(IPv4Address("192.168.1.5"),))
     found = frontends_for_port(port, (), node)
     assert {str(d.frontend) for d in found} == {"192.168.1.5:30080/TCP", "127.0.0.1:30080/TCP"}
+
+
+def test_explain_follows_an_ipv6_and_an_ipv4_mapped_connect() -> None:
+    """`ebpflb explain` for socket-LB over IPv6: the IPv6 frontend's table and backends;
+    an IPv4-mapped address is explained by the IPv4 tables, as connect6 translates it."""
+    maps = FakeMapSet(max_services=8, max_backends=16, slot_pool_size=4096)
+    Reconciler(maps).apply({WEB: frontends_for_service(state_of(dual_service(), slices()))})
+    settings = Settings(1)
+    six = explain(maps, parse_query("fd00::1", "[fd00::10]:80"), settings)
+    assert six.verdict is Verdict.TRANSLATED
+    assert [c.backend for c in six.candidates] == ["[fd00:244::11]:8080"]
+    mapped = explain(maps, parse_query("fd00::1", "[::ffff:10.96.0.10]:80"), settings)
+    assert mapped.verdict is Verdict.TRANSLATED
+    assert {c.backend for c in mapped.candidates} == {"10.244.1.11:8080", "10.244.1.12:8080"}
+    missing = explain(maps, parse_query("fd00::1", "[fd00::10]:81"), settings)
+    assert missing.verdict is Verdict.NOT_TRANSLATED
+    assert "not in ebpflb_svc6" in missing.steps[0].outcome
+    with pytest.raises(ConfigError, match="socket-LB only"):
+        parse_query("2001:db8::1", "[fd00::10]:80", outside=True)
