@@ -33,7 +33,8 @@ from ebpflb.datapath.elementio import (
     raw_items,
     raw_keys,
 )
-from ebpflb.datapath.maps import AddrPort, FamilyMap, backend_family, frontend_family
+from ebpflb.datapath.family import FamilyMap, backend_family, frontend_family
+from ebpflb.datapath.maps import AddrPort
 from ebpflb.datapath.slotpool import KernelSlotPool
 from ebpflb.datapath.svcstats import KernelServiceCounters
 from ebpflb.errors import MapError, MapFullError, NoPinsError

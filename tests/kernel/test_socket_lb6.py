@@ -2,7 +2,10 @@
 destinations of dual-stack sockets, and one dual-stack Service serving both families at
 once. Real programs, real sockets, namespaces with IPv6 addresses (fd00::/8, unique local)
 this module creates; the client's (node) namespace has no route out: an address left
-untranslated dies there."""
+untranslated dies there.
+
+Over 400 lines: a twin of every test_socket_lb.py test with an IPv6 meaning, and the
+topology and manifests they need."""
 
 from __future__ import annotations
 

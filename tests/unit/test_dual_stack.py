@@ -20,13 +20,8 @@ from ebpflb.config import Config
 from ebpflb.datapath import contract, dump, layout
 from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.fake import FakeMap, FakeMapSet
-from ebpflb.datapath.maps import (
-    AddrPort,
-    BackendEntry,
-    FamilyMap,
-    backend_family,
-    frontend_family,
-)
+from ebpflb.datapath.family import FamilyMap, backend_family, frontend_family
+from ebpflb.datapath.maps import AddrPort, BackendEntry
 from ebpflb.desired import ExternalIPPolicy, NodeView, frontends_for_port, frontends_for_service
 from ebpflb.errors import ConfigError, MapFullError
 from ebpflb.explain import Verdict, explain
