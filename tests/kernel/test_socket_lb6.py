@@ -408,3 +408,22 @@ def test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru(
         udp = topology.requests(topology.node_ns, "udp", DNS6, 6, cgroup, "--connected")
         assert {r["peer"] for r in udp} == {DNS6}
         assert maps.count_entries(MapName.REVERSE_SOCK6) >= lingering + 6
+
+
+def test_ipv6_external_ip_reaches_in_node_clients_only_through_socket_lb(
+    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
+) -> None:
+    """An IPv6 externalIP (inside --external-ip-cidrs) is translated for in-node clients by
+    connect6; tc/XDP does not serve it yet, which the agent counts."""
+    (manifests6 / "ext6.yaml").write_text(
+        _service("ext6", ["fd00:96::40"], 80, "TCP").replace(
+            "ipFamilyPolicy: SingleStack,",
+            "ipFamilyPolicy: SingleStack, externalIPs: ['2001:db8::40'],",
+        )
+        + _slice("ext6-a", "ext6", "IPv6", "p", "TCP", list(PODS6.values()))
+    )
+    agent = start_agent("--manifests", str(manifests6), "--external-ip-cidrs", "2001:db8::/32")
+    results = topology.requests(topology.node_ns, "tcp", "[2001:db8::40]:80", 30, cgroup)
+    assert len(served_by(results)) >= 2
+    assert {r["peer"] for r in results} == {"[2001:db8::40]:80"}
+    assert agent.metrics().value("ebpflb_ipv6_skipped_total") == 1  # its tc/XDP path
