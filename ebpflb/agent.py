@@ -32,7 +32,7 @@ from ebpflb.desired import DesiredFrontend, ExternalIPPolicy, NodeView, frontend
 from ebpflb.errors import Fault, InvalidObjectError
 from ebpflb.healthcheck import HealthCheckServers, HealthTarget
 from ebpflb.metrics import Metrics
-from ebpflb.model import Frontend, NamespacedName, TrafficPolicy
+from ebpflb.model import Frontend, IPAddress, NamespacedName, TrafficPolicy
 from ebpflb.observe.proxysync import ProxySyncRecorder
 from ebpflb.observe.status import AgentStatus, SyncRecord, SyncRecordKind
 from ebpflb.reconcile import ApplyResult, Reconciler
@@ -171,10 +171,9 @@ class Agent:
         if isinstance(translation, ServiceTranslation):
             pending = self._service_updated(translation)
         else:
-            if translation.skipped == "addressType IPv6":
-                self.metrics.ipv6_skipped.inc()
             pending = self.slices.update(translation)
-            if translation.skipped is None:  # kube-proxy's IPv4 tracker sees IPv4 slices only
+            # kube-proxy's IPv4 tracker sees IPv4 slices only
+            if translation.skipped is None and translation.family == 4:
                 self.proxy_sync.slice_event()
         if self.status is not None:
             self.status.object_accepted(kind.value, str(translation.ref))
@@ -182,9 +181,13 @@ class Agent:
             self._changed()
 
     def _service_updated(self, translation: ServiceTranslation) -> bool:
-        if translation.ipv6_skipped:
-            self.metrics.ipv6_skipped.inc(translation.ipv6_skipped)
         previous = self.services.get(translation.ref)
+        # Reported and counted when first left out, not at every update (as the ports below).
+        seen = set(previous.ipv6_unserved) if previous else set()
+        for reason in translation.ipv6_unserved:
+            if reason not in seen:
+                log.info("service %s: %s", translation.ref, reason)
+                self.metrics.ipv6_skipped.inc()
         if translation.skipped and (previous is None or previous.skipped != translation.skipped):
             log.info("skipping service %s: %s", translation.ref, translation.skipped)
         # What is left out of a Service is reported when it first is, not at every update.
@@ -203,7 +206,7 @@ class Agent:
         refused = policy.refused(_external_ips(translation))
         if previous is not None:
             refused -= policy.refused(_external_ips(previous))
-        for address in sorted(refused):
+        for address in sorted(refused, key=lambda a: (a.version, int(a))):
             log.warning(
                 "service %s: externalIP %s not programmed: outside --external-ip-cidrs"
                 " (CVE-2020-8554: an externalIP would capture that address's traffic)",
@@ -466,7 +469,7 @@ class Agent:
         self.runner.loop(stop)
 
 
-def _external_ips(translation: ServiceTranslation) -> set[IPv4Address]:
+def _external_ips(translation: ServiceTranslation) -> set[IPAddress]:
     return {ip for port in translation.ports.values() for ip in port.external_ips}
 
 

@@ -20,6 +20,7 @@ from ebpflb.model import (
     BackendFlags,
     Endpoint,
     Frontend,
+    IPAddress,
     Scope,
     ServicePort,
     ServicePortName,
@@ -68,10 +69,10 @@ class ExternalIPPolicy:
 
     cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
 
-    def allows(self, address: IPv4Address) -> bool:
+    def allows(self, address: IPAddress) -> bool:
         return any(address in network for network in self.cidrs)
 
-    def refused(self, addresses: Iterable[IPv4Address]) -> set[IPv4Address]:
+    def refused(self, addresses: Iterable[IPAddress]) -> set[IPAddress]:
         return {address for address in addresses if not self.allows(address)}
 
 
@@ -210,10 +211,12 @@ def _flags(ep: Endpoint, node: NodeView) -> BackendFlags:
     )
 
 
-def _order(wb: WeightedBackend) -> tuple[int, int, int, int, int]:
-    """WeightedBackend's own order, in ints (its dataclass comparisons are slow)."""
+def _order(wb: WeightedBackend) -> tuple[int, int, int, int, int, int]:
+    """WeightedBackend's own order, in ints (its dataclass comparisons are slow, and
+    refuse to compare addresses of two families), the family first."""
     backend = wb.backend
-    return (int(backend.address), backend.port, backend.protocol, wb.weight, wb.flags)
+    address = backend.address
+    return (address.version, int(address), backend.port, backend.protocol, wb.weight, wb.flags)
 
 
 def _is_local(ep: Endpoint, node: NodeView) -> bool:
@@ -244,6 +247,26 @@ def frontends_for_port(
     """
     node = node or NodeView()
     endpoints = tuple(endpoints)
+    # A port without cluster IPs (built directly, never from a Service) is IPv4's, as the
+    # node addresses its NodePorts live on.
+    families = sorted({ip.version for ip in port.cluster_ips}) or [4]
+    if len(families) == 1 and all(ep.address.version == families[0] for ep in endpoints):
+        return with_affinity(port, _family_frontends(port, families[0], endpoints, node))
+    # Dual-stack (or endpoints of another family): each family's frontends spread over
+    # that family's endpoints only, as kube-proxy's per-family proxiers do.
+    result: list[DesiredFrontend] = []
+    for family in families:
+        mine = tuple(ep for ep in endpoints if ep.address.version == family)
+        result += _family_frontends(port, family, mine, node)
+    return with_affinity(port, result)
+
+
+def _family_frontends(
+    port: ServicePort, family: int, endpoints: tuple[Endpoint, ...], node: NodeView
+) -> list[DesiredFrontend]:
+    """frontends_for_port for the addresses of one family (4 or 6), over endpoints of
+    that family. NodePorts are IPv4 only (the node addresses are; IPv6 NodePorts are not
+    programmed yet: translate counts them as skipped)."""
     cluster = _backends(port, cluster_endpoints(endpoints, node), node)
     local: tuple[tuple[WeightedBackend, ...], SvcFlags] | None = None
     if (
@@ -266,21 +289,24 @@ def frontends_for_port(
             internal_backends,
         )
         for ip in port.cluster_ips
+        if ip.version == family
     ]
     external: list[tuple[Frontend, SvcFlags, tuple[IPv4Network, ...]]] = []
-    if port.node_port:
+    if port.node_port and family == 4:
         for address in node.nodeport_addresses():
             frontend = Frontend(address, port.node_port, port.protocol)
             external.append((frontend, SvcFlags.NODE_PORT, ()))
     for ip in port.load_balancer_ips:
+        if ip.version != family:
+            continue
         ranges = port.load_balancer_source_ranges
         flags = SvcFlags.LOADBALANCER | (SvcFlags.SOURCE_RANGES if ranges else SvcFlags.NONE)
         external.append((Frontend(ip, port.port, port.protocol), flags, ranges))
     for ip in port.external_ips:
-        if node.external_ips.allows(ip):
+        if ip.version == family and node.external_ips.allows(ip):
             external.append((Frontend(ip, port.port, port.protocol), SvcFlags.EXTERNAL_IP, ()))
     if not external:
-        return with_affinity(port, result)
+        return result
     cluster_backends, cluster_flags = cluster
     if port.external_traffic_policy is TrafficPolicy.LOCAL and local is not None:
         ext_backends = local[0]
@@ -299,7 +325,7 @@ def frontends_for_port(
             result.append(
                 DesiredFrontend(inside, port.name, flags | cluster_flags, cluster_backends)
             )
-    return with_affinity(port, result)
+    return result
 
 
 def with_affinity(port: ServicePort, frontends: list[DesiredFrontend]) -> list[DesiredFrontend]:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import reprlib
 import socket
 from collections.abc import Mapping, Sequence
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
 from types import MappingProxyType
 from typing import Any, NoReturn
 
 from ebpflb.errors import Fault, InvalidObjectError
-from ebpflb.model import NamespacedName
+from ebpflb.model import IPAddress, NamespacedName
 
 EMPTY: Mapping[Any, Any] = MappingProxyType({})
 _SHOWN = 40  # characters of a rejected value quoted in the message
@@ -122,32 +122,24 @@ class Reader:
                 self.wrong_type(f"{field}[{i}]", text, "a string")
         return found
 
-    def ip(self, text: str, field: str) -> IPv4Address | None:
-        """The IPv4 address `text` is; None for an IPv6 one; any other text is invalid.
-        inet_pton is as strict as the API server's parser (no leading zeros, no zone)."""
-        address = parse_ipv4(text)
-        if address is not None:
-            return address
-        try:
-            socket.inet_pton(socket.AF_INET6, text)
-        except (OSError, ValueError):  # ValueError: an embedded NUL, a lone surrogate
+    def ip(self, text: str, field: str) -> IPAddress:
+        """The IPv4 or IPv6 address `text` is; any other text is invalid. inet_pton is as
+        strict as the API server's parser (no leading zeros, no zone)."""
+        address: IPAddress | None = parse_ipv4(text)
+        if address is None:
+            address = parse_ipv6(text)
+        if address is None:
             self.fail(field, f"{show(text)} is not an IP address")
-        return None
+        return address
 
     def addresses(
         self, texts: Sequence[str], field: str, *, single: bool = False
-    ) -> tuple[tuple[IPv4Address, ...], int]:
-        """(the IPv4 addresses among `texts`, how many IPv6 ones there were). `field` names
-        the array, or with `single` the one field `texts` holds."""
-        v4: list[IPv4Address] = []
-        v6 = 0
-        for i, text in enumerate(texts):
-            address = self.ip(text, field if single else f"{field}[{i}]")
-            if address is None:
-                v6 += 1
-            else:
-                v4.append(address)
-        return tuple(v4), v6
+    ) -> tuple[IPAddress, ...]:
+        """The addresses `texts` hold, both families. `field` names the array, or with
+        `single` the one field `texts` holds."""
+        return tuple(
+            self.ip(text, field if single else f"{field}[{i}]") for i, text in enumerate(texts)
+        )
 
     def cidr(self, text: str, field: str) -> IPv4Network | None:
         """ADDRESS/PREFIX (surrounding spaces allowed: kube-proxy trims them); None for an
@@ -156,7 +148,7 @@ class Reader:
         length = int(prefix) if prefix.isascii() and prefix.isdigit() and len(prefix) <= 3 else -1
         if slash and 0 <= length <= 32 and (v4 := parse_ipv4(address)) is not None:
             return IPv4Network((v4, length), strict=False)
-        if slash and 0 <= length <= 128 and self.ip(address, field) is None:
+        if slash and 0 <= length <= 128 and parse_ipv6(address) is not None:
             return None
         self.fail(field, f"{show(text)} is not a CIDR")
 
@@ -168,6 +160,14 @@ def parse_ipv4(text: str) -> IPv4Address | None:
     try:
         return IPv4Address(socket.inet_pton(socket.AF_INET, text))
     except (OSError, ValueError):  # ValueError: an embedded NUL, a lone surrogate
+        return None
+
+
+def parse_ipv6(text: str) -> IPv6Address | None:
+    """IPv6Address(text), or None when `text` is not an IPv6 address (inet_pton: no zone)."""
+    try:
+        return IPv6Address(socket.inet_pton(socket.AF_INET6, text))
+    except (OSError, ValueError):
         return None
 
 

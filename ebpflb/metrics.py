@@ -78,7 +78,7 @@ class Metrics:
         )
         self.ipv6_skipped = Counter(
             "ebpflb_ipv6_skipped_total",
-            "IPv6 service addresses and endpoint slices ignored (IPv4 only so far).",
+            "IPv6 nodePorts, LoadBalancer and external IPs tc/XDP does not serve (yet).",
             registry=registry,
         )
         self.slots_written = Counter(

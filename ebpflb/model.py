@@ -1,14 +1,28 @@
 """Pure value types shared by every layer: what a Service means, not its API shape.
 
-Addresses are ``ipaddress.IPv4Address`` and ports host-order ints everywhere in Python;
-conversion to the kernel's byte order happens only in ``ebpflb.datapath.layout``.
+Addresses are ``ipaddress`` objects (``IPAddress``: IPv4Address or IPv6Address, the family
+being the object's type) and ports host-order ints everywhere in Python; conversion to the
+kernel's byte order happens only in ``ebpflb.datapath.layout``.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
+from typing import TypeAlias
+
+IPAddress: TypeAlias = IPv4Address | IPv6Address
+
+
+def family_of(address: IPAddress) -> int:
+    """4 or 6: which family's maps and endpoints an address belongs to."""
+    return address.version
+
+
+def host_port(address: IPAddress, port: int) -> str:
+    """An address and port as text, unambiguous for IPv6: 10.0.0.1:80, [fd00::1]:80."""
+    return f"{address}:{port}" if address.version == 4 else f"[{address}]:{port}"
 
 
 class Proto(enum.IntEnum):
@@ -115,12 +129,12 @@ class ServicePort:
 
     name: ServicePortName
     type: ServiceType
-    cluster_ips: tuple[IPv4Address, ...]
+    cluster_ips: tuple[IPAddress, ...]  # both families on a dual-stack Service
     port: int
     target_port: int | str
     node_port: int | None = None
-    external_ips: tuple[IPv4Address, ...] = ()
-    load_balancer_ips: tuple[IPv4Address, ...] = ()
+    external_ips: tuple[IPAddress, ...] = ()
+    load_balancer_ips: tuple[IPAddress, ...] = ()
     load_balancer_source_ranges: tuple[IPv4Network, ...] = ()
     external_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
     internal_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
@@ -138,7 +152,7 @@ class ServicePort:
 class Endpoint:
     """One endpoint address of one Service port, with kube-proxy's conditions."""
 
-    address: IPv4Address
+    address: IPAddress
     port: int
     ready: bool = True
     serving: bool = True
@@ -154,26 +168,29 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True, order=True)
 class Frontend:
-    """An address clients use to reach a service port: the key of ebpflb_svc4."""
+    """An address clients use to reach a service port: the key of ebpflb_svc4 (IPv4) or
+    ebpflb_svc6 (IPv6). Do not sort mixed families with `<` (ipaddress refuses to compare
+    them): sort keys put the family first (reconcile.state.frontend_order)."""
 
-    address: IPv4Address
+    address: IPAddress
     port: int
     protocol: Proto
     scope: Scope = Scope.EXTERNAL
 
     def __str__(self) -> str:
         suffix = "" if self.scope == Scope.EXTERNAL else "/internal"
-        return f"{self.address}:{self.port}/{self.protocol.name}{suffix}"
+        return f"{host_port(self.address, self.port)}/{self.protocol.name}{suffix}"
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class Backend:
-    """Where a frontend is translated to; shared by every service using it."""
+    """Where a frontend is translated to; shared by every service using it. Its family is
+    its frontend's: an IPv6 frontend's table names IPv6 backends only."""
 
-    address: IPv4Address
+    address: IPAddress
     port: int
     protocol: Proto
 
     def __str__(self) -> str:
         # The Maglev name: identical on every node for the same endpoint.
-        return f"{self.address}:{self.port}"
+        return host_port(self.address, self.port)

@@ -19,13 +19,13 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from ipaddress import IPv4Address
 from typing import Any
 
 from ebpflb.errors import Fault
-from ebpflb.fields import Reader, identify, labels, parse_ipv4, show
+from ebpflb.fields import Reader, identify, labels, parse_ipv4, parse_ipv6, show
 from ebpflb.model import (
     Endpoint,
+    IPAddress,
     NamespacedName,
     Proto,
     ServicePort,
@@ -50,8 +50,16 @@ class ServiceTranslation:
     ref: NamespacedName
     ports: Mapping[ServicePortName, ServicePort] = field(default_factory=dict)
     skipped: str | None = None  # reason the whole Service is not ebpflb's to program
-    ipv6_skipped: int = 0  # IPv6 cluster IPs ignored until IPv6 support exists
+    # What of the Service's IPv6 side tc/XDP does not serve yet, each with its reason:
+    # LoadBalancer ingress IPs and external IPs (socket-LB serves them to in-node clients
+    # only) and the nodePorts of a Service with an IPv6 cluster IP (not programmed at all).
+    ipv6_unserved: tuple[str, ...] = ()
     skipped_ports: tuple[SkippedPort, ...] = ()  # ports of protocols ebpflb does not program
+
+    @property
+    def ipv6_skipped(self) -> int:
+        """Counted in ebpflb_ipv6_skipped_total."""
+        return len(self.ipv6_unserved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +84,7 @@ class SlicePort:
 
 @dataclass(frozen=True, slots=True)
 class SliceEndpoint:
-    address: IPv4Address
+    address: IPAddress  # of the slice's address type
     ready: bool
     serving: bool
     terminating: bool
@@ -88,10 +96,13 @@ class SliceEndpoint:
 
 @dataclass(frozen=True, slots=True)
 class SliceTranslation:
-    """One EndpointSlice; `skipped` set for address types ebpflb does not program."""
+    """One EndpointSlice; `skipped` set for address types ebpflb does not program (FQDN).
+    Its endpoints serve the frontends of its own family only (`family`: 4 or 6), as
+    kube-proxy runs one proxier per family."""
 
     ref: NamespacedName
     service: NamespacedName
+    family: int = 4
     ports: tuple[SlicePort, ...] = ()
     endpoints: tuple[SliceEndpoint, ...] = ()
     skipped: str | None = None
@@ -130,6 +141,8 @@ _POLICIES = {
     "Local": TrafficPolicy.LOCAL,
 }
 _ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")
+_FAMILIES = {"IPv4": 4, "IPv6": 6}
+_FAMILY_POLICIES = ("", "SingleStack", "PreferDualStack", "RequireDualStack")
 # The API server's limits on one EndpointSlice (pkg/apis/discovery/validation).
 MAX_SLICE_ENDPOINTS, MAX_SLICE_ADDRESSES, MAX_SLICE_PORTS = 1000, 100, 100
 
@@ -161,13 +174,13 @@ def translate_service(obj: Obj) -> ServiceTranslation:
         allocated = True
     else:
         headless, allocated = cluster_ip == "None", bool(cluster_ip)
-    cluster_ips: tuple[IPv4Address, ...] = ()
-    ipv6 = 0
+    cluster_ips: tuple[IPAddress, ...] = ()
     if raw_ips and not headless:
-        cluster_ips, ipv6 = r.addresses(raw_ips, "spec.clusterIPs")
+        cluster_ips = r.addresses(raw_ips, "spec.clusterIPs")
     elif allocated and not headless:
-        cluster_ips, ipv6 = r.addresses((cluster_ip,), "spec.clusterIP", single=True)
-    external_ips, _ = r.addresses(
+        cluster_ips = r.addresses((cluster_ip,), "spec.clusterIP", single=True)
+    _check_families(r, spec, cluster_ips)
+    external_ips = r.addresses(
         r.strings(spec.get("externalIPs"), "spec.externalIPs"), "spec.externalIPs"
     )
     ranges_field = "spec.loadBalancerSourceRanges"
@@ -195,8 +208,23 @@ def translate_service(obj: Obj) -> ServiceTranslation:
         return ServiceTranslation(ref, skipped="headless service (clusterIP: None)")
     if not allocated:
         return ServiceTranslation(ref, skipped="no clusterIP allocated")
-    if not cluster_ips:
-        return ServiceTranslation(ref, skipped="IPv6-only service", ipv6_skipped=ipv6)
+    families = {ip.version for ip in cluster_ips}
+    # kube-proxy's proxier of a family programs a Service only with a cluster IP of that
+    # family: its external addresses of another family are not programmed (nor counted).
+    external_ips = tuple(ip for ip in external_ips if ip.version in families)
+    lb_ips = tuple(ip for ip in lb_ips if ip.version in families)
+    unserved = [
+        f"{kind} {ip}: in-node clients only (no IPv6 in tc/XDP yet)"
+        for kind, ips in (("LoadBalancer IP", lb_ips), ("externalIP", external_ips))
+        for ip in ips
+        if ip.version == 6
+    ]
+    if 6 in families and svc_type is not ServiceType.CLUSTER_IP:
+        unserved += [
+            f"nodePort {node_port} over IPv6: not programmed (no IPv6 in tc/XDP yet)"
+            for _, _, node_port in ports.values()
+            if node_port is not None
+        ]
     programmed = {
         name: ServicePort(
             name=name,
@@ -215,7 +243,9 @@ def translate_service(obj: Obj) -> ServiceTranslation:
         )
         for name, (port, target, node_port) in ports.items()
     }
-    return ServiceTranslation(ref, programmed, ipv6_skipped=ipv6, skipped_ports=skipped_ports)
+    return ServiceTranslation(
+        ref, programmed, ipv6_unserved=tuple(unserved), skipped_ports=skipped_ports
+    )
 
 
 # kube-proxy's (and the API's) default and limit for sessionAffinityConfig.clientIP.timeoutSeconds.
@@ -284,8 +314,31 @@ def _target_port(r: Reader, value: Any, field: str) -> int | str | None:
     return r.port(value, field)
 
 
-def _ingress_ips(r: Reader, status: Any) -> tuple[IPv4Address, ...]:
-    """status.loadBalancer.ingress[].ip: the IPv4 ones (a hostname-only ingress has none)
+def _check_families(r: Reader, spec: Mapping[str, Any], cluster_ips: Sequence[IPAddress]) -> None:
+    """spec.ipFamilies and spec.ipFamilyPolicy, checked as the API server does. What is
+    programmed follows the cluster IPs themselves (kube-proxy's GetClusterIPByFamily): the
+    API server allocated them in ipFamilies' order."""
+    policy = r.string(spec.get("ipFamilyPolicy"), "spec.ipFamilyPolicy")
+    if policy not in _FAMILY_POLICIES:
+        r.fail(
+            "spec.ipFamilyPolicy",
+            f"{show(policy)} is not SingleStack, PreferDualStack or RequireDualStack",
+        )
+    families = r.strings(spec.get("ipFamilies"), "spec.ipFamilies")
+    for i, name in enumerate(families):
+        if name not in _FAMILIES:
+            r.fail(f"spec.ipFamilies[{i}]", f"{show(name)} is not IPv4 or IPv6")
+    if len(families) > 2 or len(set(families)) != len(families):
+        r.fail("spec.ipFamilies", "holds more than one entry per family")
+    if policy == "SingleStack" and len(families) > 1:
+        r.fail("spec.ipFamilies", "lists two families for ipFamilyPolicy SingleStack")
+    for i, (name, ip) in enumerate(zip(families, cluster_ips, strict=False)):
+        if _FAMILIES[name] != ip.version:
+            r.fail(f"spec.clusterIPs[{i}]", f"{ip} is not of ipFamilies[{i}] {name}")
+
+
+def _ingress_ips(r: Reader, status: Any) -> tuple[IPAddress, ...]:
+    """status.loadBalancer.ingress[].ip: both families (a hostname-only ingress has none)
     whose ipMode is VIP (the default). With ipMode Proxy the load balancer proxies to the
     nodePorts itself, and kube-proxy (serviceport.go, 1.30+) leaves the IP alone: traffic
     from inside the cluster goes out to the load balancer rather than being short-circuited
@@ -303,7 +356,7 @@ def _ingress_ips(r: Reader, status: Any) -> tuple[IPv4Address, ...]:
             address = r.ip(text, f"{where}.ip")
             if mode != "Proxy":
                 found.append(address)
-    return tuple(ip for ip in found if ip is not None)
+    return tuple(found)
 
 
 def translate_slice(obj: Obj) -> SliceTranslation:
@@ -320,7 +373,8 @@ def translate_slice(obj: Obj) -> SliceTranslation:
         r.fail("addressType", "is missing", Fault.MISSING)
     if address_type not in _ADDRESS_TYPES:
         r.fail("addressType", f"{show(address_type)} is not IPv4, IPv6 or FQDN")
-    ipv4 = address_type == "IPv4"
+    family = _FAMILIES.get(address_type, 0)  # 0: FQDN, not programmed
+    parse = parse_ipv4 if family == 4 else parse_ipv6
 
     ports = []
     for index, raw in enumerate(r.array(obj.get("ports"), "ports", MAX_SLICE_PORTS)):
@@ -347,15 +401,15 @@ def translate_slice(obj: Obj) -> SliceTranslation:
             where = f"endpoints[{index}].addresses"
             if not r.array(addresses, where, MAX_SLICE_ADDRESSES):
                 r.fail(where, "is empty", Fault.MISSING)
-        first: IPv4Address | None = None
+        first: IPAddress | None = None
         for i, text in enumerate(addresses):
             if not isinstance(text, str):
                 r.wrong_type(f"endpoints[{index}].addresses[{i}]", text, "a string")
-            if ipv4:
-                address = parse_ipv4(text)
+            if family:
+                address = parse(text)
                 if address is None:
                     where = f"endpoints[{index}].addresses[{i}]"
-                    r.fail(where, f"{show(text)} is not an IPv4 address")
+                    r.fail(where, f"{show(text)} is not an {address_type} address")
                 if first is None:
                     first = address
         conditions = raw.get("conditions")
@@ -379,7 +433,7 @@ def translate_slice(obj: Obj) -> SliceTranslation:
             r.wrong_type(f"endpoints[{index}].zone", zone, "a string")
         zone_hints, node_hints = _hints(r, raw.get("hints"), f"endpoints[{index}].hints")
         if first is None:
-            continue  # not an IPv4 slice: checked, not programmed
+            continue  # an FQDN slice: checked, not programmed
         # kube-proxy (endpointslicecache.go): unset ready and serving mean true, unset
         # terminating false. The first address is the endpoint; the others are the same pod's.
         endpoints.append(
@@ -394,9 +448,11 @@ def translate_slice(obj: Obj) -> SliceTranslation:
                 node_hints=node_hints,
             )
         )
-    if not ipv4:
+    if not family:
         return SliceTranslation(ref, service, skipped=f"addressType {address_type}")
-    return SliceTranslation(ref, service, tuple(ports), tuple(endpoints), None, trigger_time)
+    return SliceTranslation(
+        ref, service, family, tuple(ports), tuple(endpoints), None, trigger_time
+    )
 
 
 def parse_trigger_time(text: str) -> float | None:
@@ -424,10 +480,11 @@ def endpoints_for_port(
     An address listed by several slices (during slice churn) is kept once, preferring a
     ready copy, as kube-proxy's EndpointSliceCache does.
     """
-    # Keyed and sorted by (address as an int, port): Endpoint's own order for distinct
-    # keys, without hashing and comparing ipaddress objects (slow, and 100,000 services
-    # go through here at start).
-    merged: dict[tuple[int, int], Endpoint] = {}
+    # Keyed and sorted by (family, address as an int, port): Endpoint's own order for
+    # distinct keys of one family, without hashing and comparing ipaddress objects (slow,
+    # and 100,000 services go through here at start). The family keeps an IPv4 endpoint
+    # and an IPv6 one of the same number apart.
+    merged: dict[tuple[int, int, int], Endpoint] = {}
     wanted_name, wanted_protocol = port_name.port_name, port_name.protocol
     for slice_ in slices:
         if slice_.skipped:
@@ -436,7 +493,7 @@ def endpoints_for_port(
             if sp.name != wanted_name or sp.protocol != wanted_protocol or sp.port is None:
                 continue
             for ep in slice_.endpoints:
-                key = (int(ep.address), sp.port)
+                key = (slice_.family, int(ep.address), sp.port)
                 existing = merged.get(key)
                 if existing is not None and existing.ready and not ep.ready:
                     continue

@@ -19,9 +19,19 @@ BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
  * id (1..EBPFLB_MAX_BACKENDS; 0 is never allocated): one lookup with no hashing, where a
  * hash cost a second cache miss per connect() to a cold service. An array cannot delete:
  * a removed backend is an all-zero element, which the programs treat as absent
- * (lb4_backend_lookup). */
+ * (lb_backend_lookup). */
 BPF_TABLE_PINNED("array", __u32, struct lb4_backend, ebpflb_be4,
 		 EBPFLB_MAX_BACKENDS + 1, EBPFLB_PIN_DIR "/ebpflb_be4");
+
+/* IPv6 frontend -> service (struct lb4_svc_val: same ids, slot pool and flags as IPv4). */
+BPF_TABLE_PINNED("hash", struct lb6_svc_key, struct lb4_svc_val, ebpflb_svc6,
+		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svc6", BPF_F_NO_PREALLOC);
+
+/* Backend id -> IPv6 address: ebpflb_be4's twin for the ids of IPv6 backends (one id
+ * space, so both arrays have EBPFLB_MAX_BACKENDS + 1 elements; an id's element in the
+ * other family's array stays all zero). */
+BPF_TABLE_PINNED("array", __u32, struct lb6_backend, ebpflb_be6,
+		 EBPFLB_MAX_BACKENDS + 1, EBPFLB_PIN_DIR "/ebpflb_be6");
 
 /* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range. The
  * pool itself (ebpflb_slots: an array of EBPFLB_SLOT_POOL_SIZE / 2 pairs at most, flags
@@ -40,6 +50,12 @@ BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,
 BPF_TABLE_PINNED("lru_hash", struct lb4_revsk_key, struct lb4_revsk_val, ebpflb_revsk4,
 		 EBPFLB_REV_SK_MAX, EBPFLB_PIN_DIR "/ebpflb_revsk4");
 
+/* (socket cookie, IPv6 backend) -> frontend, for recvmsg6/getpeername6: ebpflb_revsk4's
+ * twin (UDP sockets, and TCP ones without EBPFLB_HAVE_SK_STORAGE). A quarter of its size:
+ * an LRU map is preallocated, and at full size this one would cost 30 MiB (7.5 MiB so). */
+BPF_TABLE_PINNED("lru_hash", struct lb6_revsk_key, struct lb6_revsk_val, ebpflb_revsk6,
+		 EBPFLB_REV_SK_MAX / 4 + 1, EBPFLB_PIN_DIR "/ebpflb_revsk6");
+
 /* Socket storage: a connected TCP socket's backend and the frontend it stands for, stored
  * in the socket itself, so the entry costs no hash insert at connect() and lives exactly as
  * long as the socket. Used with EBPFLB_HAVE_SK_STORAGE (bpf_sk_storage_get in sock_addr
@@ -47,6 +63,10 @@ BPF_TABLE_PINNED("lru_hash", struct lb4_revsk_key, struct lb4_revsk_val, ebpflb_
  * so the pins are the same either way. */
 BPF_TABLE_PINNED("sk_storage", int, struct lb4_sock_rev, ebpflb_sockrev4, 0,
 		 EBPFLB_PIN_DIR "/ebpflb_sockrev4", BPF_F_NO_PREALLOC);
+
+/* ebpflb_sockrev4's twin for TCP sockets connected to an IPv6 frontend. */
+BPF_TABLE_PINNED("sk_storage", int, struct lb6_sock_rev, ebpflb_sockrev6, 0,
+		 EBPFLB_PIN_DIR "/ebpflb_sockrev6", BPF_F_NO_PREALLOC);
 
 /* NodePort/LB flows: original tuple -> backend, SNAT, lifetime. The table itself
  * (ebpflb_ct4: an LRU hash of struct flow4 -> struct ct4_entry, at most EBPFLB_CT_MAX

@@ -44,6 +44,50 @@ struct lb4_backend {
 	__u8 flags;   /* BE_F_* */
 };
 
+/* An IPv6 frontend: the key of ebpflb_svc6. Its value is a struct lb4_svc_val, as an IPv4
+ * frontend's: service ids, the Maglev slot pool and its table layout are shared by both
+ * families; only the backend ids in an IPv6 frontend's table index ebpflb_be6. */
+struct lb6_svc_key {
+	__be32 addr[4]; /* frontend IPv6 address */
+	__be16 port;    /* frontend port */
+	__u8 proto;     /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 scope;     /* LB_SCOPE_* */
+};
+
+/* An IPv6 backend: element of ebpflb_be6, indexed by a backend id from the same id space
+ * as ebpflb_be4's (an id names a backend of one family only). All zero: no backend. */
+struct lb6_backend {
+	__be32 addr[4]; /* endpoint IPv6 address */
+	__be16 port;    /* endpoint (target) port */
+	__u8 proto;     /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 flags;     /* BE_F_* */
+};
+
+/* Socket-LB reverse translation of an IPv6 socket: key of ebpflb_revsk6 (UDP, and TCP
+ * without EBPFLB_HAVE_SK_STORAGE; a socket talking to an IPv4-mapped frontend uses the
+ * IPv4 entries instead). */
+struct lb6_revsk_key {
+	__u64 cookie;   /* bpf_get_socket_cookie() of the client socket */
+	__be32 addr[4]; /* backend IPv6 address the socket was sent to */
+	__be16 port;    /* backend port */
+	__u16 pad[3];   /* zero */
+};
+
+struct lb6_revsk_val {
+	__be32 addr[4]; /* frontend address the application asked for */
+	__be16 port;    /* frontend port */
+	__u16 pad;      /* zero */
+};
+
+/* Value of ebpflb_sockrev6 (socket storage): struct lb4_sock_rev's twin for a TCP
+ * socket connected to an IPv6 frontend. */
+struct lb6_sock_rev {
+	__be32 backend_addr[4];  /* the backend connect() was sent to */
+	__be32 frontend_addr[4]; /* the frontend the application asked for */
+	__be16 backend_port;
+	__be16 frontend_port;
+};
+
 /* Control-plane metadata for a service id, read by `ebpflb maps dump` and by a restarted
  * agent; the programs never read it. */
 struct lb4_svc_meta {

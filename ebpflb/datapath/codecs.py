@@ -91,6 +91,13 @@ BACKEND: Codec[BackendEntry] = Codec(
     layout.backends_to_array,
     layout.backends_from_array,
 )
+# IPv6 frontends and backends: few, so one element at a time (no numpy records).
+FRONTEND6: Codec[Frontend] = Codec(
+    contract.Lb6SvcKey, layout.encode_frontend6, layout.decode_frontend6
+)
+BACKEND6: Codec[BackendEntry] = Codec(
+    contract.Lb6Backend, layout.encode_backend6, layout.decode_backend6
+)
 META: Codec[str] = Codec(
     contract.Lb4SvcMeta,
     layout.encode_meta,

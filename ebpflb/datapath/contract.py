@@ -183,6 +183,53 @@ class Lb4Backend(ct.Structure):
     _network_order_ = ("addr", "port")
 
 
+class Lb6SvcKey(ct.Structure):
+    """struct lb6_svc_key"""
+
+    _fields_ = [
+        ("addr", ct.c_uint32 * 4),
+        ("port", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("scope", ct.c_uint8),
+    ]
+    _network_order_ = ("addr", "port")
+
+
+class Lb6Backend(ct.Structure):
+    """struct lb6_backend"""
+
+    _fields_ = [
+        ("addr", ct.c_uint32 * 4),
+        ("port", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("flags", ct.c_uint8),
+    ]
+    _network_order_ = ("addr", "port")
+
+
+class Lb6RevskKey(ct.Structure):
+    """struct lb6_revsk_key"""
+
+    _fields_ = [
+        ("cookie", ct.c_uint64),
+        ("addr", ct.c_uint32 * 4),
+        ("port", ct.c_uint16),
+        ("pad", ct.c_uint16 * 3),
+    ]
+    _network_order_ = ("addr", "port")
+
+
+class Lb6RevskVal(ct.Structure):
+    """struct lb6_revsk_val"""
+
+    _fields_ = [
+        ("addr", ct.c_uint32 * 4),
+        ("port", ct.c_uint16),
+        ("pad", ct.c_uint16),
+    ]
+    _network_order_ = ("addr", "port")
+
+
 class Lb4SvcMeta(ct.Structure):
     """struct lb4_svc_meta"""
 
@@ -219,6 +266,18 @@ class Lb4SockRev(ct.Structure):
     _fields_ = [
         ("backend_addr", ct.c_uint32),
         ("frontend_addr", ct.c_uint32),
+        ("backend_port", ct.c_uint16),
+        ("frontend_port", ct.c_uint16),
+    ]
+    _network_order_ = ("backend_addr", "frontend_addr", "backend_port", "frontend_port")
+
+
+class Lb6SockRev(ct.Structure):
+    """struct lb6_sock_rev (value of the socket storage ebpflb_sockrev6)"""
+
+    _fields_ = [
+        ("backend_addr", ct.c_uint32 * 4),
+        ("frontend_addr", ct.c_uint32 * 4),
         ("backend_port", ct.c_uint16),
         ("frontend_port", ct.c_uint16),
     ]
@@ -338,6 +397,11 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "lb4_slot_pair": Lb4SlotPair,
     "lb4_backend": Lb4Backend,
     "lb4_svc_meta": Lb4SvcMeta,
+    "lb6_svc_key": Lb6SvcKey,
+    "lb6_backend": Lb6Backend,
+    "lb6_revsk_key": Lb6RevskKey,
+    "lb6_revsk_val": Lb6RevskVal,
+    "lb6_sock_rev": Lb6SockRev,
     "lb4_revsk_key": Lb4RevskKey,
     "lb4_revsk_val": Lb4RevskVal,
     "lb4_sock_rev": Lb4SockRev,
@@ -428,6 +492,10 @@ class MapName(enum.StrEnum):
     SERVICE_STATS = "ebpflb_svcstats"
     AFFINITY = "ebpflb_aff4"
     AFFINITY_MATCH = "ebpflb_affpair4"
+    SERVICES6 = "ebpflb_svc6"
+    BACKENDS6 = "ebpflb_be6"
+    REVERSE_SOCK6 = "ebpflb_revsk6"
+    SOCK_STORAGE6 = "ebpflb_sockrev6"
 
 
 class MapType(enum.IntEnum):
@@ -500,6 +568,16 @@ MAPS: dict[MapName, MapSpec] = {
         # Indexed by backend id, 1..max_backends (0 is never allocated).
         MapSpec(MapName.BACKENDS, MapType.ARRAY, ct.c_uint32, Lb4Backend, MAX_BACKENDS, extra=1),
         MapSpec(
+            MapName.SERVICES6,
+            MapType.HASH,
+            Lb6SvcKey,
+            Lb4SvcVal,
+            MAX_SERVICES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
+        # Indexed by the backend ids of IPv6 backends (one id space with ebpflb_be4).
+        MapSpec(MapName.BACKENDS6, MapType.ARRAY, ct.c_uint32, Lb6Backend, MAX_BACKENDS, extra=1),
+        MapSpec(
             MapName.SLOTS,
             MapType.ARRAY,
             ct.c_uint32,
@@ -519,12 +597,30 @@ MAPS: dict[MapName, MapSpec] = {
             flags=BPF_F_NO_PREALLOC,
         ),
         MapSpec(MapName.REVERSE_SOCK, MapType.LRU_HASH, Lb4RevskKey, Lb4RevskVal, REV_SK_MAX),
+        # A quarter of ebpflb_revsk4's entries (maps.h says why).
+        MapSpec(
+            MapName.REVERSE_SOCK6,
+            MapType.LRU_HASH,
+            Lb6RevskKey,
+            Lb6RevskVal,
+            REV_SK_MAX,
+            per_entry=4,
+            extra=1,  # never 0, whatever --rev-sk-max
+        ),
         # Per-socket storage: no entries of its own (max_entries 0); keyed by a socket fd.
         MapSpec(
             MapName.SOCK_STORAGE,
             MapType.SK_STORAGE,
             ct.c_int32,
             Lb4SockRev,
+            0,
+            flags=BPF_F_NO_PREALLOC,
+        ),
+        MapSpec(
+            MapName.SOCK_STORAGE6,
+            MapType.SK_STORAGE,
+            ct.c_int32,
+            Lb6SockRev,
             0,
             flags=BPF_F_NO_PREALLOC,
         ),

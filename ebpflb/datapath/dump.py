@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Network, ip_address
 from typing import Any, TypeVar
 
 import numpy as np
@@ -28,7 +28,15 @@ from ebpflb.datapath.maps import (
     ServiceEntry,
 )
 from ebpflb.errors import ConfigError
-from ebpflb.model import BackendFlags, Frontend, NamespacedName, Proto, SvcFlags
+from ebpflb.model import (
+    BackendFlags,
+    Frontend,
+    IPAddress,
+    NamespacedName,
+    Proto,
+    SvcFlags,
+    host_port,
+)
 
 FLOWS = 100  # conntrack and NAT entries shown by default
 _TYPE_FLAGS = SvcFlags.CLUSTER_IP | SvcFlags.EXTERNAL  # shown as the type
@@ -42,7 +50,7 @@ class Selection:
     backends, source ranges, conntrack and NAT entries of those frontends."""
 
     service: NamespacedName | None = None
-    frontend: tuple[IPv4Address, int, Proto] | None = None
+    frontend: tuple[IPAddress, int, Proto] | None = None
 
     @classmethod
     def parse(cls, service: str | None = None, frontend: str | None = None) -> Selection:
@@ -57,8 +65,10 @@ class Selection:
         if frontend is not None:
             address, _, tail = frontend.rpartition(":")
             port, _, proto = tail.partition("/")
+            if address.startswith("[") and address.endswith("]"):
+                address = address[1:-1]  # [IPv6]:PORT
             try:
-                where = (IPv4Address(address), int(port), Proto.parse(proto or "TCP"))
+                where = (ip_address(address), int(port), Proto.parse(proto or "TCP"))
             except ValueError:
                 raise ConfigError(f"--frontend {frontend!r}: not VIP:PORT/PROTO") from None
             if not 0 < where[1] < 65536:
@@ -99,7 +109,9 @@ def collect(
     metas = dict(maps.service_meta.items())
     entries = [
         (frontend, entry)
-        for frontend, entry in sorted(maps.services.items())
+        for frontend, entry in sorted(
+            maps.services.items(), key=lambda item: _frontend_key(item[0])
+        )
         if select.everything or select.wants(frontend, metas.get(entry.svc_id, ""))
     ]
     services = _services(maps, entries, metas, backends, ranges, tables=tables)
@@ -111,7 +123,9 @@ def collect(
         svc_ids = {entry.svc_id for _, entry in entries}
         conntrack = (row for row in conntrack if row[1].svc_id in svc_ids)
         # A reply translation names the frontend its client used (not the service).
-        addresses = {(AddrPort(f.address, f.port), f.protocol) for f, _ in entries}
+        addresses = {
+            (AddrPort(f.address, f.port), f.protocol) for f, _ in entries if f.address.version == 4
+        }
         nat = (row for row in nat if (row[1].frontend, row[0].protocol) in addresses)
     slots_used = sum(s["maglev"]["table_size"] for s in services)
     report: dict[str, Any] = {
@@ -141,7 +155,7 @@ def collect(
         report["selection"] = {
             "service": str(select.service) if select.service else None,
             "frontend": (
-                f"{select.frontend[0]}:{select.frontend[1]}/{select.frontend[2].name}"
+                f"{host_port(select.frontend[0], select.frontend[1])}/{select.frontend[2].name}"
                 if select.frontend
                 else None
             ),
@@ -231,11 +245,18 @@ def _seconds_left(deadline_ns: int, now_ns: int) -> float:
     return round((deadline_ns - now_ns) / 1e9, 1)
 
 
-def _addr_key(backends: dict[int, BackendEntry], backend_id: int) -> tuple[int, int, int]:
+def _addr_key(backends: dict[int, BackendEntry], backend_id: int) -> tuple[int, int, int, int]:
     be = backends.get(backend_id)
     if be is None:
-        return (1, 0, backend_id)
-    return (0, int(be.backend.address), be.backend.port)
+        return (1, 0, 0, backend_id)
+    address = be.backend.address
+    return (0, address.version, int(address), be.backend.port)
+
+
+def _frontend_key(frontend: Frontend) -> tuple[int, int, int, int, int]:
+    """Frontend's own order, IPv4 before IPv6 (addresses of two families do not compare)."""
+    address = frontend.address
+    return (address.version, int(address), frontend.port, frontend.protocol, frontend.scope)
 
 
 def _flag_names(flags: BackendFlags) -> list[str]:

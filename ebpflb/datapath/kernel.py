@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import errno
+import itertools
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence, Set
@@ -32,6 +33,7 @@ from ebpflb.datapath.elementio import (
     raw_items,
     raw_keys,
 )
+from ebpflb.datapath.family import FamilyMap, backend_family, frontend_family
 from ebpflb.datapath.maps import AddrPort
 from ebpflb.datapath.slotpool import KernelSlotPool
 from ebpflb.datapath.svcstats import KernelServiceCounters
@@ -151,7 +153,7 @@ class KernelMap(Generic[K, V]):
 class BackendArray(KernelMap[int, V]):
     """ebpflb_be4: an array indexed by backend id (1..capacity; 0 is never allocated), seen
     as a KeyValueMap. An array cannot delete: `delete` writes an all-zero element, which the
-    programs treat as no backend (lb4_backend_lookup), and `get`, `items` and `len` leave
+    programs treat as no backend (lb_backend_lookup), and `get`, `items` and `len` leave
     such elements out."""
 
     def __init__(self, pinned: PinnedMap, key: Codec[int], value: Codec[V]) -> None:
@@ -204,8 +206,14 @@ class KernelMapSet:
             self.close()
             raise
         pins = self._pins
-        self.services = KernelMap(pins[MapName.SERVICES], codecs.FRONTEND, codecs.SERVICE)
-        self.backends = BackendArray(pins[MapName.BACKENDS], codecs.U32, codecs.BACKEND)
+        self.services = FamilyMap(
+            KernelMap(pins[MapName.SERVICES], codecs.FRONTEND, codecs.SERVICE),
+            KernelMap(pins[MapName.SERVICES6], codecs.FRONTEND6, codecs.SERVICE),
+            frontend_family,
+        )
+        self.backends4 = BackendArray(pins[MapName.BACKENDS], codecs.U32, codecs.BACKEND)
+        self.backends6 = BackendArray(pins[MapName.BACKENDS6], codecs.U32, codecs.BACKEND6)
+        self.backends = FamilyMap(self.backends4, self.backends6, backend_family)
         self.service_meta = KernelMap(pins[MapName.SERVICE_META], codecs.U32, codecs.META)
         self.slots = KernelSlotPool(pins[MapName.SLOTS], slot_limit)
         self.source_ranges = KernelMap(pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8)
@@ -250,33 +258,31 @@ class KernelMapSet:
         return len(expired)
 
     def destroy_udp_sockets(self, left: Mapping[AddrPort, Set[AddrPort]]) -> int:
-        """The sockets in ebpflb_revsk4 sent to a backend that left (sockdiag.py)."""
-        pinned = self._pins[MapName.REVERSE_SOCK]
-        io = ElementIO(
-            pinned.fd,
-            pinned.name,
-            ct.sizeof(contract.Lb4RevskKey),
-            ct.sizeof(contract.Lb4RevskVal),
-        )
-        keys, values, count = io.read_all(contract.Lb4RevskKey, contract.Lb4RevskVal)
+        """The sockets in ebpflb_revsk4 and ebpflb_revsk6 sent to a backend that left
+        (sockdiag.py)."""
         wanted = {
             (f.address, f.port): {(b.address, b.port) for b in backends}
             for f, backends in left.items()
         }
+        entries = itertools.chain(self._reverse_entries(4), self._reverse_entries(6))
+        return sockdiag.destroy_udp_sockets(sockdiag.stale_cookies(entries, wanted))
 
-        def entries() -> Iterator[tuple[int, IPv4Address, int, IPv4Address, int]]:
-            for i in range(count):
-                key = contract.Lb4RevskKey.from_buffer_copy(keys, i * io.key_size)
-                val = contract.Lb4RevskVal.from_buffer_copy(values, i * io.value_size)
-                yield (
-                    int(key.cookie),
-                    layout.be32_to_addr(key.addr),
-                    layout.be16_to_port(key.port),
-                    layout.be32_to_addr(val.addr),
-                    layout.be16_to_port(val.port),
-                )
-
-        return sockdiag.destroy_udp_sockets(sockdiag.stale_cookies(entries(), wanted))
+    def _reverse_entries(self, family: int) -> Iterator[sockdiag.Entry]:
+        """(cookie, backend address, port, frontend address, port) of one family's
+        socket-LB reverse entries."""
+        name = MapName.REVERSE_SOCK if family == 4 else MapName.REVERSE_SOCK6
+        key_type, value_type = (
+            (contract.Lb4RevskKey, contract.Lb4RevskVal)
+            if family == 4
+            else (contract.Lb6RevskKey, contract.Lb6RevskVal)
+        )
+        pinned = self._pins[name]
+        io = ElementIO(pinned.fd, pinned.name, ct.sizeof(key_type), ct.sizeof(value_type))
+        keys, values, count = io.read_all(key_type, value_type)
+        for i in range(count):
+            key = key_type.from_buffer_copy(keys, i * io.key_size)
+            val = value_type.from_buffer_copy(values, i * io.value_size)
+            yield (int(key.cookie), *layout.decode_reverse(key, val))
 
     def set_interface_addresses(self, addresses: dict[int, IPv4Address]) -> None:
         """ifindex -> node address used as the SNAT source on that interface."""
@@ -308,7 +314,9 @@ class KernelMapSet:
         """Elements in a hash, LRU or LPM map now, at most its max_entries (see
         elementio.count_entries: exact, in batches of 4096)."""
         if name is MapName.BACKENDS:
-            return len(self.backends)  # an array: its written elements
+            return len(self.backends4)  # an array: its written elements
+        if name is MapName.BACKENDS6:
+            return len(self.backends6)
         pinned = self._pins[name]
         io = ElementIO(pinned.fd, pinned.name, pinned.info.key_size, pinned.info.value_size)
         return count_entries(io, pinned.capacity)

@@ -9,14 +9,18 @@ The maps a sync writes and a full resync reads in bulk also have numpy records, 
 from the ctypes mirrors (`record_dtype`), with functions that convert whole arrays at once:
 a start writes, and every resync reads, 500,000 entries at 100,000 services, and
 element-wise ctypes conversion costs several microseconds each.
+
+Over 400 lines on purpose: one converter pair per struct, both address families; split,
+the byte-order conversions would be scattered again.
 """
 
 from __future__ import annotations
 
 import ctypes as ct
 import socket
+import struct
 from collections.abc import Sequence
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -30,9 +34,15 @@ from ebpflb.datapath.contract import (
     CtFlags,
     Flow4,
     Lb4Backend,
+    Lb4RevskKey,
+    Lb4RevskVal,
     Lb4SvcKey,
     Lb4SvcMeta,
     Lb4SvcVal,
+    Lb6Backend,
+    Lb6RevskKey,
+    Lb6RevskVal,
+    Lb6SvcKey,
     NatFlags,
     Rnat4Val,
     SrcRange4Key,
@@ -47,7 +57,7 @@ from ebpflb.datapath.maps import (
     ServiceEntry,
     SourceRange,
 )
-from ebpflb.model import Backend, BackendFlags, Frontend, Proto, Scope, SvcFlags
+from ebpflb.model import Backend, BackendFlags, Frontend, IPAddress, Proto, Scope, SvcFlags
 
 
 def addr_to_be32(address: IPv4Address) -> int:
@@ -57,6 +67,31 @@ def addr_to_be32(address: IPv4Address) -> int:
 
 def be32_to_addr(value: int) -> IPv4Address:
     return IPv4Address(value.to_bytes(4, "little"))
+
+
+def v4(address: IPAddress) -> IPv4Address:
+    """An address bound for an IPv4 map; TypeError for an IPv6 one (a routing bug)."""
+    if not isinstance(address, IPv4Address):
+        raise TypeError(f"{address} is not an IPv4 address")
+    return address
+
+
+def v6(address: IPAddress) -> IPv6Address:
+    """An address bound for an IPv6 map; TypeError for an IPv4 one (a routing bug)."""
+    if not isinstance(address, IPv6Address):
+        raise TypeError(f"{address} is not an IPv6 address")
+    return address
+
+
+def addr_to_be32x4(address: IPv6Address) -> tuple[int, int, int, int]:
+    """IPv6 address -> the four host-order ints of a __be32[4] whose memory bytes are the
+    network-order address."""
+    a, b, c, d = struct.unpack("=4I", address.packed)
+    return a, b, c, d
+
+
+def be32x4_to_addr(words: Sequence[int]) -> IPv6Address:
+    return IPv6Address(struct.pack("=4I", *words))
 
 
 def port_to_be16(port: int) -> int:
@@ -69,7 +104,7 @@ def be16_to_port(value: int) -> int:
 
 def encode_frontend(frontend: Frontend) -> Lb4SvcKey:
     return Lb4SvcKey(
-        addr_to_be32(frontend.address),
+        addr_to_be32(v4(frontend.address)),
         port_to_be16(frontend.port),
         int(frontend.protocol),
         int(frontend.scope),
@@ -101,7 +136,7 @@ def decode_service(val: Lb4SvcVal) -> ServiceEntry:
 def encode_backend(entry: BackendEntry) -> Lb4Backend:
     backend = entry.backend
     return Lb4Backend(
-        addr_to_be32(backend.address),
+        addr_to_be32(v4(backend.address)),
         port_to_be16(backend.port),
         int(backend.protocol),
         int(entry.flags),
@@ -111,6 +146,49 @@ def encode_backend(entry: BackendEntry) -> Lb4Backend:
 def decode_backend(val: Lb4Backend) -> BackendEntry:
     backend = Backend(be32_to_addr(val.addr), be16_to_port(val.port), Proto(val.proto))
     return BackendEntry(backend, BackendFlags(val.flags))
+
+
+def encode_frontend6(frontend: Frontend) -> Lb6SvcKey:
+    return Lb6SvcKey(
+        addr_to_be32x4(v6(frontend.address)),
+        port_to_be16(frontend.port),
+        int(frontend.protocol),
+        int(frontend.scope),
+    )
+
+
+def decode_frontend6(key: Lb6SvcKey) -> Frontend:
+    return Frontend(
+        be32x4_to_addr(key.addr), be16_to_port(key.port), _proto(key.proto), _scope(key.scope)
+    )
+
+
+def encode_backend6(entry: BackendEntry) -> Lb6Backend:
+    backend = entry.backend
+    return Lb6Backend(
+        addr_to_be32x4(v6(backend.address)),
+        port_to_be16(backend.port),
+        int(backend.protocol),
+        int(entry.flags),
+    )
+
+
+def decode_backend6(val: Lb6Backend) -> BackendEntry:
+    backend = Backend(be32x4_to_addr(val.addr), be16_to_port(val.port), _proto(val.proto))
+    return BackendEntry(backend, _flags(BackendFlags, val.flags))
+
+
+def decode_reverse(
+    key: Lb4RevskKey | Lb6RevskKey, val: Lb4RevskVal | Lb6RevskVal
+) -> tuple[IPAddress, int, IPAddress, int]:
+    """A socket-LB reverse entry (ebpflb_revsk4 or ebpflb_revsk6): (backend address,
+    port, frontend address, port)."""
+    if isinstance(key, Lb6RevskKey) and isinstance(val, Lb6RevskVal):
+        backend: IPAddress = be32x4_to_addr(key.addr)
+        frontend: IPAddress = be32x4_to_addr(val.addr)
+    else:
+        backend, frontend = be32_to_addr(key.addr), be32_to_addr(val.addr)
+    return backend, be16_to_port(key.port), frontend, be16_to_port(val.port)
 
 
 def encode_meta(name: str) -> Lb4SvcMeta:
@@ -155,8 +233,8 @@ def _addr_port(addr: int, port: int) -> AddrPort:
 
 def encode_flow(flow: Flow) -> Flow4:
     return Flow4(
-        addr_to_be32(flow.source.address),
-        addr_to_be32(flow.destination.address),
+        addr_to_be32(v4(flow.source.address)),
+        addr_to_be32(v4(flow.destination.address)),
         port_to_be16(flow.source.port),
         port_to_be16(flow.destination.port),
         int(flow.protocol),
@@ -172,10 +250,10 @@ def decode_flow(raw: Flow4) -> Flow:
 def encode_conntrack(entry: ConntrackEntry) -> Ct4Entry:
     snat = entry.snat or AddrPort(IPv4Address(0), 0)
     return Ct4Entry(
-        backend_addr=addr_to_be32(entry.backend.address),
+        backend_addr=addr_to_be32(v4(entry.backend.address)),
         backend_port=port_to_be16(entry.backend.port),
         flags=int(entry.flags),
-        nat_addr=addr_to_be32(snat.address),
+        nat_addr=addr_to_be32(v4(snat.address)),
         nat_port=port_to_be16(snat.port),
         svc_id=entry.svc_id,
         backend_id=entry.backend_id,
@@ -201,8 +279,8 @@ def decode_conntrack(raw: Ct4Entry) -> ConntrackEntry:
 
 def encode_nat(entry: NatEntry) -> Rnat4Val:
     return Rnat4Val(
-        client_addr=addr_to_be32(entry.client.address),
-        frontend_addr=addr_to_be32(entry.frontend.address),
+        client_addr=addr_to_be32(v4(entry.client.address)),
+        frontend_addr=addr_to_be32(v4(entry.frontend.address)),
         client_port=port_to_be16(entry.client.port),
         frontend_port=port_to_be16(entry.frontend.port),
         flags=int(entry.flags),

@@ -48,6 +48,10 @@ class SockHook(enum.Enum):
     SENDMSG4 = ("ebpflb_sendmsg4", probes.ATTACH_UDP4_SENDMSG, "sendmsg4")
     RECVMSG4 = ("ebpflb_recvmsg4", probes.ATTACH_UDP4_RECVMSG, "recvmsg4")
     GETPEERNAME4 = ("ebpflb_getpeer4", probes.ATTACH_INET4_GETPEERNAME, "getpeername4")
+    CONNECT6 = ("ebpflb_connect6", probes.ATTACH_INET6_CONNECT, "connect6")
+    SENDMSG6 = ("ebpflb_sendmsg6", probes.ATTACH_UDP6_SENDMSG, "sendmsg6")
+    RECVMSG6 = ("ebpflb_recvmsg6", probes.ATTACH_UDP6_RECVMSG, "recvmsg6")
+    GETPEERNAME6 = ("ebpflb_getpeer6", probes.ATTACH_INET6_GETPEERNAME, "getpeername6")
 
     @property
     def function(self) -> str:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from ebpflb.datapath.contract import SLOTS_PER_ELEMENT, CtFlags, MapName, NatFlags
 from ebpflb.errors import MapError
-from ebpflb.model import Backend, BackendFlags, Frontend, Proto, SvcFlags
+from ebpflb.model import Backend, BackendFlags, Frontend, IPAddress, Proto, SvcFlags, host_port
 
 __all__ = [  # MapName and SLOTS_PER_ELEMENT are the contract's, re-exported for convenience
     "SLOTS_PER_ELEMENT",
@@ -51,7 +51,8 @@ SlotArray = npt.NDArray[np.uint32]
 
 @dataclass(frozen=True, slots=True)
 class ServiceEntry:
-    """Value of ebpflb_svc4 (struct lb4_svc_val). table_size == 0 means "refuse"."""
+    """Value of ebpflb_svc4 and ebpflb_svc6 (struct lb4_svc_val). table_size == 0 means
+    "refuse"."""
 
     svc_id: int
     table_off: int
@@ -62,7 +63,8 @@ class ServiceEntry:
 
 @dataclass(frozen=True, slots=True)
 class BackendEntry:
-    """Value of ebpflb_be4 (struct lb4_backend)."""
+    """Value of ebpflb_be4 (struct lb4_backend) or, for an IPv6 backend, of ebpflb_be6
+    (struct lb6_backend)."""
 
     backend: Backend
     flags: BackendFlags = BackendFlags.NONE
@@ -87,13 +89,14 @@ class AffinityMatch:
 
 @dataclass(frozen=True, slots=True, order=True)
 class AddrPort:
-    """An IPv4 address and a port, as one side of a flow."""
+    """An address and a port, as one side of a flow (IPv4 only in the conntrack and NAT
+    maps; socket-LB's reverse entries hold either family)."""
 
-    address: IPv4Address
+    address: IPAddress
     port: int
 
     def __str__(self) -> str:
-        return f"{self.address}:{self.port}"
+        return host_port(self.address, self.port)
 
 
 @dataclass(frozen=True, slots=True, order=True)

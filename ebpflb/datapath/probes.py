@@ -46,6 +46,10 @@ ATTACH_INET4_CONNECT = 10
 ATTACH_UDP4_SENDMSG = 14
 ATTACH_UDP4_RECVMSG = 19
 ATTACH_INET4_GETPEERNAME = 29
+ATTACH_INET6_CONNECT = 11
+ATTACH_UDP6_SENDMSG = 15
+ATTACH_UDP6_RECVMSG = 20
+ATTACH_INET6_GETPEERNAME = 30
 MAP_TYPE_HASH = 1
 MAP_TYPE_ARRAY = 2
 MAP_TYPE_ARRAY_OF_MAPS = 12
@@ -253,6 +257,50 @@ FEATURES: tuple[tuple[Feature, _Probe], ...] = (
             _REFUSE,
         ),
         _sock_addr(ATTACH_INET4_GETPEERNAME, "a probe getpeername4 program"),
+    ),
+    (
+        Feature(
+            "connect6",
+            "cgroup connect6 hook",
+            "4.17",
+            Need.ALWAYS,
+            "IPv6 (and IPv4-mapped) ClusterIP TCP and connected UDP translated at connect()",
+            _REFUSE,
+        ),
+        _sock_addr(ATTACH_INET6_CONNECT, "a probe connect6 program"),
+    ),
+    (
+        Feature(
+            "sendmsg6",
+            "cgroup sendmsg6 hook",
+            "4.18",
+            Need.ALWAYS,
+            "unconnected UDP to an IPv6 ClusterIP translated per sendmsg()",
+            _REFUSE,
+        ),
+        _sock_addr(ATTACH_UDP6_SENDMSG, "a probe sendmsg6 program"),
+    ),
+    (
+        Feature(
+            "recvmsg6",
+            "cgroup recvmsg6 hook",
+            "5.2",
+            Need.ALWAYS,
+            "UDP replies seen from the IPv6 ClusterIP",
+            _REFUSE,
+        ),
+        _sock_addr(ATTACH_UDP6_RECVMSG, "a probe recvmsg6 program"),
+    ),
+    (
+        Feature(
+            "getpeername6",
+            "cgroup getpeername6 hook",
+            "5.8",
+            Need.ALWAYS,
+            "getpeername() on an IPv6 socket answers the ClusterIP",
+            _REFUSE,
+        ),
+        _sock_addr(ATTACH_INET6_GETPEERNAME, "a probe getpeername6 program"),
     ),
     (
         Feature(

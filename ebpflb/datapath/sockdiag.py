@@ -5,7 +5,9 @@ and no hook sees its later datagrams. When that backend leaves the service, such
 (a resolver's, talking to a DNS pod that went away) would send into the void for as long
 as the application keeps it. As Cilium does, the agent aborts those sockets: it takes the
 cookies of the sockets translated to the backend through the frontend from the reverse map
-(ebpflb_revsk4), finds them with sock_diag in every network namespace with a process in
+(ebpflb_revsk4, ebpflb_revsk6), finds them with sock_diag (IPv4 and IPv6 sockets: a
+dual-stack socket connected to an IPv4-mapped ClusterIP is an IPv6 one) in every network
+namespace with a process in
 it, and sends SOCK_DESTROY for each; the application's next call fails with ECONNABORTED
 and a resolver opens a new socket, which connect() translates to a live backend.
 
@@ -25,7 +27,7 @@ import socket
 import struct
 import threading
 from collections.abc import Iterator, Mapping, Set
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -69,8 +71,8 @@ def network_namespaces(proc: Path = Path("/proc")) -> dict[tuple[int, int], Path
     return found
 
 
-def _request(msg_type: int, flags: int, sockid: bytes, seq: int) -> bytes:
-    body = _REQ.pack(socket.AF_INET, socket.IPPROTO_UDP, 0, 1 << TCP_ESTABLISHED) + sockid
+def _request(msg_type: int, flags: int, sockid: bytes, seq: int, family: int) -> bytes:
+    body = _REQ.pack(family, socket.IPPROTO_UDP, 0, 1 << TCP_ESTABLISHED) + sockid
     return _NLMSG.pack(_NLMSG.size + len(body), msg_type, flags, seq, 0) + body
 
 
@@ -101,17 +103,19 @@ def _destroy_in_netns(ns_path: Path, cookies: Set[int], result: list[int]) -> No
             os.close(fd)
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as sock:
             zero_id = _SOCKID.pack(0, 0, b"", b"") + _SOCKID_TAIL.pack(0, 0xFFFFFFFF, 0xFFFFFFFF)
-            sock.send(_request(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, zero_id, 1))
             targets = []
-            for msg_type, payload in _messages(sock):
-                if msg_type != SOCK_DIAG_BY_FAMILY or len(payload) < 4 + SOCKID_SIZE:
-                    continue
-                sockid = payload[4 : 4 + SOCKID_SIZE]
-                _if, low, high = _SOCKID_TAIL.unpack_from(sockid, _SOCKID.size)
-                if low | (high << 32) in cookies:
-                    targets.append(sockid)
-            for seq, sockid in enumerate(targets, start=2):
-                sock.send(_request(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, sockid, seq))
+            for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), start=1):
+                flags = NLM_F_REQUEST | NLM_F_DUMP
+                sock.send(_request(SOCK_DIAG_BY_FAMILY, flags, zero_id, seq, family))
+                for msg_type, payload in _messages(sock):
+                    if msg_type != SOCK_DIAG_BY_FAMILY or len(payload) < 4 + SOCKID_SIZE:
+                        continue
+                    sockid = payload[4 : 4 + SOCKID_SIZE]
+                    _if, low, high = _SOCKID_TAIL.unpack_from(sockid, _SOCKID.size)
+                    if low | (high << 32) in cookies:
+                        targets.append((family, sockid))
+            for seq, (family, sockid) in enumerate(targets, start=3):
+                sock.send(_request(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, sockid, seq, family))
                 for msg_type, payload in _messages(sock):
                     if msg_type == NLMSG_ERROR:
                         (code,) = struct.unpack_from("=i", payload)
@@ -141,10 +145,11 @@ def destroy_udp_sockets(cookies: Set[int]) -> int:
     return sum(counts)
 
 
-def stale_cookies(
-    entries: Iterator[tuple[int, IPv4Address, int, IPv4Address, int]],
-    left: Mapping[tuple[IPv4Address, int], Set[tuple[IPv4Address, int]]],
-) -> set[int]:
+Entry = tuple[int, IPv4Address | IPv6Address, int, IPv4Address | IPv6Address, int]
+Left = Mapping[tuple[IPv4Address | IPv6Address, int], Set[tuple[IPv4Address | IPv6Address, int]]]
+
+
+def stale_cookies(entries: Iterator[Entry], left: Left) -> set[int]:
     """Cookies of sockets sent to a backend that left the frontend they asked for, from
     reverse-map entries (cookie, backend address, port, frontend address, port)."""
     return {

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 
 from ebpflb.datapath.contract import CtFlags, NatFlags
+from ebpflb.datapath.layout import v4
 from ebpflb.datapath.maps import AddrPort, BackendEntry, Flow, MapSet, ServiceEntry
 from ebpflb.explain.affinity import AffinityEntry, AffinityKey, AffinityTable
 from ebpflb.explain.flowhash import flow4_hash, mix64
@@ -118,7 +119,8 @@ def lookup_frontend(work: Work) -> Explanation | None:
     frontend = Frontend(q.address, q.port, q.protocol, Scope.EXTERNAL)
     entry = work.maps.services.get(frontend)
     if entry is None:
-        work.note("frontend", f"{frontend} is not in ebpflb_svc4" + not_a_frontend(work))
+        table = "ebpflb_svc4" if frontend.address.version == 4 else "ebpflb_svc6"
+        work.note("frontend", f"{frontend} is not in {table}" + not_a_frontend(work))
         verb = "connect()/sendmsg() proceeds" if q.path is Path.SOCKET else "the packet passes"
         return work.done(Verdict.NOT_TRANSLATED, f"not a frontend: {verb} untranslated")
     use_entry(work, frontend, entry)
@@ -233,7 +235,7 @@ def candidate(backend_id: int, be: BackendEntry | None, slots: int, size: int) -
 
 
 def table(work: Work) -> Explanation | None:
-    """lb4_select_backend()'s first test: table_size 0 means no usable backend (before
+    """lb_select_backend()'s first test: table_size 0 means no usable backend (before
     any affinity: lb4_pick_backend() goes straight to it then)."""
     entry, q = work.entry, work.query
     assert entry is not None
@@ -274,7 +276,7 @@ def table(work: Work) -> Explanation | None:
 
 
 def affinity(work: Work) -> Explanation | None:
-    """lb4_pick_backend() with SVC_F_AFFINITY: lb4_affinity_backend() follows the client's
+    """lb4_pick_backend() with SVC_F_AFFINITY: lb_affinity_backend() follows the client's
     ebpflb_aff4 entry while ebpflb_affpair4 holds (service, backend) and the timeout has
     not passed since its last new connection; else the Maglev choice below, which is then
     remembered as the client's entry (either way the entry's time becomes now)."""
@@ -284,7 +286,7 @@ def affinity(work: Work) -> Explanation | None:
         return None
     socket = q.path is Path.SOCKET
     keyed_by = "network namespace" if socket else "source address"
-    client: int | IPv4Address | None = q.netns_cookie if socket else q.client
+    client: int | IPv4Address | None = q.netns_cookie if socket else v4(q.client)
     timeouts = {
         m.backend_id: t for m, t in work.maps.affinity_match.items() if m.svc_id == entry.svc_id
     }
@@ -355,7 +357,7 @@ def affinity(work: Work) -> Explanation | None:
 def affinity_view(
     work: Work, key: AffinityKey, value: AffinityEntry, timeouts: dict[int, int]
 ) -> AffinityClient:
-    """lb4_affinity_backend()'s tests on one entry."""
+    """lb_affinity_backend()'s tests on one entry."""
     age_ns = (work.now_ns - value.last_used_ns) & MASK64  # the C code's u64 subtraction
     timeout = timeouts.get(value.backend_id)
     fresh = timeout is not None and age_ns <= timeout * NSEC_PER_SEC
@@ -381,11 +383,11 @@ def why_not(view: AffinityClient) -> str:
         return "no longer one of the frontend's backends (not in ebpflb_affpair4)"
     if not view.fresh:
         return f"expired ({view.age_s:.0f} s since its last new connection)"
-    return "its backend is gone from ebpflb_be4"
+    return "its backend is gone from ebpflb_be4 (ebpflb_be6 for IPv6)"
 
 
 def pick(work: Work, hash_value: int | None, inputs: str) -> Explanation | None:
-    """Slot hash % M of the table, its backend id, the backend (lb4_select_backend())."""
+    """Slot hash % M of the table, its backend id, the backend (lb_select_backend())."""
     entry = work.entry
     assert entry is not None
     if hash_value is None:

@@ -4,7 +4,7 @@ where real packets go."""
 
 from __future__ import annotations
 
-from ebpflb.datapath.layout import addr_to_be32, port_to_be16
+from ebpflb.datapath.layout import addr_to_be32, port_to_be16, v4
 from ebpflb.datapath.maps import Flow
 
 MASK32 = (1 << 32) - 1
@@ -36,8 +36,8 @@ def flow4_hash(flow: Flow, seed: int) -> int:
     register), which is what addr_to_be32/port_to_be16 give."""
     ports = (port_to_be16(flow.source.port) << 16) | port_to_be16(flow.destination.port)
     return jhash_3words(
-        addr_to_be32(flow.source.address),
-        addr_to_be32(flow.destination.address),
+        addr_to_be32(v4(flow.source.address)),
+        addr_to_be32(v4(flow.destination.address)),
         ports ^ int(flow.protocol),
         seed,
     )

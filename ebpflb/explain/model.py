@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from ipaddress import IPv4Address
+from ipaddress import IPv6Address, ip_address
 from typing import Any
 
 from ebpflb.datapath.maps import ServiceCounters
 from ebpflb.errors import ConfigError
-from ebpflb.model import Proto
+from ebpflb.model import IPAddress, Proto, host_port
 
 
 class Path(enum.Enum):
@@ -34,9 +34,9 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    client: IPv4Address
+    client: IPAddress
     client_port: int | None  # None: any source port (the choice may depend on it)
-    address: IPv4Address
+    address: IPAddress  # IPv6 (or IPv4-mapped) only through socket-LB
     port: int
     protocol: Proto
     path: Path = Path.SOCKET
@@ -48,8 +48,8 @@ class Query:
     netns_cookie: int | None = None
 
     def __str__(self) -> str:
-        client = f"{self.client}:{self.client_port}" if self.client_port else str(self.client)
-        return f"{client} -> {self.address}:{self.port}/{self.protocol.name}"
+        client = host_port(self.client, self.client_port) if self.client_port else str(self.client)
+        return f"{client} -> {host_port(self.address, self.port)}/{self.protocol.name}"
 
 
 def parse_query(
@@ -64,8 +64,10 @@ def parse_query(
 ) -> Query:
     """CLIENT ("IP" or "IP:PORT") and "VIP:PORT[/PROTO]" (TCP by default) as a Query;
     ConfigError naming the argument when one is not that."""
-    client_ip, _, client_port = client.partition(":")
-    address, sep, rest = target.partition(":")
+    client_ip, client_port = _split(client)
+    address, sep, rest = target.rpartition(":") if target.startswith("[") else target.partition(":")
+    if address.startswith("["):
+        address, rest = address[1:].removesuffix("]"), rest
     port, _, proto = rest.partition("/")
     if sendmsg and (proto or "TCP").upper() != "UDP":
         raise ConfigError(f"explain {target}: --sendmsg is for UDP (sendmsg4 sees UDP only)")
@@ -75,10 +77,16 @@ def parse_query(
             " client's address)"
         )
     try:
+        vip, source = ip_address(address), ip_address(client_ip)
+        if vip.version == 6 and (outside or ingress):
+            raise ValueError("IPv6 is served by socket-LB only (no IPv6 in tc/XDP yet)")
+        mapped = vip.ipv4_mapped if isinstance(vip, IPv6Address) else None
+        if mapped is not None:
+            vip = mapped  # a dual-stack socket's ::ffff:a.b.c.d: the IPv4 tables decide
         return Query(
-            IPv4Address(client_ip),
+            source,
             _port(client_port, "CLIENT") if client_port else None,
-            IPv4Address(address),
+            vip,
             _port(port if sep else "", "VIP:PORT"),
             Proto.parse(proto or "TCP"),
             Path.OUTSIDE if outside or ingress else Path.SOCKET,
@@ -89,6 +97,17 @@ def parse_query(
         )
     except ValueError as exc:
         raise ConfigError(f"explain {client} {target}: {exc}") from None
+
+
+def _split(text: str) -> tuple[str, str]:
+    """IP, IP:PORT, IPv6 or [IPv6]:PORT -> (IP, PORT or "")."""
+    if text.startswith("["):
+        address, _, port = text[1:].partition("]")
+        return address, port.removeprefix(":")
+    if text.count(":") > 1:
+        return text, ""  # a bare IPv6 address
+    address, _, port = text.partition(":")
+    return address, port
 
 
 def _port(text: str, what: str) -> int:
@@ -152,7 +171,7 @@ class Nat:
 
 @dataclass(frozen=True, slots=True)
 class AffinityClient:
-    """One entry of ebpflb_aff4 for the frontend, and whether lb4_affinity_backend() would
+    """One entry of ebpflb_aff4 for the frontend, and whether lb_affinity_backend() would
     follow it now."""
 
     client: str  # the source address, or "netns cookie N"

@@ -87,7 +87,8 @@ def agent_fill(
     """Every map's fill level in a running agent: the reconciler's figures for the maps it
     writes, `count(name)` (the kernel's) for the others."""
     known = {
-        MapName.SERVICES: len(reconciler.state),
+        MapName.SERVICES: len(reconciler.state) - reconciler.state.ipv6,
+        MapName.SERVICES6: reconciler.state.ipv6,
         MapName.SERVICE_META: len(reconciler.space.svc_ids),
         MapName.BACKENDS: len(reconciler.backends),
         MapName.SLOTS: reconciler.space.slots.used,

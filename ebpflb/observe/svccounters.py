@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from ebpflb.datapath.maps import ServiceCounterMap, ServiceCounters, ServiceEntry
-from ebpflb.model import Frontend, Scope
+from ebpflb.model import Frontend, Scope, host_port
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class FrontendRecord(Protocol):
 
 def frontend_label(frontend: Frontend) -> str:
     suffix = "/internal" if frontend.scope == Scope.INTERNAL else ""
-    return f"{frontend.address}:{frontend.port}{suffix}"
+    return f"{host_port(frontend.address, frontend.port)}{suffix}"
 
 
 def labels(frontend: Frontend, name: str) -> tuple[str, str, str, str]:

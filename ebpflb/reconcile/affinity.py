@@ -2,7 +2,7 @@
 one (service id, backend id) -> timeout entry per backend of each such frontend's table.
 
 The datapath honours a client's affinity entry only while that pair exists (bpf/lib/lb.h
-lb4_affinity_backend), so a backend leaving a frontend, affinity switched off or a new
+lb_affinity_backend), so a backend leaving a frontend, affinity switched off or a new
 timeout take effect for new connections as soon as this step has run, without touching
 the clients' entries (an LRU the programs own). It runs after the entries were switched:
 between the two, a new connection may still follow an affinity entry to a backend that

@@ -225,7 +225,9 @@ class Reconciler:
             if not addresses:
                 continue
             flags = current.entry.flags
-            if frontend.scope is Scope.EXTERNAL and flags & SvcFlags.EXTERNAL:
+            v4 = frontend.address.version == 4
+            # tc/XDP flows are IPv4 only (no IPv6 conntrack yet).
+            if frontend.scope is Scope.EXTERNAL and flags & SvcFlags.EXTERNAL and v4:
                 by_svc[plan.svc_id] = addresses
             if frontend.scope is Scope.INTERNAL or not flags & SvcFlags.INTERNAL_SCOPE:
                 key = AddrPort(frontend.address, frontend.port)

@@ -22,7 +22,10 @@ from ebpflb.reconcile.state import EMPTY_TABLE, BackendIds, table_ids
 
 def maglev_name(backend: Backend) -> str:
     """str(backend), the name Maglev hashes, without ipaddress's slow formatting."""
-    return f"{socket.inet_ntoa(backend.address.packed)}:{backend.port}"
+    packed = backend.address.packed
+    if len(packed) == 4:
+        return f"{socket.inet_ntoa(packed)}:{backend.port}"
+    return str(backend)  # IPv6: "[address]:port"
 
 
 def build_tables(

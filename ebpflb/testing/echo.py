@@ -34,25 +34,48 @@ from typing import Any
 
 
 def _addr(text: str) -> tuple[str, int]:
+    """IP:PORT, or [IPv6]:PORT."""
     host, _, port = text.rpartition(":")
-    return host, int(port)
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
-def serve(name: str, tcp_ports: list[int], udp_ports: list[int], lifetime: float) -> None:
+def _family(host: str) -> socket.AddressFamily:
+    """The socket family a client uses for `host`: an IPv6 (or IPv4-mapped) address needs
+    an AF_INET6 socket."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _show(peer: tuple[Any, ...]) -> str:
+    """A socket address as IP:PORT, or [IPv6]:PORT."""
+    host, port = peer[0], peer[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def serve(
+    name: str, tcp_ports: list[int], udp_ports: list[int], lifetime: float, ipv6: bool = False
+) -> None:
+    """Listen on every IPv4 address, and with `ipv6` on every IPv6 address too (separate
+    IPv6-only sockets: an IPv4 client is still seen as an IPv4 address)."""
     deadline = time.monotonic() + lifetime
     sockets = []
-    for port in tcp_ports:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("0.0.0.0", port))
-        s.listen(512)
-        sockets.append(s)
-        threading.Thread(target=_tcp_loop, args=(s, name), daemon=True).start()
-    for port in udp_ports:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind(("0.0.0.0", port))
-        sockets.append(s)
-        threading.Thread(target=_udp_loop, args=(s, name), daemon=True).start()
+    families = [(socket.AF_INET, "0.0.0.0")] + ([(socket.AF_INET6, "::")] if ipv6 else [])
+    for family, anywhere in families:
+        for port in tcp_ports:
+            s = socket.socket(family, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((anywhere, port))
+            s.listen(512)
+            sockets.append(s)
+            threading.Thread(target=_tcp_loop, args=(s, name), daemon=True).start()
+        for port in udp_ports:
+            s = socket.socket(family, socket.SOCK_DGRAM)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((anywhere, port))
+            sockets.append(s)
+            threading.Thread(target=_udp_loop, args=(s, name), daemon=True).start()
     print("ready", flush=True)
     time.sleep(max(deadline - time.monotonic(), 0))
 
@@ -90,13 +113,13 @@ def _error(exc: OSError) -> dict[str, Any]:
 
 
 def tcp_request(target: tuple[str, int], timeout: float) -> dict[str, Any]:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s = socket.socket(_family(target[0]), socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
         s.connect(target)
         peer = s.getpeername()
         reply = s.recv(256).decode().split()
-        return {"ok": True, "server": reply[0], "seen_as": reply[1], "peer": f"{peer[0]}:{peer[1]}"}
+        return {"ok": True, "server": reply[0], "seen_as": reply[1], "peer": _show(peer)}
     except OSError as exc:
         return _error(exc)
     finally:
@@ -104,7 +127,7 @@ def tcp_request(target: tuple[str, int], timeout: float) -> dict[str, Any]:
 
 
 def udp_request(target: tuple[str, int], timeout: float, connected: bool) -> dict[str, Any]:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s = socket.socket(_family(target[0]), socket.SOCK_DGRAM)
     s.settimeout(timeout)
     nonce = os.urandom(8).hex()
     try:
@@ -123,7 +146,7 @@ def udp_request(target: tuple[str, int], timeout: float, connected: bool) -> dic
             "ok": True,
             "server": reply[0],
             "seen_as": reply[1],
-            "peer": f"{source[0]}:{source[1]}",
+            "peer": _show(source),
         }
     except OSError as exc:
         return _error(exc)
@@ -205,7 +228,7 @@ def udp_hold(
     which error) answered each. Prints a "connected" line after the first answer."""
 
     def connect() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s = socket.socket(_family(target[0]), socket.SOCK_DGRAM)
         s.settimeout(timeout)
         s.connect(target)
         return s
@@ -244,9 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--tcp", type=int, action="append", default=[])
     srv.add_argument("--udp", type=int, action="append", default=[])
     srv.add_argument("--lifetime", type=float, default=60.0)
+    srv.add_argument("--ipv6", action="store_true", help="also listen on IPv6")
     for mode in ("tcp", "udp", "udp-burst", "tcp-hold", "udp-hold"):
         cli = sub.add_parser(mode)
-        cli.add_argument("target", type=_addr, help="IP:PORT")
+        cli.add_argument("target", type=_addr, help="IP:PORT or [IPv6]:PORT")
         cli.add_argument("--count", type=int, default=1)
         cli.add_argument("--timeout", type=float, default=2.0)
         if mode == "udp":
@@ -256,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             cli.add_argument("--interval", type=float, default=0.2)
     args = parser.parse_args(argv)
     if args.mode == "serve":
-        serve(args.name, args.tcp, args.udp, args.lifetime)
+        serve(args.name, args.tcp, args.udp, args.lifetime, args.ipv6)
         return 0
     if args.mode == "udp-burst":
         print(json.dumps(udp_burst(args.target, args.count, args.timeout)), flush=True)

@@ -379,7 +379,8 @@ def test_agent_syncs_and_serves_clusterip_and_nodeport(lab: Lab) -> None:
     lab.wait_frontends({f"{WEB_VIP}:80/TCP"}, container)
     assert served(lab.clusterip()) == set(PODS)
     assert served(lab.nodeport()) <= set(PODS)
-    assert len(lab.cgroup_programs()) == 4  # connect4, sendmsg4, recvmsg4, getpeername4
+    # connect, sendmsg, recvmsg and getpeername, for IPv4 and for IPv6
+    assert len(lab.cgroup_programs()) == 8
     # Changes through the API reach the node (the watch, not only the first list).
     api_objects = web_objects()
     api_objects[1]["endpoints"] = api_objects[1]["endpoints"][:1]

@@ -88,10 +88,10 @@ def backend(i: int) -> BackendEntry:
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-by-one"])
 def test_many_entries_written_and_read_back(maps: KernelMapSet, batched: bool) -> None:
-    maps.backends.io.batched = batched
+    maps.backends4.io.batched = batched
     written = {i: backend(i) for i in range(1, MAX_BACKENDS + 1)}
     assert maps.backends.put_many(sorted(written.items())) == {}
-    assert maps.backends.io.batched == batched
+    assert maps.backends4.io.batched == batched
     assert dict(maps.backends.items()) == written
     assert maps.backends.get(7) == written[7]
     services = [

@@ -441,7 +441,7 @@ def test_cleanup_removes_tc_filters_and_xdp(tmp_path: Path) -> None:
         assert "ebpflb_np_xdp" in link
         done = cleanup_datapath(bpffs, cgroup.path, ["eth0"], node.netns)
         assert done.returncode == 0, done.stderr
-        assert "detached 7 programs" in done.stdout  # 4 socket hooks, tc in/out, xdp
+        assert "detached 11 programs" in done.stdout  # 8 socket hooks, tc in/out, xdp
         tc, link = attached()
         assert "ebpflb" not in tc and "xdp" not in link
         assert (

@@ -137,9 +137,13 @@ def test_restart_keeps_traffic_flowing_and_rewrites_nothing(
     attached = loader.attached_programs(cgroup.path)
     assert sorted(name for _, name in attached) == [
         "ebpflb_connect4",
+        "ebpflb_connect6",
         "ebpflb_getpeer4",
+        "ebpflb_getpeer6",
         "ebpflb_recvmsg4",
+        "ebpflb_recvmsg6",
         "ebpflb_sendmsg4",
+        "ebpflb_sendmsg6",
     ]
 
 
@@ -231,7 +235,7 @@ def test_cleanup_leaves_nothing_attached_or_pinned(
     assert "ebpflb_connect4" in attached(cgroup.path)  # left attached on exit, on purpose
     done = cleanup_datapath(bpffs, cgroup.path)
     assert done.returncode == 0, done.stderr
-    assert "detached 4 programs" in done.stdout
+    assert "detached 8 programs" in done.stdout  # 4 hooks per family
     # The maps and the socket-LB programs pinned next to them.
     assert f"removed {len(MapName) + len(loader.SockHook)} pins" in done.stdout
     assert attached(cgroup.path) == ""
@@ -296,7 +300,7 @@ def test_a_removed_backend_is_an_empty_array_element_the_datapath_never_uses(
         agent.stop()  # the programs stay attached; nothing rewrites the maps now
         gone = ids["10.244.1.12:8080"]
         assert maps.backends.delete(gone) and maps.backends.get(gone) is None
-        assert not any(bytes(maps.backends.get_raw(gone)))  # the element is there, zeroed
+        assert not any(bytes(maps.backends4.get_raw(gone)))  # the element is there, zeroed
         before = maps.counters()
         results = topology.requests(topology.node_ns, "tcp", WEB, 60, cgroup, timeout=5.0)
         refused = [r for r in results if not r["ok"]]

@@ -120,6 +120,16 @@ def is_ip(text: str) -> bool:
     return True
 
 
+def is_ipv6(text: str) -> bool:
+    if "%" in text:  # a zone: ipaddress takes it, the API server does not
+        return False
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def is_ipv4(text: str) -> bool:
     try:
         ipaddress.IPv4Address(text)
@@ -213,8 +223,8 @@ def service_verdict(obj: Any) -> Verdict:
     if len(set(programmable)) != len(programmable):
         return INVALID  # two ports with one name and protocol
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    v4 = [ip for ip in (cluster_ips or [cluster_ip]) if ip and ip != "None" and is_ipv4(ip)]
-    if labels.get(PROXY_NAME) or external_name or headless or not v4:
+    allocated = [ip for ip in (cluster_ips or [cluster_ip]) if ip and ip != "None"]
+    if labels.get(PROXY_NAME) or external_name or headless or not allocated:
         return Verdict(True, skipped=True)
     return Verdict(True, ports=frozenset(programmable))
 
@@ -260,11 +270,11 @@ def slice_verdict(obj: Any) -> SliceVerdict:
     labels = obj["metadata"].get("labels") or {}
     if not labels.get(SERVICE_NAME):
         return SliceVerdict(False)
-    ipv4 = obj["addressType"] == "IPv4"
+    family = {"IPv4": is_ipv4, "IPv6": is_ipv6}.get(obj["addressType"])
     endpoints = []
     for ep in obj.get("endpoints") or []:
         addresses = ep["addresses"]
-        if ipv4 and not all(is_ipv4(a) for a in addresses):
+        if family is not None and not all(family(a) for a in addresses):
             return SliceVerdict(False)
         conditions = ep.get("conditions") or {}
         endpoints.append(
@@ -275,6 +285,6 @@ def slice_verdict(obj: Any) -> SliceVerdict:
                 conditions.get("terminating") is True,
             )
         )
-    if not ipv4:
+    if family is None:
         return SliceVerdict(True, skipped=True)
     return SliceVerdict(True, endpoints=tuple(endpoints))

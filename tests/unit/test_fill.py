@@ -42,6 +42,8 @@ def max_entries(maps: FakeMapSet) -> dict[MapName, int]:
         MapName.IFACE_ADDRS: 64,
         MapName.AFFINITY: maps.affinity_match.capacity,
         MapName.AFFINITY_MATCH: maps.affinity_match.capacity,
+        MapName.SERVICES6: maps.services.capacity,
+        MapName.REVERSE_SOCK6: 4096,
     }
 
 
@@ -53,6 +55,8 @@ def counted(maps: FakeMapSet) -> dict[MapName, int]:
         MapName.REVERSE_SOCK: 17,
         MapName.IFACE_ADDRS: 1,
         MapName.AFFINITY: 0,
+        MapName.SERVICES6: 0,
+        MapName.REVERSE_SOCK6: 0,
     }
 
 
@@ -105,6 +109,7 @@ def test_an_agent_reports_every_pinned_map() -> None:
             MapName.REVERSE_SOCK,
             MapName.IFACE_ADDRS,
             MapName.AFFINITY,
+            MapName.REVERSE_SOCK6,
         ]
     )
     assert levels["ebpflb_affpair4"].entries == len(maps.affinity_match)  # the reconciler's

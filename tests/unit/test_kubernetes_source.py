@@ -260,7 +260,7 @@ def test_create_update_delete_flow_into_the_maps(
     assert len(api.requests_for("endpointslices", watch=False)) == 1
 
 
-def test_skipped_services_and_ipv6_are_handled_as_from_manifests(
+def test_skipped_services_and_dual_stack_are_handled_as_from_manifests(
     api: FakeApiServer, start_source: SourceFactory, agent: Agent
 ) -> None:
     other = service("other", cluster_ip="10.96.0.20")
@@ -278,9 +278,9 @@ def test_skipped_services_and_ipv6_are_handled_as_from_manifests(
     start_source(Tee(recorder, agent))
     wait_until(both_listed(recorder), "both initial lists")
     sync(agent)
-    assert list(frontends(agent_maps(agent))) == ["10.96.0.30:80/TCP"]
-    # One IPv6 cluster IP and one IPv6 slice skipped and counted.
-    assert agent.metrics.registry.get_sample_value("ebpflb_ipv6_skipped_total") == 2
+    # Dual-stack: each family's cluster IP, nothing skipped.
+    assert sorted(frontends(agent_maps(agent))) == ["10.96.0.30:80/TCP", "[fd00::30]:80/TCP"]
+    assert agent.metrics.registry.get_sample_value("ebpflb_ipv6_skipped_total") == 0
 
 
 # ---- initial list -------------------------------------------------------------------------

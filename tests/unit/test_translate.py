@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import copy
-from ipaddress import IPv4Address, IPv4Network
+import re
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
 from typing import Any
 
 import pytest
@@ -60,13 +61,58 @@ def test_other_proxy_label_is_skipped() -> None:
     assert "service-proxy-name" in (translate_service(obj).skipped or "")
 
 
-def test_ipv6_cluster_ips_are_counted_and_ignored() -> None:
-    t = translate_service(service(clusterIPs=["10.96.0.10", "fd00::10"]))
-    assert t.ipv6_skipped == 1
+def test_dual_stack_cluster_ips_are_both_programmed() -> None:
+    t = translate_service(
+        service(
+            clusterIPs=["10.96.0.10", "fd00::10"],
+            ipFamilies=["IPv4", "IPv6"],
+            ipFamilyPolicy="RequireDualStack",
+        )
+    )
     (port,) = t.ports.values()
-    assert port.cluster_ips == (IPv4Address("10.96.0.10"),)
-    only6 = translate_service(service(cluster_ip="fd00::10"))
-    assert only6.skipped == "IPv6-only service" and only6.ipv6_skipped == 1
+    assert port.cluster_ips == (IPv4Address("10.96.0.10"), IPv6Address("fd00::10"))
+    assert t.ipv6_skipped == 0 and t.skipped is None
+    only6 = translate_service(service(cluster_ip="fd00::10", ipFamilies=["IPv6"]))
+    assert only6.skipped is None
+    assert next(iter(only6.ports.values())).cluster_ips == (IPv6Address("fd00::10"),)
+
+
+def test_ipv6_tc_paths_are_counted_as_skipped() -> None:
+    """NodePort, LoadBalancer and external IPs over IPv6 are not served by tc/XDP yet:
+    every IPv6 nodePort, ingress IP and external IP is counted; the IPv4 ones are not."""
+    obj = service(
+        type="LoadBalancer",
+        clusterIPs=["10.96.0.10", "fd00::10"],
+        externalIPs=["192.0.2.7", "2001:db8::7"],
+    )
+    obj["spec"]["ports"][0]["nodePort"] = 30080
+    obj["status"] = {"loadBalancer": {"ingress": [{"ip": "2001:db8::1"}, {"ip": "192.0.2.1"}]}}
+    t = translate_service(obj)
+    assert t.ipv6_skipped == 3  # the IPv6 nodePort, ingress IP and external IP
+    (port,) = t.ports.values()
+    assert port.load_balancer_ips == (IPv6Address("2001:db8::1"), IPv4Address("192.0.2.1"))
+    # A family without a cluster IP is not this Service's (kube-proxy's per-family view).
+    v4_only = translate_service(service(externalIPs=["2001:db8::7", "192.0.2.7"]))
+    assert next(iter(v4_only.ports.values())).external_ips == (IPv4Address("192.0.2.7"),)
+    assert v4_only.ipv6_skipped == 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"ipFamilies": ["IPv5"]}, "spec.ipFamilies[0]"),
+        ({"ipFamilies": ["IPv4", "IPv4"]}, "more than one entry per family"),
+        ({"ipFamilyPolicy": "Sometimes"}, "spec.ipFamilyPolicy"),
+        (
+            {"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv4", "IPv6"]},
+            "SingleStack",
+        ),
+        ({"ipFamilies": ["IPv6"]}, "is not of ipFamilies"),  # clusterIP 10.96.0.10
+    ],
+)
+def test_bad_ip_families_are_invalid(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidObjectError, match=re.escape(message)):
+        translate_service(service(**spec))
 
 
 @pytest.mark.parametrize(
@@ -164,15 +210,25 @@ def test_slice_with_bad_address_is_invalid() -> None:
         translate_slice(endpoint_slice(endpoints=[endpoint("10.244.1.300")]))
 
 
-def test_ipv6_and_fqdn_slices_are_skipped() -> None:
-    assert (
-        translate_slice(endpoint_slice(address_type="IPv6", endpoints=[])).skipped
-        == "addressType IPv6"
-    )
+def test_ipv6_slices_are_translated_and_fqdn_skipped() -> None:
+    six = translate_slice(endpoint_slice(address_type="IPv6", endpoints=[endpoint("fd00::1")]))
+    assert six.skipped is None and six.family == 6
+    assert [ep.address for ep in six.endpoints] == [IPv6Address("fd00::1")]
+    with pytest.raises(InvalidObjectError, match="not an IPv6 address"):
+        translate_slice(endpoint_slice(address_type="IPv6", endpoints=[endpoint("10.0.0.1")]))
     assert (
         translate_slice(endpoint_slice(address_type="FQDN", endpoints=[])).skipped
         == "addressType FQDN"
     )
+
+
+def test_each_family_keeps_its_own_endpoints() -> None:
+    """An IPv4 and an IPv6 endpoint of equal numbers stay two endpoints."""
+    four = translate_slice(endpoint_slice("web-4", endpoints=[endpoint("0.0.0.1")]))
+    six = translate_slice(endpoint_slice("web-6", address_type="IPv6", endpoints=[endpoint("::1")]))
+    name = ServicePortName(NamespacedName("default", "web"), "http", Proto.TCP)
+    merged = endpoints_for_port(name, [four, six])
+    assert [ep.address for ep in merged] == [IPv4Address("0.0.0.1"), IPv6Address("::1")]
 
 
 def test_endpoints_join_by_port_name_and_protocol_across_slices() -> None:
