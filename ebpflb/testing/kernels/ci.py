@@ -37,7 +37,7 @@ class Placement:
     """One kernel test file and the kernel lines CI runs it on."""
 
     file: str  # test_x.py, in tests/kernel
-    lines: frozenset[str]
+    kernel_lines: frozenset[str]
     why: str
 
     @property
@@ -65,6 +65,7 @@ PLACEMENTS: Sequence[Placement] = (
     _every("test_maglev_datapath.py"),
     _every("test_packets.py"),
     _every("test_socket_lb.py"),
+    _every("test_socket_lb6.py"),
     _every("test_nodeport.py"),
     _every("test_semantics_policy.py"),
     _every("test_semantics_affinity.py"),
@@ -90,7 +91,7 @@ PLACEMENTS: Sequence[Placement] = (
 
 def files_on(line: str, placements: Sequence[Placement] = PLACEMENTS) -> tuple[str, ...]:
     """The pytest selection CI gives `line`'s guest."""
-    return tuple(p.path for p in placements if line in p.lines)
+    return tuple(p.path for p in placements if line in p.kernel_lines)
 
 
 def unplaced(test_files: Iterable[str], placements: Sequence[Placement] = PLACEMENTS) -> list[str]:
