@@ -13,7 +13,7 @@ EXAMPLES = """\
 examples:
   python -m ebpflb.testing.kernels run                          # 5.10 and 6.1, all kernel tests
   python -m ebpflb.testing.kernels run --kernels 6.1 tests/kernel/test_socket_lb.py
-  python -m ebpflb.testing.kernels run --ci                     # CI's split of the files
+  python -m ebpflb.testing.kernels run --ci                     # CI's selection of the files
   python -m ebpflb.testing.kernels table --readme README.md     # the README's kernel table
 """
 
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--ci",
         action="store_true",
-        help="CI's split: kernel-feature files on every line, the agent's own behaviour on "
-        "one line each (ebpflb/testing/kernels/ci.py)",
+        help="CI's selection: the files testing what differs between kernels, on every line "
+        "(ebpflb/testing/kernels/ci.py)",
     )
     run.add_argument("--out", type=Path, default=matrix.DEFAULT_OUT)
     run.add_argument("--cache", type=Path, default=debian.DEFAULT_CACHE)
