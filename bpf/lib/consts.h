@@ -67,7 +67,7 @@
 #define EBPFLB_AFFINITY_MAX 65536
 #endif
 
-/* Interfaces the tc/xdp programs are attached to (ebpflb_ifaddr4). */
+/* Interfaces the tc/xdp programs are attached to (ebpflb_ifaddr4, ebpflb_ifaddr6). */
 #define EBPFLB_MAX_IFACES 64
 
 /* SNAT source ports, host order, inclusive: by default outside Linux's ephemeral ports
@@ -153,6 +153,12 @@
 /* src_range4_key.prefixlen: the service id's bits come first, then the source prefix. */
 #define SRC_RANGE_ID_PREFIXLEN    32
 #define SRC_RANGE_EXACT_PREFIXLEN (SRC_RANGE_ID_PREFIXLEN + 32) /* one source address */
+#define SRC_RANGE6_EXACT_PREFIXLEN (SRC_RANGE_ID_PREFIXLEN + 128) /* one IPv6 source */
+
+/* aff4_key.netns: what aff4_key.client identifies. */
+#define AFF_CLIENT_ADDR4 0 /* tc/XDP: an IPv4 source address (its first four bytes) */
+#define AFF_CLIENT_NETNS 1 /* socket-LB: the client's network namespace cookie */
+#define AFF_CLIENT_ADDR6 2 /* tc/XDP: an IPv6 source address folded to 64 bits */
 
 /* ct4_entry.flags. */
 #define CT_F_SNAT       (1 << 0) /* source rewritten to nat_addr:nat_port */
@@ -184,12 +190,13 @@
 #define STAT_SNAT_EXHAUSTED  11 /* dropped: every SNAT port tried is held by a live flow */
 #define STAT_SRC_RANGE_DROP  12 /* dropped: source outside loadBalancerSourceRanges */
 #define STAT_CT_CREATE_FAIL  13 /* dropped: conntrack entry could not be stored */
-#define STAT_FRAGMENT        14 /* IPv4 fragment passed untranslated (no L4 header to match) */
+#define STAT_FRAGMENT        14 /* IP fragment passed untranslated (no L4 header to match) */
 #define STAT_FIB_FAIL        15 /* dropped: no route for a translated packet */
 #define STAT_SNAT_NO_ADDR    16 /* dropped: SNAT needed, no node address on the interface */
 #define STAT_RNAT_STORE_FAIL 17 /* dropped: reply translation not stored (ebpflb_rnat4 full) */
 #define STAT_AFFINITY_HIT    18 /* new connection sent to the client's affinity backend */
 #define STAT_NP_REJECT       19 /* RST / ICMP port unreachable sent (SVC_F_REJECT) */
+#define STAT_NP6_EXT_HEADER  20 /* IPv6 packet with extension headers: passed untranslated */
 #define STAT_MAX             24 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

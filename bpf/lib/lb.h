@@ -111,8 +111,8 @@ static __always_inline void *lb_affinity_backend(const struct aff4_key *key, __u
 	return backend;
 }
 
-/* Backend for a new connection of `client` (a netns cookie when `netns`, else an IPv4
- * address): with SVC_F_AFFINITY the client's affinity backend while it holds (kube-proxy's
+/* Backend for a new connection of `client` (of the kind `netns` says, AFF_CLIENT_*):
+ * with SVC_F_AFFINITY the client's affinity backend while it holds (kube-proxy's
  * `recent --rcheck --seconds`), else the Maglev slot at `hash`, remembered as the
  * client's affinity with the time of this connection (`recent --set`). */
 static __always_inline void *lb_pick_backend(const struct lb4_svc_val *svc, __u32 hash,

@@ -83,6 +83,19 @@ BPF_TABLE_PINNED("hash", struct flow4, struct rnat4_val, ebpflb_rnat4,
 BPF_TABLE_PINNED("lpm_trie", struct src_range4_key, __u8, ebpflb_srcrng4,
 		 EBPFLB_SRC_RANGE_MAX, EBPFLB_PIN_DIR "/ebpflb_srcrng4", BPF_F_NO_PREALLOC);
 
+/* IPv6 NodePort/LB flows: ebpflb_ct4ref's twin (ebpflb_ct6: an LRU hash of struct flow6
+ * -> struct ct6_entry, at most EBPFLB_CT_MAX entries, grown like ebpflb_ct4). */
+BPF_TABLE_PINNED("array_of_maps$ebpflb_ct6", __u32, __u32, ebpflb_ct6ref,
+		 1, EBPFLB_PIN_DIR "/ebpflb_ct6ref");
+
+/* IPv6 reply tuple -> client view; also the IPv6 SNAT port reservations. */
+BPF_TABLE_PINNED("hash", struct flow6, struct rnat6_val, ebpflb_rnat6,
+		 EBPFLB_RNAT_MAX, EBPFLB_PIN_DIR "/ebpflb_rnat6", BPF_F_NO_PREALLOC);
+
+/* (service id, IPv6 source prefix) allowed to reach an IPv6 LoadBalancer IP. */
+BPF_TABLE_PINNED("lpm_trie", struct src_range6_key, __u8, ebpflb_srcrng6,
+		 EBPFLB_SRC_RANGE_MAX, EBPFLB_PIN_DIR "/ebpflb_srcrng6", BPF_F_NO_PREALLOC);
+
 /* (service id, client) -> backend and last use: ClientIP session affinity. */
 BPF_TABLE_PINNED("lru_hash", struct aff4_key, struct aff4_val, ebpflb_aff4,
 		 EBPFLB_AFFINITY_MAX, EBPFLB_PIN_DIR "/ebpflb_aff4");
@@ -95,6 +108,10 @@ BPF_TABLE_PINNED("hash", struct aff4_match_key, __u32, ebpflb_affpair4,
 /* ifindex -> the node address on it: the SNAT source for flows arriving there. */
 BPF_TABLE_PINNED("hash", __u32, __be32, ebpflb_ifaddr4,
 		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifaddr4", BPF_F_NO_PREALLOC);
+
+/* ifindex -> the IPv6 node address on it: the SNAT source for IPv6 flows arriving there. */
+BPF_TABLE_PINNED("hash", __u32, struct addr6, ebpflb_ifaddr6,
+		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifaddr6", BPF_F_NO_PREALLOC);
 
 /* Per-CPU event counters (STAT_*), summed by the agent at scrape time. */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, ebpflb_stats,

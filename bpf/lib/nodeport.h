@@ -62,7 +62,7 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 	__be32 *nat_addr;
 	__u64 deadline;
 
-	backend = lb4_pick_backend(svc, hash, flow->saddr, 0, &ct->backend_id);
+	backend = lb4_pick_backend(svc, hash, flow->saddr, AFF_CLIENT_ADDR4, &ct->backend_id);
 	if (!backend) {
 		/* A rejected packet is counted where the answer is built (tc): XDP passes it
 		 * there, and counting here would count it in both. */

@@ -45,7 +45,7 @@ static __always_inline enum sys_verdict sock4_xlate_fwd(struct bpf_sock_addr *ct
 	/* A pod's client is its network namespace; a host process's, the host's. Only
 	 * session affinity needs to know it. */
 	client = svc->flags & SVC_F_AFFINITY ? bpf_get_netns_cookie(ctx) : 0;
-	backend = lb4_pick_backend(svc, hash, client, 1, &backend_id);
+	backend = lb4_pick_backend(svc, hash, client, AFF_CLIENT_NETNS, &backend_id);
 	if (!backend)
 		return sock_refuse(svc);
 #if EBPFLB_HAVE_SK_STORAGE
@@ -137,7 +137,7 @@ static __always_inline enum sys_verdict sock6_xlate_fwd(struct bpf_sock_addr *ct
 	if (!svc)
 		return SYS_PROCEED;
 	client = svc->flags & SVC_F_AFFINITY ? bpf_get_netns_cookie(ctx) : 0;
-	backend = lb_pick_backend(svc, hash, client, 1, &backend_id, true);
+	backend = lb_pick_backend(svc, hash, client, AFF_CLIENT_NETNS, &backend_id, true);
 	if (!backend)
 		return sock_refuse(svc);
 #if EBPFLB_HAVE_SK_STORAGE

@@ -176,11 +176,62 @@ struct lb4_svc_stats {
 	__u64 np_bytes;    /* their bytes, as the hook saw them (L2 header included) */
 };
 
+/* struct flow4's twin for IPv6: the key of ebpflb_ct6 (client -> frontend) and of
+ * ebpflb_rnat6 (backend -> where the backend replies to). */
+struct flow6 {
+	__be32 saddr[4]; /* source address */
+	__be32 daddr[4]; /* destination address */
+	__be16 sport;    /* source port */
+	__be16 dport;    /* destination port */
+	__u8 proto;      /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[3];     /* zero */
+};
+
+/* struct ct4_entry's twin: one IPv6 NodePort/LoadBalancer/external-IP flow. */
+struct ct6_entry {
+	__be32 backend_addr[4]; /* DNAT destination */
+	__be32 nat_addr[4];     /* SNAT source (node address), if CT_F_SNAT */
+	__be16 backend_port;    /* DNAT destination port */
+	__u16 flags;            /* CT_F_* */
+	__be16 nat_port;        /* SNAT source port, if CT_F_SNAT */
+	__u16 pad;              /* zero */
+	__u32 svc_id;           /* service of the frontend (dumps) */
+	__u32 backend_id;       /* backend id at creation (dumps; may be gone since) */
+	__u64 expires;          /* bpf_ktime_get_ns() after which the entry is dead */
+	__u64 packets;          /* client -> backend packets */
+	__u64 bytes;            /* client -> backend bytes */
+};
+
+/* struct rnat4_val's twin: how to restore an IPv6 client's view on the way back. */
+struct rnat6_val {
+	__be32 client_addr[4];   /* where the reply must go */
+	__be32 frontend_addr[4]; /* what the reply must come from */
+	__be16 client_port;      /* client's port */
+	__be16 frontend_port;    /* frontend port */
+	__u16 flags;             /* RNAT_F_* */
+	__u16 pad;               /* zero */
+	__u64 expires;           /* bpf_ktime_get_ns() after which the SNAT port may be reused */
+};
+
+/* struct src_range4_key's twin: an IPv6 loadBalancerSourceRanges prefix. prefixlen
+ * counts the bits of svc_id (SRC_RANGE_ID_PREFIXLEN) plus the prefix length. */
+struct src_range6_key {
+	__u32 prefixlen; /* SRC_RANGE_ID_PREFIXLEN + CIDR prefix length */
+	__u32 svc_id;    /* LoadBalancer frontend's service id, big-endian for the LPM match */
+	__be32 addr[4];  /* allowed source prefix */
+};
+
+/* Value of ebpflb_ifaddr6: the IPv6 node address IPv6 flows arriving on an interface are
+ * SNATed to. */
+struct addr6 {
+	__be32 addr[4]; /* a global IPv6 address of the interface */
+};
+
 /* ClientIP session affinity: one client of one frontend. */
 struct aff4_key {
-	__u64 client; /* socket-LB: bpf_get_netns_cookie(); tc/XDP: the source address */
+	__u64 client; /* AFF_CLIENT_*: a netns cookie, an IPv4 address, an IPv6 one folded */
 	__u32 svc_id; /* the frontend's service id */
-	__u8 netns;   /* 1: `client` is a network namespace cookie; 0: an IPv4 address */
+	__u8 netns;   /* AFF_CLIENT_*: what `client` is */
 	__u8 pad[3];  /* zero */
 };
 

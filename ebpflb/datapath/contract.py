@@ -44,6 +44,7 @@ SLOTS_PER_ELEMENT = 2  # struct lb4_slot_pair: two Maglev slots per 8-byte array
 # src_range4_key.prefixlen counts the service id's bits before the address prefix.
 SRC_RANGE_ID_PREFIXLEN = 32
 SRC_RANGE_EXACT_PREFIXLEN = SRC_RANGE_ID_PREFIXLEN + 32  # a lookup of one address
+SRC_RANGE6_EXACT_PREFIXLEN = SRC_RANGE_ID_PREFIXLEN + 128  # one IPv6 address
 
 # Map flags from uapi/linux/bpf.h that maps.h uses.
 BPF_F_NO_PREALLOC = 1 << 0
@@ -77,6 +78,14 @@ class NatFlags(enum.IntFlag):
     SNAT = 1 << 0
 
 
+class AffClient(enum.IntEnum):
+    """AFF_CLIENT_*: aff4_key.netns, what aff4_key.client identifies."""
+
+    ADDR4 = 0
+    NETNS = 1
+    ADDR6 = 2
+
+
 class Counter(enum.IntEnum):
     """STAT_*: indexes of the per-CPU ebpflb_stats array. The lower-cased name is the
     `event` label of ebpflb_datapath_events and the key in `maps dump`'s counters."""
@@ -101,6 +110,7 @@ class Counter(enum.IntEnum):
     RNAT_STORE_FAIL = 17
     AFFINITY_HIT = 18
     NP_REJECT = 19
+    NP6_EXT_HEADER = 20
 
     @property
     def label(self) -> str:
@@ -114,6 +124,7 @@ FAMILIES: tuple[tuple[str, type[enum.IntEnum] | type[enum.IntFlag]], ...] = (
     ("BE_F_", BackendFlags),
     ("CT_F_", CtFlags),
     ("RNAT_F_", NatFlags),
+    ("AFF_CLIENT_", AffClient),
     ("STAT_", Counter),
 )
 
@@ -126,6 +137,7 @@ def c_constants() -> dict[str, int]:
         "STAT_MAX": STAT_MAX,
         "SRC_RANGE_ID_PREFIXLEN": SRC_RANGE_ID_PREFIXLEN,
         "SRC_RANGE_EXACT_PREFIXLEN": SRC_RANGE_EXACT_PREFIXLEN,
+        "SRC_RANGE6_EXACT_PREFIXLEN": SRC_RANGE6_EXACT_PREFIXLEN,
     }
     for prefix, family in FAMILIES:
         for name, member in family.__members__.items():
@@ -344,6 +356,72 @@ class SrcRange4Key(ct.Structure):
     _network_order_ = ("addr",)
 
 
+class Flow6(ct.Structure):
+    """struct flow6"""
+
+    _fields_ = [
+        ("saddr", ct.c_uint32 * 4),
+        ("daddr", ct.c_uint32 * 4),
+        ("sport", ct.c_uint16),
+        ("dport", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("pad", ct.c_uint8 * 3),
+    ]
+    _network_order_ = ("saddr", "daddr", "sport", "dport")
+
+
+class Ct6Entry(ct.Structure):
+    """struct ct6_entry"""
+
+    _fields_ = [
+        ("backend_addr", ct.c_uint32 * 4),
+        ("nat_addr", ct.c_uint32 * 4),
+        ("backend_port", ct.c_uint16),
+        ("flags", ct.c_uint16),
+        ("nat_port", ct.c_uint16),
+        ("pad", ct.c_uint16),
+        ("svc_id", ct.c_uint32),
+        ("backend_id", ct.c_uint32),
+        ("expires", ct.c_uint64),
+        ("packets", ct.c_uint64),
+        ("bytes", ct.c_uint64),
+    ]
+    _network_order_ = ("backend_addr", "nat_addr", "backend_port", "nat_port")
+
+
+class Rnat6Val(ct.Structure):
+    """struct rnat6_val"""
+
+    _fields_ = [
+        ("client_addr", ct.c_uint32 * 4),
+        ("frontend_addr", ct.c_uint32 * 4),
+        ("client_port", ct.c_uint16),
+        ("frontend_port", ct.c_uint16),
+        ("flags", ct.c_uint16),
+        ("pad", ct.c_uint16),
+        ("expires", ct.c_uint64),
+    ]
+    _network_order_ = ("client_addr", "frontend_addr", "client_port", "frontend_port")
+
+
+class SrcRange6Key(ct.Structure):
+    """struct src_range6_key (svc_id big-endian, as in SrcRange4Key)"""
+
+    _fields_ = [
+        ("prefixlen", ct.c_uint32),
+        ("svc_id", ct.c_uint32),
+        ("addr", ct.c_uint32 * 4),
+    ]
+    _network_order_ = ("addr",)
+
+
+class Addr6(ct.Structure):
+    """struct addr6 (value of ebpflb_ifaddr6)"""
+
+    _fields_ = [("addr", ct.c_uint32 * 4)]
+    _network_order_ = ("addr",)
+
+
 class Lb4SvcStats(ct.Structure):
     """struct lb4_svc_stats (one CPU's counters of one frontend)"""
 
@@ -409,6 +487,11 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "ct4_entry": Ct4Entry,
     "rnat4_val": Rnat4Val,
     "src_range4_key": SrcRange4Key,
+    "flow6": Flow6,
+    "ct6_entry": Ct6Entry,
+    "rnat6_val": Rnat6Val,
+    "src_range6_key": SrcRange6Key,
+    "addr6": Addr6,
     "lb4_svc_stats": Lb4SvcStats,
     "aff4_key": Aff4Key,
     "aff4_val": Aff4Val,
@@ -496,6 +579,11 @@ class MapName(enum.StrEnum):
     BACKENDS6 = "ebpflb_be6"
     REVERSE_SOCK6 = "ebpflb_revsk6"
     SOCK_STORAGE6 = "ebpflb_sockrev6"
+    CONNTRACK6 = "ebpflb_ct6"
+    CONNTRACK6_REF = "ebpflb_ct6ref"
+    REPLY_NAT6 = "ebpflb_rnat6"
+    SOURCE_RANGES6 = "ebpflb_srcrng6"
+    IFACE_ADDRS6 = "ebpflb_ifaddr6"
 
 
 class MapType(enum.IntEnum):
@@ -646,6 +734,27 @@ MAPS: dict[MapName, MapSpec] = {
             MAX_IFACES,
             flags=BPF_F_NO_PREALLOC,
         ),
+        MapSpec(MapName.CONNTRACK6, MapType.LRU_HASH, Flow6, Ct6Entry, CT_MAX),
+        MapSpec(MapName.CONNTRACK6_REF, MapType.ARRAY_OF_MAPS, ct.c_uint32, ct.c_uint32, 1),
+        MapSpec(
+            MapName.REPLY_NAT6, MapType.HASH, Flow6, Rnat6Val, RNAT_MAX, flags=BPF_F_NO_PREALLOC
+        ),
+        MapSpec(
+            MapName.SOURCE_RANGES6,
+            MapType.LPM_TRIE,
+            SrcRange6Key,
+            ct.c_uint8,
+            SRC_RANGE_MAX,
+            flags=BPF_F_NO_PREALLOC,
+        ),
+        MapSpec(
+            MapName.IFACE_ADDRS6,
+            MapType.HASH,
+            ct.c_uint32,
+            Addr6,
+            MAX_IFACES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
         MapSpec(MapName.AFFINITY, MapType.LRU_HASH, Aff4Key, Aff4Val, AFFINITY_MAX),
         MapSpec(
             MapName.AFFINITY_MATCH,
@@ -674,8 +783,10 @@ MAPS: dict[MapName, MapSpec] = {
 GROWABLE: dict[MapName, MapName] = {
     MapName.SLOTS: MapName.SLOTS_REF,
     MapName.CONNTRACK: MapName.CONNTRACK_REF,
+    MapName.CONNTRACK6: MapName.CONNTRACK6_REF,
 }
 INITIAL_ENTRIES: dict[MapName, Callable[[Config], int]] = {
     MapName.SLOTS: lambda c: c.slot_pool_initial // SLOTS_PER_ELEMENT,
     MapName.CONNTRACK: lambda c: c.ct_initial,
+    MapName.CONNTRACK6: lambda c: c.ct_initial,
 }
