@@ -1,33 +1,35 @@
-/* NodePort, LoadBalancer and external-IP load balancing on the node's interfaces (tc).
+/* NodePort, LoadBalancer and external-IP load balancing on the node's interfaces (tc),
+ * for IPv4 and IPv6 (one program each way; the Ethernet type picks the family's path).
  *
  * ingress (ebpflb_np_in): a reply to a SNATed flow is translated back to the client's view;
  *   a packet to a frontend of one of those types is DNATed to a backend picked from the
  *   service's Maglev table by a hash of its 5-tuple (remembered in conntrack), and SNATed
  *   to the node's address when the backend runs on another node and externalTrafficPolicy
- *   is Cluster (kube-proxy's KUBE-MARK-MASQ); the decisions are lib/nodeport.h's. Packets
- *   whose source became a node address are forwarded by the program (lib/fib.h);
- *   DNAT-only packets go on to the stack.
+ *   is Cluster (kube-proxy's KUBE-MARK-MASQ); the decisions are lib/nodeport.h's and
+ *   lib/nodeport6.h's. Packets whose source became a node address are forwarded by the
+ *   program (lib/fib.h); DNAT-only packets go on to the stack.
  * egress (ebpflb_np_out): a reply from a local backend (no SNAT) gets the frontend as its
  *   source again.
  *
  * Return codes: TC_ACT_OK lets the (possibly rewritten) packet continue; TC_ACT_SHOT drops
  * it (source outside loadBalancerSourceRanges, no usable backend, no SNAT port, no route);
- * a packet to a service with no endpoint at all is answered instead (TCP RST, ICMP port
- * unreachable: lib/reject.h);
+ * a packet to a service with no endpoint at all is answered instead (TCP RST, ICMP or
+ * ICMPv6 port unreachable: lib/reject.h);
  * TC_ACT_REDIRECT (from bpf_redirect*) sends it out of the chosen interface.
  */
 #include <uapi/linux/bpf.h>
 
 #include "lib/fib.h"
 #include "lib/nodeport.h"
+#include "lib/nodeport6.h"
 #include "lib/reject.h"
 
-int ebpflb_np_in(struct __sk_buff *skb)
+static __always_inline int np4_in(struct __sk_buff *skb, void *data, void *data_end)
 {
 	struct xlate4 out = {};
 	struct pkt4 pkt = {};
 
-	if (pkt4_parse((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt) < 0)
+	if (pkt4_parse(data, data_end, skb->len, &pkt) < 0)
 		return TC_ACT_OK;
 	switch (np4_ingress(&pkt, skb->ifindex, &out)) {
 	case NP_DROP:
@@ -51,14 +53,64 @@ int ebpflb_np_in(struct __sk_buff *skb)
 	}
 }
 
+static __always_inline int np6_in(struct __sk_buff *skb, void *data, void *data_end)
+{
+	struct xlate6 out = {};
+	struct pkt6 pkt = {};
+	int parsed = pkt6_parse(data, data_end, skb->len, &pkt);
+
+	if (parsed == -2)
+		stat_inc(STAT_NP6_EXT_HEADER);
+	if (parsed < 0)
+		return TC_ACT_OK;
+	switch (np6_ingress(&pkt, skb->ifindex, &out)) {
+	case NP_DROP:
+		return TC_ACT_SHOT;
+	case NP_REJECT:
+		stat_inc(STAT_NP_NO_BACKEND);
+		svc_stats_refused(out.svc_id);
+		return tc_reject6(skb, &pkt);
+	case NP_XLATE:
+		if (pkt6_xlate_skb(skb, &pkt, &out) < 0)
+			return TC_ACT_SHOT;
+		svc_stats_np_packet(out.svc_id, pkt.len);
+		if (!addr6_equal(out.saddr, pkt.flow.saddr))
+			return tc_forward6(skb, &pkt, out.saddr, out.daddr);
+		return TC_ACT_OK;
+	default:
+		return TC_ACT_OK;
+	}
+}
+
+int ebpflb_np_in(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > data_end)
+		return TC_ACT_OK;
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return np6_in(skb, data, data_end);
+	return np4_in(skb, data, data_end);
+}
+
 int ebpflb_np_out(struct __sk_buff *skb)
 {
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
 	struct xlate4 out = {};
+	struct xlate6 out6 = {};
 	struct pkt4 pkt = {};
+	struct pkt6 pkt6 = {};
 
-	if (pkt4_parse((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt) < 0)
+	if (pkt4_parse(data, data_end, skb->len, &pkt) == 0) {
+		if (np4_egress(&pkt, &out) == NP_XLATE && pkt4_xlate_skb(skb, &pkt, &out) < 0)
+			return TC_ACT_SHOT;
 		return TC_ACT_OK;
-	if (np4_egress(&pkt, &out) == NP_XLATE && pkt4_xlate_skb(skb, &pkt, &out) < 0)
+	}
+	if (pkt6_parse(data, data_end, skb->len, &pkt6) == 0 &&
+	    np6_egress(&pkt6, &out6) == NP_XLATE && pkt6_xlate_skb(skb, &pkt6, &out6) < 0)
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
 }

@@ -33,19 +33,28 @@ static __always_inline __u16 ct_next_flags(__u16 flags, __u8 tcp_flags, int repl
 	return flags;
 }
 
-/* Record one packet on a flow; returns the flow's new deadline. */
+/* Record one packet on a flow, given its entry's state fields (struct ct4_entry and
+ * ct6_entry have the same ones); returns the flow's new deadline. */
+static __always_inline __u64 ct_touch_state(__u16 *flags, __u64 *expires, __u64 *packets,
+					    __u64 *bytes, __u8 proto, __u8 tcp_flags, __u32 len,
+					    int reply, __u64 now)
+{
+	__u16 next = ct_next_flags(*flags, tcp_flags, reply);
+
+	*flags = next;
+	*expires = now + ct_lifetime(proto, next);
+	if (!reply) {
+		*packets += 1;
+		*bytes += len;
+	}
+	return *expires;
+}
+
 static __always_inline __u64 ct_touch(struct ct4_entry *ct, const struct pkt4 *pkt, int reply,
 				      __u64 now)
 {
-	__u16 flags = ct_next_flags(ct->flags, pkt->tcp_flags, reply);
-
-	ct->flags = flags;
-	ct->expires = now + ct_lifetime(pkt->flow.proto, flags);
-	if (!reply) {
-		ct->packets += 1;
-		ct->bytes += pkt->len;
-	}
-	return ct->expires;
+	return ct_touch_state(&ct->flags, &ct->expires, &ct->packets, &ct->bytes,
+			      pkt->flow.proto, pkt->tcp_flags, pkt->len, reply, now);
 }
 
 /* The conntrack table in use: the agent swaps in a larger one as flows fill it (maps.h). */

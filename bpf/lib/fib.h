@@ -1,5 +1,6 @@
 /* Forwarding a translated packet without the stack's input routing: one route lookup
- * setup for tc and XDP, and the router's duties (TTL) for each.
+ * setup for tc and XDP per family, and the router's duties (IPv4's TTL, IPv6's hop limit)
+ * for each.
  *
  * After SNAT (or the reply translation of a SNATed flow) the packet's source is one of this
  * node's own addresses; handed back to the stack it would be dropped as a martian. Like
@@ -12,10 +13,14 @@
 
 #include <uapi/linux/bpf.h>
 #include "pkt.h"
+#include "pkt6.h"
 #include "stats.h"
 
 #ifndef AF_INET
 #define AF_INET 2
+#endif
+#ifndef AF_INET6
+#define AF_INET6 10
 #endif
 
 /* Route lookup for a packet leaving as saddr -> daddr, arrived on `ifindex`. `ctx` is the
@@ -53,6 +58,61 @@ static __always_inline int tc_dec_ttl(struct __sk_buff *skb, const struct pkt4 *
 	return bpf_skb_store_bytes(skb, off, &new_word, sizeof(new_word), 0) < 0 ? -1 : 0;
 }
 
+/* fib4_lookup's twin for IPv6. */
+static __always_inline int fib6_lookup(void *ctx, __u32 ifindex, const struct pkt6 *pkt,
+				       const __be32 saddr[4], const __be32 daddr[4],
+				       struct bpf_fib_lookup *fib)
+{
+	fib->family = AF_INET6;
+	fib->ifindex = ifindex;
+	fib->l4_protocol = pkt->flow.proto;
+	fib->tot_len = pkt->len - pkt->l3_off;
+	addr6_copy(fib->ipv6_src, saddr);
+	addr6_copy(fib->ipv6_dst, daddr);
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
+/* Decrement the hop limit of an IPv6 skb (no header checksum to fix); -1 when it would
+ * reach 0. */
+static __always_inline int tc_dec_hop_limit(struct __sk_buff *skb, const struct pkt6 *pkt)
+{
+	__u32 off = pkt->l3_off + offsetof(struct ipv6hdr, hop_limit);
+	__u8 hops;
+
+	if (bpf_skb_load_bytes(skb, off, &hops, sizeof(hops)) < 0 || hops <= 1)
+		return -1;
+	hops -= 1;
+	return bpf_skb_store_bytes(skb, off, &hops, sizeof(hops), 0) < 0 ? -1 : 0;
+}
+
+/* Send a routed skb on: `rc` and *fib from the route lookup, the TTL or hop limit already
+ * decremented. */
+static __always_inline int tc_redirect_routed(struct __sk_buff *skb, int rc,
+					      const struct bpf_fib_lookup *fib)
+{
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		/* Called by number: BCC declares an older prototype. The arguments mean "no
+		 * params" on 5.10's (ifindex, flags) and on 5.11+'s (ifindex, params, plen, flags). */
+		return ((long (*)(__u32, void *, int, __u64))BPF_FUNC_redirect_neigh)(fib->ifindex,
+										    NULL, 0, 0);
+	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), (void *)fib->dmac, ETH_ALEN,
+				0) < 0 ||
+	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), (void *)fib->smac, ETH_ALEN,
+				0) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(fib->ifindex, 0);
+}
+
+/* A route lookup result a translated packet can be sent on (a missing neighbour is
+ * resolved by bpf_redirect_neigh); anything else is counted. */
+static __always_inline bool fib_usable(int rc)
+{
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return true;
+	stat_inc(STAT_FIB_FAIL);
+	return false;
+}
+
 /* Forward a rewritten skb (saddr -> daddr) out of the interface its route uses. */
 static __always_inline int tc_forward4(struct __sk_buff *skb, const struct pkt4 *pkt,
 				       __be32 saddr, __be32 daddr)
@@ -61,21 +121,22 @@ static __always_inline int tc_forward4(struct __sk_buff *skb, const struct pkt4 
 	int rc;
 
 	rc = fib4_lookup(skb, skb->ifindex, pkt, saddr, daddr, &fib);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
-		stat_inc(STAT_FIB_FAIL);
+	if (!fib_usable(rc) || tc_dec_ttl(skb, pkt) < 0)
 		return TC_ACT_SHOT;
-	}
-	if (tc_dec_ttl(skb, pkt) < 0)
+	return tc_redirect_routed(skb, rc, &fib);
+}
+
+/* tc_forward4's twin for IPv6. */
+static __always_inline int tc_forward6(struct __sk_buff *skb, const struct pkt6 *pkt,
+				       const __be32 saddr[4], const __be32 daddr[4])
+{
+	struct bpf_fib_lookup fib = {};
+	int rc;
+
+	rc = fib6_lookup(skb, skb->ifindex, pkt, saddr, daddr, &fib);
+	if (!fib_usable(rc) || tc_dec_hop_limit(skb, pkt) < 0)
 		return TC_ACT_SHOT;
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
-		/* Called by number: BCC declares an older prototype. The arguments mean "no
-		 * params" on 5.10's (ifindex, flags) and on 5.11+'s (ifindex, params, plen, flags). */
-		return ((long (*)(__u32, void *, int, __u64))BPF_FUNC_redirect_neigh)(fib.ifindex,
-										    NULL, 0, 0);
-	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0) < 0)
-		return TC_ACT_SHOT;
-	return bpf_redirect(fib.ifindex, 0);
+	return tc_redirect_routed(skb, rc, &fib);
 }
 
 /* Decrement the TTL of an XDP buffer and set the MACs the route lookup found; -1 when the
@@ -93,6 +154,23 @@ static __always_inline int xdp_forward4_prepare(struct xdp_md *ctx,
 	/* ttl is the high-order byte of its 16-bit word in network order. */
 	csum_replace2(&ip->check, bpf_htons((__u16)ip->ttl << 8), bpf_htons((__u16)(ip->ttl - 1) << 8));
 	ip->ttl -= 1;
+	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+	return 0;
+}
+
+/* xdp_forward4_prepare's twin for IPv6 (the hop limit has no checksum). */
+static __always_inline int xdp_forward6_prepare(struct xdp_md *ctx,
+						const struct bpf_fib_lookup *fib)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = data + sizeof(*eth);
+
+	if ((void *)(ip6 + 1) > data_end || ip6->hop_limit <= 1)
+		return -1;
+	ip6->hop_limit -= 1;
 	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
 	return 0;

@@ -1,8 +1,10 @@
-/* kube-proxy's REJECT for external traffic to a service with no endpoint at all: a TCP
- * segment is answered with a RST from the frontend, a UDP datagram with an ICMP port
- * unreachable, so the client fails at once instead of retrying until it times out. Built
- * from the tc ingress skb (resized, addresses swapped) and sent back out of the interface
- * it came in on. */
+/* kube-proxy's REJECT for external traffic to a service with no endpoint at all: an IPv4
+ * TCP segment is answered with a RST from the frontend, an IPv4 UDP datagram with an ICMP
+ * port unreachable, an IPv6 packet of either protocol with an ICMPv6 port unreachable (as
+ * ip6tables' REJECT does by default; Linux fails a connecting TCP socket with
+ * ECONNREFUSED on it), so the client fails at once instead of retrying until it times
+ * out. Built from the tc ingress skb (resized, addresses swapped) and sent back out of
+ * the interface it came in on. */
 #ifndef EBPFLB_REJECT_H
 #define EBPFLB_REJECT_H
 
@@ -11,8 +13,10 @@
 #include <uapi/linux/ip.h>
 #include <uapi/linux/tcp.h>
 #include <uapi/linux/icmp.h>
+#include <uapi/linux/icmpv6.h>
 #include <uapi/linux/pkt_cls.h>
 #include "pkt.h"
+#include "pkt6.h"
 #include "stats.h"
 
 /* The pseudo-header the TCP checksum covers (RFC 793). */
@@ -156,6 +160,72 @@ static __always_inline int tc_reject4_udp(struct __sk_buff *skb, const struct pk
 	reply.code = ICMP_PORT_UNREACH;
 	sum = bpf_csum_diff(0, 0, (__be32 *)&reply.type,
 			    sizeof(reply) - offsetof(struct icmp4_unreach, type), 0);
+	reply.check = csum_fold32(sum);
+	if (bpf_skb_change_tail(skb, sizeof(reply), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, &reply, sizeof(reply), 0) < 0)
+		return TC_ACT_SHOT;
+	stat_inc(STAT_NP_REJECT);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* The pseudo-header the ICMPv6 checksum covers (RFC 8200 8.1). */
+struct pseudo6 {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be32 len;       /* upper-layer packet length */
+	__u8 zero[3];
+	__u8 nexthdr;
+};
+
+/* An ICMPv6 destination unreachable as built here: the offending packet's IPv6 header
+ * and first 8 bytes of its TCP/UDP header (RFC 4443 allows any amount up to the minimum
+ * MTU; that is what the client's stack matches the error to its socket by). */
+struct icmp6_unreach {
+	struct ethhdr eth;
+	struct ipv6hdr ip6;
+	__u8 type;
+	__u8 code;
+	__sum16 check;
+	__be32 unused;
+	struct ipv6hdr inner;
+	__u8 inner_l4[8];
+} __attribute__((packed));
+
+/* Answer an IPv6 TCP segment or UDP datagram with ICMPv6 port unreachable from the
+ * frontend's address. TC_ACT_REDIRECT on success, TC_ACT_SHOT when it cannot be answered
+ * (extension headers, a failed helper). */
+static __always_inline int tc_reject6(struct __sk_buff *skb, const struct pkt6 *pkt)
+{
+	const __u32 message = sizeof(struct icmp6_unreach) - offsetof(struct icmp6_unreach, type);
+	struct icmp6_unreach reply = {};
+	struct pseudo6 pseudo = {};
+	__s64 sum;
+
+	if (pkt->l4_off != sizeof(struct ethhdr) + sizeof(struct ipv6hdr))
+		return TC_ACT_SHOT;
+	if (bpf_skb_load_bytes(skb, 0, &reply.eth, sizeof(reply.eth)) < 0 ||
+	    bpf_skb_load_bytes(skb, pkt->l3_off, &reply.inner, sizeof(reply.inner)) < 0 ||
+	    bpf_skb_load_bytes(skb, pkt->l4_off, reply.inner_l4, sizeof(reply.inner_l4)) < 0)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(reply.eth.h_dest, reply.eth.h_source, ETH_ALEN);
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_dest), reply.eth.h_source,
+			       ETH_ALEN) < 0)
+		return TC_ACT_SHOT;
+	reply.ip6.version = 6;
+	reply.ip6.payload_len = bpf_htons(message);
+	reply.ip6.nexthdr = IPPROTO_ICMPV6;
+	reply.ip6.hop_limit = 64;
+	/* memcpy, not addr6_copy: the packed struct's addresses are not 4-byte aligned */
+	__builtin_memcpy(&reply.ip6.saddr, pkt->flow.daddr, 16); /* the frontend answers */
+	__builtin_memcpy(&reply.ip6.daddr, pkt->flow.saddr, 16);
+	reply.type = ICMPV6_DEST_UNREACH;
+	reply.code = ICMPV6_PORT_UNREACH;
+	addr6_copy(pseudo.saddr, pkt->flow.daddr);
+	addr6_copy(pseudo.daddr, pkt->flow.saddr);
+	pseudo.len = bpf_htonl(message);
+	pseudo.nexthdr = IPPROTO_ICMPV6;
+	sum = bpf_csum_diff(0, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
+	sum = bpf_csum_diff(0, 0, (__be32 *)&reply.type, message, (__wsum)sum);
 	reply.check = csum_fold32(sum);
 	if (bpf_skb_change_tail(skb, sizeof(reply), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, 0, &reply, sizeof(reply), 0) < 0)

@@ -1,0 +1,196 @@
+/* nodeport.h's twin for IPv6: what an IPv6 NodePort/LoadBalancer/external-IP packet
+ * becomes. Same verdicts and rules as IPv4 (backend by Maglev slot at the flow hash,
+ * remembered in conntrack; SNAT to the interface's IPv6 node address for a remote backend
+ * under externalTrafficPolicy=Cluster; source ranges; session affinity by source); the
+ * maps are the IPv6 ones, and service ids, slot pool and affinity are shared. */
+#ifndef EBPFLB_NODEPORT6_H
+#define EBPFLB_NODEPORT6_H
+
+#include "ct6.h"
+#include "hash.h"
+#include "lb.h"
+#include "nat6.h"
+#include "nodeport.h"
+#include "pkt6.h"
+#include "stats.h"
+
+/* Whether an IPv6 LoadBalancer frontend with source ranges accepts this source. */
+static __always_inline bool src_range6_allowed(__u32 svc_id, const __be32 saddr[4])
+{
+	struct src_range6_key key = {
+		.prefixlen = SRC_RANGE6_EXACT_PREFIXLEN,
+		.svc_id = bpf_htonl(svc_id),
+		.addr = {saddr[0], saddr[1], saddr[2], saddr[3]},
+	};
+
+	return ebpflb_srcrng6.lookup(&key) != NULL;
+}
+
+/* Reply direction: backend -> client, shown as frontend -> client. */
+static __always_inline void np6_reply(const struct pkt6 *pkt, struct rnat6_val *rnat, __u64 now,
+				      struct xlate6 *out)
+{
+	struct flow6 orig = {};
+	struct ct6_entry *ct;
+
+	rnat6_orig(&orig, rnat, pkt->flow.proto);
+	ct = ct6_get(&orig);
+	if (ct)
+		rnat->expires = ct6_touch(ct, pkt, 1, now);
+	else /* conntrack entry evicted: keep answering the flow as long as it talks */
+		rnat->expires = now + ct_lifetime(pkt->flow.proto, CT_F_REPLY_SEEN);
+	addr6_copy(out->saddr, rnat->frontend_addr);
+	out->sport = rnat->frontend_port;
+	addr6_copy(out->daddr, rnat->client_addr);
+	out->dport = rnat->client_port;
+	stat_inc(STAT_NP_REPLY);
+}
+
+/* Start an IPv6 flow: pick the backend, decide on SNAT, reserve the reply translation. */
+static __always_inline enum np_verdict np6_new_flow(const struct pkt6 *pkt,
+						    const struct lb4_svc_val *svc, __u32 ifindex,
+						    __u64 now, struct ct6_entry *ct)
+{
+	const struct flow6 *flow = &pkt->flow;
+	__u32 hash = flow6_hash(flow);
+	struct lb6_backend *backend;
+	enum snat_result reserved;
+	struct addr6 *nat_addr;
+	__u64 deadline;
+
+	backend = lb_pick_backend(svc, hash, addr6_fold(flow->saddr), AFF_CLIENT_ADDR6,
+				  &ct->backend_id, true);
+	if (!backend) {
+		if (svc->flags & SVC_F_REJECT)
+			return NP_REJECT; /* counted where the answer is built (tc) */
+		stat_inc(STAT_NP_NO_BACKEND);
+		svc_stats_refused(svc->svc_id);
+		return NP_DROP;
+	}
+	addr6_copy(ct->backend_addr, backend->addr);
+	ct->backend_port = backend->port;
+	ct->svc_id = svc->svc_id;
+	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
+	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
+		nat_addr = ebpflb_ifaddr6.lookup(&ifindex);
+		if (!nat_addr) {
+			stat_inc(STAT_SNAT_NO_ADDR);
+			return NP_DROP;
+		}
+		ct->flags |= CT_F_SNAT;
+		addr6_copy(ct->nat_addr, nat_addr->addr);
+	}
+	deadline = now + ct_lifetime(flow->proto, ct->flags);
+	ct->expires = deadline;
+	ct->packets = 1;
+	ct->bytes = pkt->len;
+	if (ct->flags & CT_F_SNAT) {
+		reserved = snat6_reserve(ct, flow, hash, deadline);
+		if (reserved != SNAT_OK) {
+			stat_inc(reserved == SNAT_MAP_FULL ? STAT_RNAT_STORE_FAIL : STAT_SNAT_EXHAUSTED);
+			return NP_DROP;
+		}
+	} else if (rnat6_store_local(ct, flow, deadline) != 0) {
+		stat_inc(STAT_RNAT_STORE_FAIL);
+		return NP_DROP;
+	}
+	if (ct6_store(flow, ct) != 0) {
+		stat_inc(STAT_CT_CREATE_FAIL);
+		return NP_DROP;
+	}
+	stat_inc(STAT_NP_NEW_FLOW);
+	svc_stats_np_flow(svc->svc_id);
+	return NP_XLATE;
+}
+
+/* A packet of a known IPv6 flow; false when a SNATed flow's port reservation is no longer
+ * its own (the flow starts over). */
+static __always_inline bool np6_flow_continue(struct ct6_entry *ct, const struct pkt6 *pkt,
+					      __u64 now)
+{
+	struct flow6 key = {};
+	struct rnat6_val *rnat;
+	bool owned;
+
+	rnat6_key(&key, ct, &pkt->flow);
+	rnat = ebpflb_rnat6.lookup(&key);
+	owned = rnat && rnat6_owned_by(rnat, &pkt->flow);
+	if (!owned && (ct->flags & CT_F_SNAT))
+		return false;
+	ct6_touch(ct, pkt, 0, now);
+	if (owned)
+		rnat->expires = ct->expires;
+	return true;
+}
+
+/* Ingress on a node interface, IPv6. */
+static __always_inline enum np_verdict np6_ingress(const struct pkt6 *pkt, __u32 ifindex,
+						   struct xlate6 *out)
+{
+	const struct flow6 *flow = &pkt->flow;
+	struct ct6_entry new_ct = {}, *ct;
+	struct lb4_svc_val *svc;
+	struct rnat6_val *rnat;
+	enum np_verdict verdict;
+	__u64 now;
+
+	if (pkt->fragment) {
+		stat_inc(STAT_FRAGMENT);
+		return NP_PASS;
+	}
+	now = bpf_ktime_get_ns();
+	if (bpf_ntohs(flow->dport) >= EBPFLB_SNAT_PORT_MIN &&
+	    bpf_ntohs(flow->dport) <= EBPFLB_SNAT_PORT_MAX) {
+		rnat = ebpflb_rnat6.lookup((struct flow6 *)flow);
+		if (rnat && (rnat->flags & RNAT_F_SNAT)) {
+			np6_reply(pkt, rnat, now, out);
+			return NP_XLATE;
+		}
+	}
+	svc = lb6_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
+	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
+		return NP_PASS;
+	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range6_allowed(svc->svc_id, flow->saddr)) {
+		stat_inc(STAT_SRC_RANGE_DROP);
+		return NP_DROP;
+	}
+	ct = ct6_lookup(flow, pkt, now);
+	if (ct && np6_flow_continue(ct, pkt, now)) {
+		stat_inc(STAT_NP_FWD);
+	} else {
+		verdict = np6_new_flow(pkt, svc, ifindex, now, &new_ct);
+		out->svc_id = svc->svc_id;
+		if (verdict != NP_XLATE)
+			return verdict;
+		ct = &new_ct;
+	}
+	addr6_copy(out->daddr, ct->backend_addr);
+	out->dport = ct->backend_port;
+	if (ct->flags & CT_F_SNAT) {
+		addr6_copy(out->saddr, ct->nat_addr);
+		out->sport = ct->nat_port;
+	} else {
+		addr6_copy(out->saddr, flow->saddr);
+		out->sport = flow->sport;
+	}
+	out->svc_id = svc->svc_id;
+	return NP_XLATE;
+}
+
+/* Egress on a node interface: replies of IPv6 flows DNATed to a local backend. */
+static __always_inline enum np_verdict np6_egress(const struct pkt6 *pkt, struct xlate6 *out)
+{
+	struct rnat6_val *rnat;
+
+	if (pkt->fragment)
+		return NP_PASS;
+	rnat = ebpflb_rnat6.lookup((struct flow6 *)&pkt->flow);
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS;
+	np6_reply(pkt, rnat, bpf_ktime_get_ns(), out);
+	addr6_copy(out->daddr, pkt->flow.daddr); /* the client, unchanged */
+	out->dport = pkt->flow.dport;
+	return NP_XLATE;
+}
+
+#endif /* EBPFLB_NODEPORT6_H */

@@ -1,0 +1,221 @@
+/* pkt.h's twin for IPv6: parsing a TCP/UDP packet (shared by tc and XDP) and rewriting
+ * its addresses and ports with the L4 checksum kept right. IPv6 has no header checksum;
+ * the TCP/UDP checksum covers the addresses through the pseudo-header, so an address
+ * change is one checksum difference over its 16 bytes (bpf_csum_diff in tc, RFC 1624
+ * word updates in XDP). Hop-by-hop, routing and destination-options headers are walked
+ * (at most IPV6_MAX_EXT_HEADERS); a fragment is recognised and passed untranslated, as
+ * IPv4's; anything else (ICMPv6 among it: neighbour discovery, errors) is not ours. */
+#ifndef EBPFLB_PKT6_H
+#define EBPFLB_PKT6_H
+
+#include <uapi/linux/ipv6.h>
+#include "pkt.h"
+
+#define IPV6_MAX_EXT_HEADERS 4 /* extension headers walked before giving up */
+#define PKT6_L4_OFF_MAX 0x1ff  /* L4 header offsets past this are not walked (XDP masks by it) */
+#define NEXTHDR_HOP 0          /* hop-by-hop options */
+#define NEXTHDR_ROUTING 43
+#define NEXTHDR_FRAGMENT 44
+#define NEXTHDR_DEST 60        /* destination options */
+
+/* struct pkt4's twin. Offsets are from the start of the packet data. */
+struct pkt6 {
+	struct flow6 flow; /* addresses and ports as on the wire */
+	__u32 l3_off;      /* IPv6 header */
+	__u32 l4_off;      /* TCP/UDP header, after any extension headers */
+	__u32 len;         /* packet length, for byte counters */
+	__u8 tcp_flags;    /* TCP_FLAG_*; 0 for UDP */
+	__u8 fragment;     /* 1: a fragment, ports unknown (or not the first) */
+};
+
+/* struct xlate4's twin: new addresses and ports of a translated packet. */
+struct xlate6 {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u32 svc_id; /* frontend's service id towards a backend (counters); 0 for a reply */
+};
+
+static __always_inline bool addr6_equal(const __be32 a[4], const __be32 b[4])
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+static __always_inline void addr6_copy(__be32 dst[4], const __be32 src[4])
+{
+	dst[0] = src[0];
+	dst[1] = src[1];
+	dst[2] = src[2];
+	dst[3] = src[3];
+}
+
+/* 0: an IPv6 TCP/UDP packet (or fragment) parsed into *pkt; -1: anything else (passed
+ * untouched); -2: more extension headers than IPV6_MAX_EXT_HEADERS, or longer ones than
+ * PKT6_L4_OFF_MAX allows (counted, passed). */
+static __always_inline int pkt6_parse(void *data, void *data_end, __u32 len, struct pkt6 *pkt)
+{
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6;
+	__u32 off, i;
+	__u8 next;
+
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IPV6))
+		return -1;
+	ip6 = (void *)(eth + 1);
+	if ((void *)(ip6 + 1) > data_end || ip6->version != 6)
+		return -1;
+	addr6_copy(pkt->flow.saddr, ip6->saddr.in6_u.u6_addr32);
+	addr6_copy(pkt->flow.daddr, ip6->daddr.in6_u.u6_addr32);
+	pkt->l3_off = sizeof(*eth);
+	pkt->len = len;
+	pkt->tcp_flags = 0;
+	pkt->fragment = 0;
+	next = ip6->nexthdr;
+	off = sizeof(*eth) + sizeof(*ip6);
+#pragma unroll
+	for (i = 0; i < IPV6_MAX_EXT_HEADERS; i++) {
+		__u8 *ext = data + off;
+
+		if (next != NEXTHDR_HOP && next != NEXTHDR_ROUTING && next != NEXTHDR_DEST)
+			break;
+		if ((void *)(ext + 2) > data_end)
+			return -1;
+		next = ext[0];
+		off += ((__u32)ext[1] + 1) * 8; /* hdr ext len: 8-byte units after the first 8 */
+	}
+	if (next == NEXTHDR_HOP || next == NEXTHDR_ROUTING || next == NEXTHDR_DEST ||
+	    off > PKT6_L4_OFF_MAX)
+		return -2;
+	if (next == NEXTHDR_FRAGMENT) {
+		pkt->flow.proto = 0;
+		pkt->fragment = 1;
+		return 0;
+	}
+	if (next != IPPROTO_TCP && next != IPPROTO_UDP)
+		return -1;
+	pkt->flow.proto = next;
+	pkt->l4_off = off;
+	if (next == IPPROTO_TCP) {
+		struct tcphdr *tcp = data + off;
+
+		if ((void *)(tcp + 1) > data_end)
+			return -1;
+		pkt->flow.sport = tcp->source;
+		pkt->flow.dport = tcp->dest;
+		pkt->tcp_flags = ((__u8 *)tcp)[TCP_FLAGS_OFF];
+	} else {
+		struct udphdr *udp = data + off;
+
+		if ((void *)(udp + 1) > data_end)
+			return -1;
+		pkt->flow.sport = udp->source;
+		pkt->flow.dport = udp->dest;
+	}
+	return 0;
+}
+
+static __always_inline __u32 pkt6_l4_csum_off(const struct pkt6 *pkt)
+{
+	return pkt->l4_off + (pkt->flow.proto == IPPROTO_TCP ? offsetof(struct tcphdr, check)
+							     : offsetof(struct udphdr, check));
+}
+
+/* Rewrite the source (is_src) or destination address and port of an skb. 0 on success. */
+static __always_inline int pkt6_rewrite(struct __sk_buff *skb, const struct pkt6 *pkt,
+					int is_src, const __be32 addr[4], __be16 port)
+{
+	__u32 addr_off = pkt->l3_off + (is_src ? offsetof(struct ipv6hdr, saddr)
+					       : offsetof(struct ipv6hdr, daddr));
+	__u32 port_off = pkt->l4_off + (is_src ? 0 : sizeof(__be16)); /* same in TCP and UDP */
+	__u32 csum_off = pkt6_l4_csum_off(pkt);
+	const __be32 *old_addr = is_src ? pkt->flow.saddr : pkt->flow.daddr;
+	__be16 old_port = is_src ? pkt->flow.sport : pkt->flow.dport;
+	__u64 l4_flags = pkt->flow.proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__be32 from[4], to[4];
+	__s64 diff;
+
+	if (!addr6_equal(addr, old_addr)) {
+		addr6_copy(from, old_addr);
+		addr6_copy(to, addr);
+		diff = bpf_csum_diff(from, sizeof(from), to, sizeof(to), 0);
+		if (diff < 0)
+			return -1;
+		/* size 0: `diff` is a checksum difference, not one old/new field */
+		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, l4_flags | BPF_F_PSEUDO_HDR) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, to, sizeof(to), 0) < 0)
+			return -1;
+	}
+	if (port != old_port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, l4_flags | sizeof(port)) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Apply a translation to an skb. 0 on success. */
+static __always_inline int pkt6_xlate_skb(struct __sk_buff *skb, const struct pkt6 *pkt,
+					  const struct xlate6 *out)
+{
+	if (pkt6_rewrite(skb, pkt, 0, out->daddr, out->dport) < 0 ||
+	    pkt6_rewrite(skb, pkt, 1, out->saddr, out->sport) < 0)
+		return -1;
+	return 0;
+}
+
+/* l4_csum_update's twin: an L4 checksum fixed for new addresses and ports. */
+static __always_inline void l4_csum_update6(__u16 *check, const struct ipv6hdr *ip6,
+					    const __u16 *ports, const struct xlate6 *out)
+{
+	__u32 i;
+
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		csum_replace4(check, ip6->saddr.in6_u.u6_addr32[i], out->saddr[i]);
+		csum_replace4(check, ip6->daddr.in6_u.u6_addr32[i], out->daddr[i]);
+	}
+	csum_replace2(check, ports[0], out->sport);
+	csum_replace2(check, ports[1], out->dport);
+}
+
+/* Apply a translation to an XDP buffer in place; -1 if the headers are out of bounds. */
+static __always_inline int pkt6_xlate_xdp(struct xdp_md *ctx, const struct pkt6 *pkt,
+					  const struct xlate6 *out)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+	__u32 l4_off = pkt->l4_off & PKT6_L4_OFF_MAX; /* a no-op (pkt6_parse), for the verifier */
+
+	if ((void *)(ip6 + 1) > data_end)
+		return -1;
+	if (pkt->flow.proto == IPPROTO_TCP) {
+		struct tcphdr *tcp = data + l4_off;
+
+		if ((void *)(tcp + 1) > data_end)
+			return -1;
+		l4_csum_update6(&tcp->check, ip6, (__u16 *)tcp, out);
+		tcp->source = out->sport;
+		tcp->dest = out->dport;
+	} else {
+		struct udphdr *udp = data + l4_off;
+
+		if ((void *)(udp + 1) > data_end)
+			return -1;
+		if (udp->check) { /* mandatory over IPv6; a zero one is left as the sender made it */
+			l4_csum_update6(&udp->check, ip6, (__u16 *)udp, out);
+			if (udp->check == 0)
+				udp->check = CSUM_MANGLED_0;
+		}
+		udp->source = out->sport;
+		udp->dest = out->dport;
+	}
+	addr6_copy(ip6->saddr.in6_u.u6_addr32, out->saddr);
+	addr6_copy(ip6->daddr.in6_u.u6_addr32, out->daddr);
+	return 0;
+}
+
+#endif /* EBPFLB_PKT6_H */
