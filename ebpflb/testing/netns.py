@@ -78,6 +78,7 @@ class Pod:
     name: str
     netns: str
     ip: str
+    ip6: str | None = None  # its IPv6 address in a dual-stack Cluster
 
 
 def _sysctl(netns: str, *settings: str) -> None:
@@ -99,12 +100,16 @@ class Namespaces:
         self.namespaces.append(netns)
         sh("ip", "-n", netns, "link", "set", "lo", "up")
         settings = [f"net.ipv4.conf.{key}.rp_filter=0" for key in ("all", "default", "lo")]
+        # No duplicate address detection: an IPv6 address is usable the moment it is added
+        # (links made later inherit `default`).
+        settings += [f"net.ipv6.conf.{key}.accept_dad=0" for key in ("all", "default")]
         if forwarding:
             # A node routes; it must not tell clients to go around it.
             settings += [
                 "net.ipv4.ip_forward=1",
                 "net.ipv4.conf.all.send_redirects=0",
                 "net.ipv4.conf.default.send_redirects=0",
+                "net.ipv6.conf.all.forwarding=1",
             ]
         _sysctl(netns, *settings)
         return netns
@@ -154,7 +159,13 @@ class Namespaces:
         )
 
     def start_server(
-        self, pod: Pod, *, tcp: Sequence[int] = (), udp: Sequence[int] = (), lifetime: float = 300
+        self,
+        pod: Pod,
+        *,
+        tcp: Sequence[int] = (),
+        udp: Sequence[int] = (),
+        lifetime: float = 300,
+        ipv6: bool = False,
     ) -> subprocess.Popen[str]:
         argv = [
             sys.executable,
@@ -168,6 +179,7 @@ class Namespaces:
         ]
         argv += [a for p in tcp for a in ("--tcp", str(p))]
         argv += [a for p in udp for a in ("--udp", str(p))]
+        argv += ["--ipv6"] if ipv6 else []
         proc = self.spawn(pod.netns, argv)
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
@@ -289,112 +301,3 @@ def attach_xdp_pass(namespaces: Namespaces, netns: str, ifnames: Sequence[str]) 
     done = namespaces.run(netns, [sys.executable, "-c", code, *ifnames])
     if done.returncode != 0:
         raise RuntimeError(f"XDP on {', '.join(ifnames)} in {netns} failed: {done.stderr}")
-
-
-WIRE_PREFIX = "192.168.100"  # the "physical" network between clients and nodes
-
-
-@dataclass
-class Node:
-    name: str
-    netns: str
-    ip: str  # address on the wire
-    pod_prefix: str  # pods are <pod_prefix>.N/32
-    pods: dict[str, Pod] = field(default_factory=dict)
-
-
-@dataclass
-class Cluster(Namespaces):
-    """Clients and nodes on one bridge (the wire); pods behind each node on a /24 of their
-    own, routed between nodes as a CNI would. Nothing has a route out of the cluster."""
-
-    nodes: dict[str, Node] = field(default_factory=dict)
-    clients: dict[str, str] = field(default_factory=dict)  # name -> netns
-    client_ips: dict[str, str] = field(default_factory=dict)
-    wire_ports: list[str] = field(default_factory=list)
-    _ports: int = 0
-
-    @classmethod
-    def create(
-        cls,
-        nodes: int = 2,
-        clients: dict[str, str] | None = None,
-        prefix: str | None = None,
-    ) -> Cluster:
-        cluster = cls(prefix or f"elb{uuid.uuid4().hex[:6]}")
-        try:
-            wire = cluster.add_namespace("wire")
-            sh("ip", "-n", wire, "link", "add", "br0", "type", "bridge")
-            sh("ip", "-n", wire, "link", "set", "br0", "up")
-            for i in range(1, nodes + 1):
-                netns = cluster.add_namespace(f"node{i}", forwarding=True)
-                node = Node(f"node{i}", netns, f"{WIRE_PREFIX}.{i}", f"10.244.{i}")
-                cluster._plug(netns, node.ip)
-                cluster.nodes[node.name] = node
-            for node in cluster.nodes.values():
-                for other in cluster.nodes.values():
-                    if other is not node:
-                        sh(
-                            "ip",
-                            "-n",
-                            node.netns,
-                            "route",
-                            "add",
-                            f"{other.pod_prefix}.0/24",
-                            "via",
-                            other.ip,
-                        )
-            for name, ip in (clients or {"client": f"{WIRE_PREFIX}.100"}).items():
-                netns = cluster.add_namespace(name)
-                cluster._plug(netns, ip)
-                cluster.clients[name] = netns
-                cluster.client_ips[name] = ip
-        except BaseException:
-            cluster.close()
-            raise
-        return cluster
-
-    @property
-    def wire_ns(self) -> str:
-        return f"{self.prefix}-wire"
-
-    def _plug(self, netns: str, ip: str) -> None:
-        """Connect a namespace's eth0 to the wire bridge with address ip/24."""
-        self._ports += 1
-        port = f"w{self._ports}"
-        self.link(netns, "eth0", self.wire_ns, port)
-        sh("ip", "-n", self.wire_ns, "link", "set", port, "master", "br0")
-        self.wire_ports.append(port)
-        sh("ip", "-n", netns, "addr", "add", f"{ip}/24", "dev", "eth0")
-
-    def add_pod(self, node_name: str, name: str, host: int) -> Pod:
-        node = self.nodes[node_name]
-        netns = self.add_namespace(name)
-        ip = f"{node.pod_prefix}.{host}"
-        host_if = f"p{name}"[:15]
-        self.link(node.netns, host_if, netns, "eth0")
-        sh("ip", "-n", netns, "addr", "add", f"{ip}/32", "dev", "eth0")
-        sh("ip", "-n", netns, "route", "add", "default", "via", node.ip, "dev", "eth0", "onlink")
-        sh("ip", "-n", node.netns, "route", "add", f"{ip}/32", "dev", host_if)
-        pod = Pod(name, netns, ip)
-        node.pods[name] = pod
-        return pod
-
-    def route(self, netns: str, destination: str, via: str) -> None:
-        """What an upstream router does for a LoadBalancer/external IP: send it to a node."""
-        sh("ip", "-n", netns, "route", "add", destination, "via", via)
-
-    def wire_like(self) -> None:
-        """Make the veths behave like physical links for native XDP on the nodes' eth0:
-
-        - senders compute full checksums (a NIC never receives CHECKSUM_PARTIAL packets,
-          a veth does from a local sender, and XDP cannot see that metadata);
-        - the wire side of each veth runs an XDP program, without which a veth drops the
-          frames its peer sends back with XDP_TX.
-        """
-        for netns in [
-            *self.clients.values(),
-            *(p.netns for n in self.nodes.values() for p in n.pods.values()),
-        ]:
-            self.offload(netns, "eth0", False)
-        attach_xdp_pass(self, self.wire_ns, self.wire_ports)

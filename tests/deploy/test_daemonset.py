@@ -44,7 +44,8 @@ from ebpflb.bench.kubeproxy import iptables
 from ebpflb.bench.scenario import bench_services
 from ebpflb.testing import fakeapi
 from ebpflb.testing.agentproc import cleanup_datapath
-from ebpflb.testing.netns import Cgroup, Cluster
+from ebpflb.testing.cluster import Cluster
+from ebpflb.testing.netns import Cgroup
 from ebpflb.testing.nshttp import thread_in_netns
 from tests.deploy import podtemplate
 from tests.factories import endpoint, endpoint_slice, service

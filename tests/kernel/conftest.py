@@ -19,6 +19,7 @@ from ebpflb.testing import leftovers
 from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
 from ebpflb.testing.machinelock import machine_lock
 from ebpflb.testing.netns import Cgroup, Topology
+from tests.kernel.nodeport_env import env  # noqa: F401 (the two-node cluster fixture)
 
 PODS = {"pod1": "10.244.1.11", "pod2": "10.244.1.12", "pod3": "10.244.1.13"}
 TCP_PORT, UDP_PORT = 8080, 5353

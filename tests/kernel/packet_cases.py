@@ -28,10 +28,18 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, ip_address
 
 from scapy.layers.inet import ICMP, IP, TCP, UDP
-from scapy.layers.inet6 import IPv6
+from scapy.layers.inet6 import (
+    ICMPv6DestUnreach,
+    ICMPv6ND_NS,
+    IPv6,
+    IPv6ExtHdrDestOpt,
+    IPv6ExtHdrFragment,
+    IPv6ExtHdrHopByHop,
+    RouterAlert,
+)
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Packet, Raw
 
@@ -55,12 +63,15 @@ class Link:
     name: str
     address: str | None  # the node's address on it, /24 (None: no address, no SNAT source)
     mac: str
-    neighbours: Mapping[str, str]  # address -> MAC (permanent entries)
+    neighbours: Mapping[str, str]  # address -> MAC (permanent entries), either family
+    address6: str | None = None  # the node's IPv6 address on it, /64
 
 
 NODE, NODE_ETH1 = "192.168.100.1", "192.168.200.1"
 CLIENT, OUTSIDER = "192.168.100.100", "192.168.100.200"
 NODE2, NODE3, NODE4 = "192.168.200.2", "192.168.100.3", "192.168.200.4"
+# The same node in IPv6: eth0 on fd00:100::/64, eth1 on fd00:200::/64.
+NODE6, NODE6_ETH1, CLIENT6, NODE2_6 = "fd00:100::1", "fd00:200::1", "fd00:100::64", "fd00:200::2"
 MAC = {
     "eth0": "02:00:00:00:01:00",
     "eth1": "02:00:00:00:02:00",
@@ -68,14 +79,28 @@ MAC = {
     OUTSIDER: "02:00:00:00:01:c8",
     NODE2: "02:00:00:00:02:02",
     NODE3: "02:00:00:00:01:03",
+    CLIENT6: "02:00:00:00:01:64",  # the client's, in IPv6
+    NODE2_6: "02:00:00:00:02:02",
     "eth2": "02:00:00:00:03:00",
 }
 LINKS = (
-    Link("eth0", NODE, MAC["eth0"], {CLIENT: MAC[CLIENT], NODE3: MAC[NODE3]}),
-    Link("eth1", NODE_ETH1, MAC["eth1"], {NODE2: MAC[NODE2]}),  # NODE4: not resolved
+    Link(
+        "eth0",
+        NODE,
+        MAC["eth0"],
+        {CLIENT: MAC[CLIENT], NODE3: MAC[NODE3], CLIENT6: MAC[CLIENT6]},
+        NODE6,
+    ),
+    # NODE4: not resolved
+    Link("eth1", NODE_ETH1, MAC["eth1"], {NODE2: MAC[NODE2], NODE2_6: MAC[NODE2_6]}, NODE6_ETH1),
     Link("eth2", None, MAC["eth2"], {}),
 )
-ROUTES = {"10.244.2.0/24": NODE2, "10.244.3.0/24": NODE3, "10.244.4.0/24": NODE4}  # no default
+ROUTES = {  # no default
+    "10.244.2.0/24": NODE2,
+    "10.244.3.0/24": NODE3,
+    "10.244.4.0/24": NODE4,
+    "fd00:244:2::/64": NODE2_6,
+}
 NODE_NAME = "node1"
 SNAT_PORTS = (50000, 59999)  # --snat-port-range: above every client port used here
 
@@ -84,6 +109,7 @@ SNAT_PORTS = (50000, 59999)  # --snat-port-range: above every client port used h
 POD_LOCAL, POD_NODE2, POD_NODE3 = "10.244.1.11", "10.244.2.21", "10.244.3.31"
 POD_NODE4, POD_UNROUTED = "10.244.4.41", "10.244.9.91"
 CLUSTER_IP, LB_IP = "10.96.0.10", "192.168.100.50"
+POD6_LOCAL, POD6_NODE2, CLUSTER_IP6 = "fd00:244:1::11", "fd00:244:2::21", "fd00:96::10"
 
 
 def service(
@@ -98,10 +124,11 @@ def service(
     ranges: tuple[str, ...] = (),
     cluster_ip: str | None = None,
 ) -> tuple[ServicePort, tuple[Endpoint, ...]]:
+    """An IPv4 NodePort (or LoadBalancer) service; an IPv6 one with an IPv6 cluster_ip."""
     port = ServicePort(
         ServicePortName(NamespacedName("default", name), "p", proto),
         ServiceType.LOAD_BALANCER if lb_ip else ServiceType.NODE_PORT,
-        (IPv4Address(cluster_ip),) if cluster_ip else (),
+        (ip_address(cluster_ip),) if cluster_ip else (),
         80,
         target,
         node_port=node_port,
@@ -109,7 +136,7 @@ def service(
         load_balancer_source_ranges=tuple(IPv4Network(r) for r in ranges),
         external_traffic_policy=policy,
     )
-    return port, tuple(Endpoint(IPv4Address(a), target, node_name=n) for a, n in endpoints)
+    return port, tuple(Endpoint(ip_address(a), target, node_name=n) for a, n in endpoints)
 
 
 SERVICES = (
@@ -129,6 +156,11 @@ SERVICES = (
     service("unrouted", 30087, ((POD_UNROUTED, "node9"),)),
     service("lb", 30086, ((POD_LOCAL, NODE_NAME),), lb_ip=LB_IP, ranges=(f"{CLIENT}/32",)),
     service("dns", 30053, ((POD_LOCAL, NODE_NAME),), proto=Proto.UDP, target=5353),
+    # IPv6: frontends on the node's IPv6 addresses, backends IPv6.
+    service("local6", 30180, ((POD6_LOCAL, NODE_NAME),), cluster_ip=CLUSTER_IP6),
+    service("remote6", 30181, ((POD6_NODE2, "node2"),), cluster_ip="fd00:96::11"),
+    service("no-endpoints6", 30185, (), cluster_ip="fd00:96::12"),
+    service("dns6", 30153, ((POD6_NODE2, "node2"),), proto=Proto.UDP, cluster_ip="fd00:96::13"),
 )
 
 # ---- how a case is written -------------------------------------------------------------
@@ -143,8 +175,9 @@ Port = int | Ref
 
 @dataclass(frozen=True)
 class Frame:
-    """An Ethernet/IPv4/TCP-or-UDP frame, field by field; checksums are computed (scapy)
-    unless udp_checksum says otherwise."""
+    """An Ethernet/IP/TCP-or-UDP frame, field by field; checksums are computed (scapy)
+    unless udp_checksum says otherwise. IPv6 when its addresses are (ttl is the hop limit;
+    ip_flags and ip_options are IPv4's)."""
 
     smac: str
     dmac: str
@@ -240,6 +273,22 @@ def snat_to(link: str, next_hop: str | None, pod: tuple[str, int], **fields: obj
     return Frame(smac, dmac, (NODE, Ref.SNAT_PORT), pod, ttl=63, **fields)  # type: ignore[arg-type]
 
 
+def client6(port: int, frontend: tuple[str, int], **fields: object) -> Frame:
+    """client()'s twin: the client's IPv6 packet arriving on eth0."""
+    return Frame(MAC[CLIENT6], MAC["eth0"], (CLIENT6, port), frontend, **fields)  # type: ignore[arg-type]
+
+
+def to_pod6(port: int, pod: tuple[str, int], **fields: object) -> Frame:
+    """to_pod()'s twin (hop limit unchanged: the stack routes it)."""
+    return Frame(MAC[CLIENT6], MAC["eth0"], (CLIENT6, port), pod, **fields)  # type: ignore[arg-type]
+
+
+def snat6_to(pod: tuple[str, int], **fields: object) -> Frame:
+    """snat_to("eth1", NODE2_6, pod)'s twin: from the node's IPv6 address on eth0 (the
+    receiving interface's, as IPv4), hop limit decremented."""
+    return Frame(MAC["eth1"], MAC[NODE2_6], (NODE6, Ref.SNAT_PORT), pod, ttl=63, **fields)  # type: ignore[arg-type]
+
+
 OK, SHOT, REDIRECT = TcVerdict.OK, TcVerdict.SHOT, TcVerdict.REDIRECT
 PASS, DROP, TX, XREDIRECT = XdpVerdict.PASS, XdpVerdict.DROP, XdpVerdict.TX, XdpVerdict.REDIRECT
 SAME, UNCHECKED = Out.SAME, Out.UNCHECKED
@@ -255,6 +304,21 @@ ROUTER_ALERT = b"\x94\x04\x00\x00"  # an IPv4 option (RFC 2113): the header grow
 # Its last 16-bit word makes the translated datagram's checksum compute to 0.
 ZERO_SUM_PAYLOAD = b"ebpflb:\x56\xa1"
 
+LOCAL6, NODE2_POD6 = (POD6_LOCAL, 8080), (POD6_NODE2, 8080)
+LOCAL6_NEW = "IPv6: new flow to a local backend: DNAT, checksum updated"
+REMOTE6_NEW = "IPv6: new flow to a remote backend: DNAT + SNAT to the node, forwarded"
+LOCAL6_FLOW = FlowRow((CLIENT6, 40000), (NODE6, 30180), LOCAL6)
+REMOTE6_FLOW = FlowRow((CLIENT6, 40001), (NODE6, 30181), NODE2_POD6, snat=NODE6)
+ETHER6 = Ether(src=MAC[CLIENT6], dst=MAC["eth0"])
+# Five extension headers: one more than the programs walk (IPV6_MAX_EXT_HEADERS).
+TOO_MANY_HEADERS = (
+    IPv6ExtHdrHopByHop()
+    / IPv6ExtHdrDestOpt()
+    / IPv6ExtHdrDestOpt()
+    / IPv6ExtHdrDestOpt()
+    / IPv6ExtHdrDestOpt()
+)
+
 CASES: tuple[Case, ...] = (
     # ---- not ours: left alone, nothing counted ----
     *ingress(
@@ -264,7 +328,7 @@ CASES: tuple[Case, ...] = (
         SAME,
     ),
     *ingress(
-        "IPv6 passes untouched",
+        "IPv6 to an address no frontend has passes untouched",
         Ether(src=MAC[CLIENT], dst=MAC["eth0"]) / IPv6(src="fd00::64", dst="fd00::1") / TCP(),
         (OK, PASS),
         SAME,
@@ -562,5 +626,138 @@ CASES: tuple[Case, ...] = (
         to_pod(40021, (POD_LOCAL, 5353), proto=Proto.UDP, payload=ZERO_SUM_PAYLOAD),
         counters={NEW: 1},
         flows=(FlowRow((CLIENT, 40021), (NODE, 30053), (POD_LOCAL, 5353), Proto.UDP),),
+    ),
+    # ---- IPv6: the same paths, and what only IPv6 has ----
+    *ingress(
+        LOCAL6_NEW,
+        client6(40000, (NODE6, 30180)),
+        (OK, PASS),
+        to_pod6(40000, LOCAL6),
+        counters={NEW: 1},
+        flows=(LOCAL6_FLOW,),
+    ),
+    Case(
+        "IPv6: reply from a local backend: source restored to the frontend",
+        Program.TC_EGRESS,
+        Frame(MAC["eth0"], MAC[CLIENT6], LOCAL6, (CLIENT6, 40000), tcp_flags="SA", ttl=63),
+        OK,
+        Frame(MAC["eth0"], MAC[CLIENT6], (NODE6, 30180), (CLIENT6, 40000), tcp_flags="SA", ttl=63),
+        counters={REPLY: 1},
+        flows=(FlowRow((CLIENT6, 40000), (NODE6, 30180), LOCAL6, flags=CtFlags.REPLY_SEEN),),
+        after=(LOCAL6_NEW,),
+    ),
+    *ingress(
+        REMOTE6_NEW,
+        client6(40001, (NODE6, 30181)),
+        (REDIRECT, XREDIRECT),
+        snat6_to(NODE2_POD6),
+        counters={NEW: 1},
+        flows=(REMOTE6_FLOW,),
+    ),
+    *ingress(
+        "IPv6: reply to a SNATed flow: back to the client's view, forwarded",
+        Frame(MAC[NODE2_6], MAC["eth1"], NODE2_POD6, (NODE6, Ref.SNAT_PORT), tcp_flags="SA"),
+        (REDIRECT, XREDIRECT),
+        Frame(MAC["eth0"], MAC[CLIENT6], (NODE6, 30181), (CLIENT6, 40001), tcp_flags="SA", ttl=63),
+        counters={REPLY: 1},
+        flows=(
+            FlowRow(
+                (CLIENT6, 40001), (NODE6, 30181), NODE2_POD6, snat=NODE6, flags=CtFlags.REPLY_SEEN
+            ),
+        ),
+        after=(REMOTE6_NEW,),
+        link="eth1",
+    ),
+    *ingress(
+        "IPv6: UDP to a remote backend: its (mandatory) checksum updated",
+        client6(40002, (NODE6, 30153), proto=Proto.UDP, payload=b"query"),
+        (REDIRECT, XREDIRECT),
+        snat6_to(NODE2_POD6, proto=Proto.UDP, payload=b"query"),
+        counters={NEW: 1},
+        flows=(FlowRow((CLIENT6, 40002), (NODE6, 30153), NODE2_POD6, Proto.UDP, snat=NODE6),),
+    ),
+    *ingress(
+        "IPv6: hop limit 1 on a packet this node must forward: dropped",
+        client6(40001, (NODE6, 30181), ttl=1),
+        (SHOT, DROP),
+        UNCHECKED,
+        counters={NEW: 1},
+        flows=(REMOTE6_FLOW,),
+    ),
+    *ingress(
+        "IPv6: a hop-by-hop options header: the ports are found behind it",
+        ETHER6
+        / IPv6(src=CLIENT6, dst=NODE6)
+        / IPv6ExtHdrHopByHop(options=[RouterAlert()])
+        / TCP(sport=40000, dport=30180, flags="S"),
+        (OK, PASS),
+        ETHER6
+        / IPv6(src=CLIENT6, dst=POD6_LOCAL)
+        / IPv6ExtHdrHopByHop(options=[RouterAlert()])
+        / TCP(sport=40000, dport=8080, flags="S"),
+        counters={NEW: 1},
+        flows=(LOCAL6_FLOW,),
+    ),
+    *ingress(
+        "IPv6: a fragment to a NodePort passes untranslated, counted",
+        ETHER6
+        / IPv6(src=CLIENT6, dst=NODE6)
+        / IPv6ExtHdrFragment(m=1, id=7)
+        / TCP(sport=40000, dport=30180, flags="S"),
+        (OK, PASS),
+        SAME,
+        counters={Counter.FRAGMENT: 1},
+    ),
+    Case(
+        "IPv6: more extension headers than the programs walk: untouched, counted",
+        Program.TC_INGRESS,
+        ETHER6 / IPv6(src=CLIENT6, dst=NODE6) / TOO_MANY_HEADERS / TCP(dport=30180),
+        OK,
+        SAME,
+        counters={Counter.NP6_EXT_HEADER: 1},
+    ),
+    Case(
+        "IPv6: more extension headers than the programs walk: XDP leaves them to tc",
+        Program.XDP,
+        ETHER6 / IPv6(src=CLIENT6, dst=NODE6) / TOO_MANY_HEADERS / TCP(dport=30180),
+        PASS,
+        SAME,
+    ),
+    *ingress(
+        "IPv6: neighbour solicitation passes untouched",
+        Ether(src=MAC[CLIENT6], dst="33:33:ff:00:00:01")
+        / IPv6(src=CLIENT6, dst="ff02::1:ff00:1")
+        / ICMPv6ND_NS(tgt=NODE6),
+        (OK, PASS),
+        SAME,
+    ),
+    *ingress(
+        "IPv6: an ICMPv6 error passes untouched",
+        Ether(src=MAC[NODE2_6], dst=MAC["eth1"])
+        / IPv6(src=NODE2_6, dst=NODE6)
+        / ICMPv6DestUnreach(code=4)
+        / IPv6(src=NODE6, dst=POD6_NODE2)
+        / TCP(sport=50000, dport=8080),
+        (OK, PASS),
+        SAME,
+        link="eth1",
+    ),
+    Case(
+        "IPv6: a service with no endpoint at all: ICMPv6 port unreachable from the frontend",
+        Program.TC_INGRESS,
+        client6(40000, (NODE6, 30185)),
+        REDIRECT,
+        Ether(src=MAC["eth0"], dst=MAC[CLIENT6])
+        / IPv6(src=NODE6, dst=CLIENT6, hlim=64)
+        / ICMPv6DestUnreach(code=4)
+        / Raw(bytes(IPv6(src=CLIENT6, dst=NODE6) / TCP(sport=40000, dport=30185))[:48]),
+        counters={Counter.NP_NO_BACKEND: 1, Counter.NP_REJECT: 1},
+    ),
+    Case(
+        "IPv6: a service with no endpoint at all: XDP leaves the answer to tc",
+        Program.XDP,
+        client6(40000, (NODE6, 30185)),
+        PASS,
+        SAME,
     ),
 )

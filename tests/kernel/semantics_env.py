@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
-from ebpflb.testing.netns import Cgroup, Cluster
+from ebpflb.testing.cluster import Cluster
+from ebpflb.testing.netns import Cgroup
 
 NODE1, NODE2 = "192.168.100.1", "192.168.100.2"
 CLIENT = "192.168.100.100"

@@ -1,5 +1,5 @@
 """Per-frontend datapath counters over /metrics, and `ebpflb explain` checked against where
-real traffic goes, on test_nodeport.py's two-node cluster (tc, and native XDP).
+real traffic goes, on nodeport_env's two-node cluster (tc, and native XDP).
 
 Traffic is chosen so the counters' deltas are exact: one UDP datagram per request (so one
 packet and one flow each, of a known size), one connect() per TCP request.
@@ -20,7 +20,7 @@ import pytest
 from ebpflb.datapath import loader
 from ebpflb.testing.agentproc import AgentProcess, Scrape
 from tests.kernel.conftest import wait_until
-from tests.kernel.test_nodeport import (  # noqa: F401 (env: the fixture)
+from tests.kernel.nodeport_env import (
     ALL_PODS,
     CLIENT,
     NODE1,
@@ -28,7 +28,6 @@ from tests.kernel.test_nodeport import (  # noqa: F401 (env: the fixture)
     SNAT_RANGE,
     Env,
     NodeAgent,
-    env,
     slice_yaml,
 )
 
@@ -69,7 +68,7 @@ def agent_of(node: NodeAgent) -> AgentProcess:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def empty_service(env: Env) -> None:  # noqa: F811
+def empty_service(env: Env) -> None:
     """A NodePort service without endpoints on both nodes (the manifests are watched)."""
     for node in env.nodes.values():
         (node.manifests / "empty.yaml").write_text(EMPTY_SERVICE)
@@ -78,7 +77,7 @@ def empty_service(env: Env) -> None:  # noqa: F811
 
 
 @pytest.fixture(scope="module", autouse=True)
-def sticky_service(env: Env, empty_service: None) -> None:  # noqa: F811
+def sticky_service(env: Env, empty_service: None) -> None:
     node1 = env.nodes["node1"]
     (node1.manifests / "sticky.yaml").write_text(STICKY_SERVICE)
 
@@ -109,7 +108,7 @@ def delta(before: Scrape, after: Scrape, metric: str, **labels: str) -> float:
     return new - (before.value(f"ebpflb_service_{metric}_total", **labels) or 0)
 
 
-def test_service_counters_move_by_the_traffic_made(env: Env) -> None:  # noqa: F811
+def test_service_counters_move_by_the_traffic_made(env: Env) -> None:
     node1 = env.nodes["node1"]
     agent = agent_of(node1)
     before = agent.metrics()
@@ -207,7 +206,7 @@ for _ in range(int(sys.argv[2])):
 """
 
 
-def explain_text(env: Env, node: NodeAgent, *args: str) -> str:  # noqa: F811
+def explain_text(env: Env, node: NodeAgent, *args: str) -> str:
     """`ebpflb explain` as an operator reads it, printed for the test report (-rP)."""
     argv = [sys.executable, "-m", "ebpflb", "explain", "--bpffs", str(node.bpffs), *args]
     done = env.cluster.run(node.netns, argv)
@@ -216,7 +215,7 @@ def explain_text(env: Env, node: NodeAgent, *args: str) -> str:  # noqa: F811
     return done.stdout
 
 
-def explain_json(env: Env, node: NodeAgent, *args: str) -> dict[str, Any]:  # noqa: F811
+def explain_json(env: Env, node: NodeAgent, *args: str) -> dict[str, Any]:
     """`ebpflb explain --json` inside the node's namespace (its interface names)."""
     argv = [sys.executable, "-m", "ebpflb", "explain", "--json", "--bpffs", str(node.bpffs)]
     done = env.cluster.run(node.netns, [*argv, *args])
@@ -225,7 +224,7 @@ def explain_json(env: Env, node: NodeAgent, *args: str) -> dict[str, Any]:  # no
     return document
 
 
-def run_lines(env: Env, netns: str, code: str, *args: str, cgroup: Any = None) -> list[Any]:  # noqa: F811
+def run_lines(env: Env, netns: str, code: str, *args: str, cgroup: Any = None) -> list[Any]:
     done = env.cluster.run(netns, [sys.executable, "-c", code, *args], cgroup)
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
@@ -237,7 +236,7 @@ def fresh_ports(count: int) -> list[int]:
     return list(range(base, base + count))
 
 
-def test_explain_names_the_backend_and_snat_of_nodeport_traffic(env: Env) -> None:  # noqa: F811
+def test_explain_names_the_backend_and_snat_of_nodeport_traffic(env: Env) -> None:
     node1 = env.nodes["node1"]
     ports = fresh_ports(8)
     predicted = {
@@ -290,7 +289,7 @@ def test_explain_names_the_backend_and_snat_of_nodeport_traffic(env: Env) -> Non
     assert again["backend"]["backend"] == f"{POD_IPS[held['server']]}:8080"
 
 
-def test_explain_cluster_ip_connect_and_sendmsg(env: Env) -> None:  # noqa: F811
+def test_explain_cluster_ip_connect_and_sendmsg(env: Env) -> None:
     node1 = env.nodes["node1"]
     ex = explain_json(env, node1, "10.244.1.11", "10.96.1.1:80/TCP")
     assert ex["verdict"] == "translated" and not ex["selection"]["deterministic"]
@@ -317,7 +316,7 @@ def test_explain_cluster_ip_connect_and_sendmsg(env: Env) -> None:  # noqa: F811
     assert len({r["server"] for r in sockets}) >= 2
 
 
-def test_explain_external_traffic_policy_local(env: Env) -> None:  # noqa: F811
+def test_explain_external_traffic_policy_local(env: Env) -> None:
     node1, node2 = env.nodes["node1"], env.nodes["node2"]
     port = fresh_ports(1)[0]
     ex = explain_json(env, node1, f"{CLIENT}:{port}", f"{NODE1}:30081/TCP", "--ingress", "eth0")
@@ -334,7 +333,7 @@ def test_explain_external_traffic_policy_local(env: Env) -> None:  # noqa: F811
     assert not failed[0]["ok"]
 
 
-def test_explain_no_endpoints(env: Env) -> None:  # noqa: F811
+def test_explain_no_endpoints(env: Env) -> None:
     node1 = env.nodes["node1"]
     ex = explain_json(env, node1, "10.244.1.11", "10.96.1.9:80/TCP")
     assert ex["verdict"] == "refused" and ex["frontend"]["table_size"] == 0
@@ -347,7 +346,7 @@ def test_explain_no_endpoints(env: Env) -> None:  # noqa: F811
     assert ex["verdict"] == "not translated"  # a ClusterIP is never served from outside
 
 
-def test_explain_rejects_tcp_without_endpoints_with_a_rst(env: Env) -> None:  # noqa: F811
+def test_explain_rejects_tcp_without_endpoints_with_a_rst(env: Env) -> None:
     node1 = env.nodes["node1"]
     port = fresh_ports(1)[0]
     args = (f"{CLIENT}:{port}", f"{NODE1}:30098/TCP", "--ingress", "eth0")
@@ -363,7 +362,7 @@ def test_explain_rejects_tcp_without_endpoints_with_a_rst(env: Env) -> None:  # 
     assert node1.counter("np_reject") - before == 1
 
 
-def test_explain_external_policy_local_from_inside_the_node(env: Env) -> None:  # noqa: F811
+def test_explain_external_policy_local_from_inside_the_node(env: Env) -> None:
     """node2 has no endpoint of default/local (eTP Local, pod11 only): from outside its
     nodePort drops (test_explain_external_traffic_policy_local), while node2's own
     clients use the internal scope and reach pod11 on node1."""
@@ -386,7 +385,7 @@ print(int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "littl
 """
 
 
-def netns_cookie(env: Env, node: NodeAgent, address: str) -> int:  # noqa: F811
+def netns_cookie(env: Env, node: NodeAgent, address: str) -> int:
     """The node namespace's cookie: SO_NETNS_COOKIE (5.14+); before it, the only socket-LB
     affinity entry of the sticky service, which explain lists (one client made it)."""
     if has_so_netns_cookie():
@@ -406,7 +405,7 @@ def has_so_netns_cookie() -> bool:
     return True
 
 
-def test_explain_session_affinity(env: Env) -> None:  # noqa: F811
+def test_explain_session_affinity(env: Env) -> None:
     """At the nodePort the client's first connection goes where its 5-tuple hashes (explain
     says so, with no entry yet) and the next ones, from other ports, follow the entry it
     left (explain names that backend from it). In socket-LB the client is its network
@@ -442,7 +441,7 @@ def test_explain_session_affinity(env: Env) -> None:  # noqa: F811
     assert entries[f"netns cookie {cookie}"]["backend"] == f"{POD_IPS[server]}:8080"
 
 
-def test_a_reused_service_id_counts_from_zero(env: Env) -> None:  # noqa: F811
+def test_a_reused_service_id_counts_from_zero(env: Env) -> None:
     """After test_explain_no_endpoints (which needs default/empty on node1): default/empty
     goes and another service takes its ids in the same sync; its counters start at 0."""
     node1 = env.nodes["node1"]
@@ -477,7 +476,7 @@ def test_a_reused_service_id_counts_from_zero(env: Env) -> None:  # noqa: F811
         assert after.value(f"ebpflb_service_{metric}_total", frontend="10.96.1.8:80", **labels) == 0
 
 
-def test_explain_works_with_the_agent_down(env: Env) -> None:  # noqa: F811
+def test_explain_works_with_the_agent_down(env: Env) -> None:
     """Last in the module: node2's agent stops; its pins and programs stay."""
     node2 = env.nodes["node2"]
     agent_of(node2).stop()

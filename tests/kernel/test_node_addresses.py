@@ -25,7 +25,8 @@ import pytest
 
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
-from ebpflb.testing.netns import Cgroup, Cluster, sh
+from ebpflb.testing.cluster import Cluster
+from ebpflb.testing.netns import Cgroup, sh
 
 NODE, EXTRA, CLIENT = "192.168.100.1", "192.168.100.11", "192.168.100.100"
 NODEPORT = 30500

@@ -1,9 +1,7 @@
-"""NodePort, LoadBalancer and external IPs through the tc programs, between namespaces.
-
-Topology (ebpflb.testing.netns.Cluster): an external client (and an "outsider" outside
-the LoadBalancer's source ranges) and two nodes on one bridge; pods behind each node on
-their own /24, routed between the nodes. Each node runs its own agent (own bpffs
-directory and cgroup) inside its namespace, attached to its eth0.
+"""NodePort, LoadBalancer and external IPs through the tc programs, between namespaces,
+on nodeport_env's dual-stack two-node cluster (once in tc, once in native XDP): each IPv4
+test, and its IPv6 twin where IPv6 gives it a meaning; a dual-stack Service serving both
+families at once.
 """
 
 from __future__ import annotations
@@ -13,221 +11,37 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
-from ebpflb.testing.netns import Cgroup, Cluster
+from ebpflb.testing.cluster import Cluster
+from ebpflb.testing.netns import Cgroup
 from tests.kernel.conftest import served_by, wait_backends
-
-NODE1, NODE2 = "192.168.100.1", "192.168.100.2"
-CLIENT, OUTSIDER = "192.168.100.100", "192.168.100.200"
-LB_IP, EXTERNAL_IP = "192.168.100.50", "192.168.100.60"
-PODS = {"node1": {"pod11": 11, "pod12": 12}, "node2": {"pod21": 21, "pod22": 22}}
-SNAT_RANGE = "61000-61063"  # node1: 64 ports per backend (exhaustion test), above ephemeral
-
-
-def slice_yaml(name: str, service: str, ports: str, pods: list[tuple[str, str, str]]) -> str:
-    endpoints = "".join(
-        f'  - addresses: ["{ip}"]\n    nodeName: {node}\n    conditions: {{ready: true}}\n'
-        for _pod, ip, node in pods
-    )
-    return (
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
-        f"metadata: {{name: {name}, namespace: default, "
-        f"labels: {{kubernetes.io/service-name: {service}}}}}\n"
-        f"addressType: IPv4\nports: {ports}\nendpoints:\n{endpoints}"
-    )
-
-
-ALL_PODS = [
-    ("pod11", "10.244.1.11", "node1"),
-    ("pod12", "10.244.1.12", "node1"),
-    ("pod21", "10.244.2.21", "node2"),
-    ("pod22", "10.244.2.22", "node2"),
-]
-
-SERVICES = f"""\
-apiVersion: v1
-kind: Service
-metadata: {{name: np, namespace: default}}
-spec:
-  type: NodePort
-  clusterIP: 10.96.1.1
-  ports:
-    - {{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30080}}
-    - {{name: dns, protocol: UDP, port: 53, targetPort: 5353, nodePort: 30053}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: local, namespace: default}}
-spec:
-  type: LoadBalancer
-  clusterIP: 10.96.1.2
-  externalTrafficPolicy: Local
-  healthCheckNodePort: 32100
-  ports:
-    - {{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30081}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: lb, namespace: default}}
-spec:
-  type: LoadBalancer
-  clusterIP: 10.96.1.3
-  externalIPs: [{EXTERNAL_IP}]
-  loadBalancerSourceRanges: [{CLIENT}/32]
-  ports:
-    - {{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30082}}
-status:
-  loadBalancer:
-    ingress: [{{ip: {LB_IP}}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: snat, namespace: default}}
-spec:
-  type: NodePort
-  clusterIP: 10.96.1.4
-  ports:
-    - {{name: dns, protocol: UDP, port: 53, targetPort: 5354, nodePort: 30090}}
-"""
-
-NP_PORTS = "[{name: http, protocol: TCP, port: 8080}, {name: dns, protocol: UDP, port: 5353}]"
-SLICES = {
-    "np": slice_yaml(
-        "np-1",
-        "np",
-        NP_PORTS,
-        ALL_PODS,
-    ),
-    "local": slice_yaml(
-        "local-1", "local", "[{name: http, protocol: TCP, port: 8080}]", ALL_PODS[:1]
-    ),
-    "lb": slice_yaml("lb-1", "lb", "[{name: http, protocol: TCP, port: 8080}]", ALL_PODS),
-    "snat": slice_yaml("snat-1", "snat", "[{name: dns, protocol: UDP, port: 5354}]", ALL_PODS[2:]),
-}
-
-
-@dataclass
-class NodeAgent:
-    name: str
-    netns: str
-    bpffs: Path
-    cgroup: Cgroup
-    manifests: Path
-    agent: AgentProcess | None = None
-
-    def dump(self) -> dict[str, object]:
-        done = subprocess.run(
-            [sys.executable, "-m", "ebpflb", "maps", "dump", "--json", "--bpffs", str(self.bpffs)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return json.loads(done.stdout)  # type: ignore[no-any-return]
-
-    def counter(self, name: str) -> int:
-        return int(self.dump()["counters"][name])  # type: ignore[index]
-
-
-@dataclass
-class Env:
-    cluster: Cluster
-    xdp: bool
-    nodes: dict[str, NodeAgent] = field(default_factory=dict)
-
-    @property
-    def client(self) -> str:
-        return self.cluster.clients["client"]
-
-    @property
-    def outsider(self) -> str:
-        return self.cluster.clients["outsider"]
-
-
-def write_manifests(path: Path, slices: dict[str, str] | None = None) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "services.yaml").write_text(SERVICES)
-    (path / "slices.yaml").write_text("---\n".join((slices or SLICES).values()))
-
-
-@pytest.fixture(scope="module", params=["tc", "xdp-native"])
-def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    """The whole cluster, once with the ingress path in tc and once in native XDP."""
-    xdp = ["--xdp", "native"] if request.param == "xdp-native" else []
-    cluster = Cluster.create(clients={"client": CLIENT, "outsider": OUTSIDER})
-    environment = Env(cluster, bool(xdp))
-    try:
-        for node_name, pods in PODS.items():
-            for pod_name, host in pods.items():
-                pod = cluster.add_pod(node_name, pod_name, host)
-                cluster.start_server(pod, tcp=[8080], udp=[5353, 5354], lifetime=900)
-        if xdp:
-            cluster.wire_like()
-        for client in cluster.clients.values():
-            cluster.route(client, f"{LB_IP}/32", NODE1)  # the upstream router's choice
-            cluster.route(client, f"{EXTERNAL_IP}/32", NODE1)
-        for node_name, node in cluster.nodes.items():
-            tag = uuid.uuid4().hex[:6]
-            agent = NodeAgent(
-                node_name,
-                node.netns,
-                Path(f"/sys/fs/bpf/ebpflb-test-{tag}"),
-                Cgroup.create(f"ebpflb-test-{tag}"),
-                tmp_path_factory.mktemp(node_name),
-            )
-            environment.nodes[node_name] = agent
-            write_manifests(agent.manifests)
-            extra = ["--snat-port-range", SNAT_RANGE] if node_name == "node1" else []
-            extra += ["--external-ip-cidrs", f"{EXTERNAL_IP}/32"]  # none by default
-            agent.agent = AgentProcess(
-                [
-                    "--manifests",
-                    str(agent.manifests),
-                    "--bpffs",
-                    str(agent.bpffs),
-                    "--cgroup",
-                    str(agent.cgroup.path),
-                    "--interfaces",
-                    "eth0",
-                    "--node-name",
-                    node_name,
-                    "--min-sync-period",
-                    "0.1",
-                    *xdp,
-                    *extra,
-                ],
-                netns=node.netns,
-                log_file=agent.manifests / "agent.log",
-            )
-        for agent in environment.nodes.values():
-            assert agent.agent is not None
-            agent.agent.wait_ready()
-            interfaces = agent.agent.status()["interfaces"]
-            assert interfaces == {"eth0": {"xdp": "native" if xdp else "off"}}
-        yield environment
-    finally:
-        for agent in environment.nodes.values():
-            if agent.agent is not None:
-                agent.agent.stop()
-            cleanup_datapath(agent.bpffs, agent.cgroup.path, ["eth0"], agent.netns)
-            agent.cgroup.close()
-        cluster.close()
-
-
-def seen_ip(result: dict[str, object]) -> str:
-    return str(result["seen_as"]).split(":")[0]
-
-
-def xdp_tx_packets(env: Env) -> int:
-    """Frames node1's native XDP program sent back out of eth0 (veth driver statistics)."""
-    done = env.cluster.run(env.cluster.nodes["node1"].netns, ["ethtool", "-S", "eth0"])
-    stats = dict(line.strip().split(": ") for line in done.stdout.splitlines() if ": " in line)
-    return int(stats.get("rx_queue_0_xdp_tx", 0))
+from tests.kernel.nodeport_env import (
+    ALL_PODS,
+    CLIENT,
+    CLIENT6,
+    EXTERNAL_IP,
+    EXTERNAL_IP6,
+    LB_IP,
+    LB_IP6,
+    NODE1,
+    NODE1_6,
+    NODE2,
+    NODE2_6,
+    NP_PORTS,
+    SLICES,
+    SNAT_RANGE,
+    Env,
+    http_get,
+    seen_ip,
+    slice_yaml,
+    write_manifests,
+    xdp_tx_packets,
+)
 
 
 def test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones(env: Env) -> None:
@@ -247,19 +61,41 @@ def test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones(env: Env)
     assert (xdp_tx_packets(env) - xdp_before > 50) == env.xdp
 
 
-def http_get(env: Env, url: str) -> tuple[int, dict[str, object]]:
-    """GET from the client namespace (the health check of a cloud load balancer)."""
-    code = (
-        "import urllib.request, urllib.error\n"
-        "try:\n"
-        f"    r = urllib.request.urlopen({url!r}, timeout=3)\n"
-        "    print(r.status); print(r.read().decode())\n"
-        "except urllib.error.HTTPError as e:\n"
-        "    print(e.code); print(e.read().decode())\n"
+def test_ipv6_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones(env: Env) -> None:
+    xdp_before = xdp_tx_packets(env)
+    for proto, port in (("tcp", 30080), ("udp", 30053)):
+        frontend = f"[{NODE1_6}]:{port}"
+        results = env.cluster.requests(env.client, proto, frontend, 60, None)
+        assert set(served_by(results)) == {"pod11", "pod12", "pod21", "pod22"}, proto
+        assert {r["peer"] for r in results} == {frontend}  # replies come from the frontend
+        for r in results:
+            # node2's pods see node1's IPv6 address (SNAT), node1's the client's.
+            remote = str(r["server"]).startswith("pod2")
+            assert seen_ip(r) == (NODE1_6 if remote else CLIENT6), r
+    assert (xdp_tx_packets(env) - xdp_before > 50) == env.xdp
+    # The flows and their reply translations, as `maps dump` shows them.
+    report = env.nodes["node1"].dump()
+    flows = [f for f in report["conntrack"] if f["frontend"] == f"[{NODE1_6}]:30080"]  # type: ignore[union-attr,index]
+    assert flows and all(f["client"].startswith(f"[{CLIENT6}]:") for f in flows)
+    snat = [f for f in flows if f["snat"]]
+    assert snat and all(f["snat"].startswith(f"[{NODE1_6}]:") for f in snat)
+    assert all(f["backend"].startswith("[fd00:244:2::") for f in snat)
+    nat = report["nat"]
+    assert any(n["snat"] and n["frontend"] == f"[{NODE1_6}]:30080" for n in nat)  # type: ignore[union-attr,index]
+
+
+def test_ipv6_no_endpoint_anywhere_is_rejected_at_once(env: Env) -> None:
+    """kube-proxy's REJECT over IPv6: an ICMPv6 port unreachable answers TCP and UDP alike,
+    and the client fails at once (ECONNREFUSED) instead of timing out."""
+    before = env.nodes["node1"].counter("np_reject")
+    started = time.monotonic()
+    tcp = env.cluster.requests(env.client, "tcp", f"[{NODE1_6}]:30097", 3, None, timeout=3.0)
+    udp = env.cluster.requests(
+        env.client, "udp", f"[{NODE1_6}]:30096", 3, None, "--connected", timeout=3.0
     )
-    done = env.cluster.run(env.client, [sys.executable, "-c", code], timeout=30)
-    status, body = done.stdout.split("\n", 1)
-    return int(status), json.loads(body)
+    assert [r.get("error") for r in tcp + udp] == ["ECONNREFUSED"] * 6
+    assert time.monotonic() - started < 6.0
+    assert env.nodes["node1"].counter("np_reject") >= before + 6
 
 
 def test_local_policy_keeps_client_address_and_only_nodes_with_endpoints_serve(env: Env) -> None:
@@ -276,6 +112,18 @@ def test_local_policy_keeps_client_address_and_only_nodes_with_endpoints_serve(e
     assert (status, body["localEndpoints"]) == (503, 0)
 
 
+def test_ipv6_local_policy_keeps_client_address_and_only_nodes_with_endpoints_serve(
+    env: Env,
+) -> None:
+    via_node1 = env.cluster.requests(env.client, "tcp", f"[{NODE1_6}]:30081", 10, None)
+    assert served_by(via_node1) == {"pod11": 10}
+    assert {seen_ip(r) for r in via_node1} == {CLIENT6}
+    before = env.nodes["node2"].counter("np_no_backend")
+    via_node2 = env.cluster.requests(env.client, "tcp", f"[{NODE2_6}]:30081", 2, None, timeout=1.0)
+    assert [r["ok"] for r in via_node2] == [False, False]
+    assert env.nodes["node2"].counter("np_no_backend") >= before + 2
+
+
 def test_loadbalancer_and_external_ip_with_source_ranges(env: Env) -> None:
     lb = env.cluster.requests(env.client, "tcp", f"{LB_IP}:80", 20, None)
     assert len(served_by(lb)) >= 3 and {r["peer"] for r in lb} == {f"{LB_IP}:80"}
@@ -285,6 +133,37 @@ def test_loadbalancer_and_external_ip_with_source_ranges(env: Env) -> None:
     blocked = env.cluster.requests(env.outsider, "tcp", f"{LB_IP}:80", 2, None, timeout=1.0)
     assert [r["ok"] for r in blocked] == [False, False]
     assert env.nodes["node1"].counter("src_range_drop") >= before + 2
+
+
+def test_ipv6_loadbalancer_and_external_ip_with_source_ranges(env: Env) -> None:
+    lb = env.cluster.requests(env.client, "tcp", f"[{LB_IP6}]:80", 20, None)
+    assert len(served_by(lb)) >= 3 and {r["peer"] for r in lb} == {f"[{LB_IP6}]:80"}
+    ext = env.cluster.requests(env.outsider, "tcp", f"[{EXTERNAL_IP6}]:80", 20, None)
+    assert len(served_by(ext)) >= 3 and {r["peer"] for r in ext} == {f"[{EXTERNAL_IP6}]:80"}
+    before = env.nodes["node1"].counter("src_range_drop")
+    blocked = env.cluster.requests(env.outsider, "tcp", f"[{LB_IP6}]:80", 2, None, timeout=1.0)
+    assert [r["ok"] for r in blocked] == [False, False]
+    assert env.nodes["node1"].counter("src_range_drop") >= before + 2
+
+
+def test_dual_stack_nodeport_serves_both_families_at_once(env: Env) -> None:
+    """One Service, its IPv4 and IPv6 nodePort frontends loaded together: each family's
+    clients reach every pod through their own family's addresses."""
+    frontends = {4: f"{NODE1}:30080", 6: f"[{NODE1_6}]:30080"}
+    clients = {4: CLIENT, 6: CLIENT6}
+    echo = [sys.executable, "-m", "ebpflb.testing.echo", "tcp"]
+    procs = {
+        family: env.cluster.spawn(env.client, [*echo, frontend, "--count", "80", "--timeout", "1"])
+        for family, frontend in frontends.items()
+    }
+    for family, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        results = [json.loads(line) for line in out.splitlines() if line.strip()]
+        assert set(served_by(results)) == {"pod11", "pod12", "pod21", "pod22"}, family
+        assert {r["peer"] for r in results} == {frontends[family]}
+        local = [r for r in results if str(r["server"]).startswith("pod1")]
+        assert {seen_ip(r) for r in local} == {clients[family]}
 
 
 def test_long_connection_keeps_its_backend_while_backends_change(env: Env) -> None:
@@ -330,15 +209,16 @@ def test_long_connection_keeps_its_backend_while_backends_change(env: Env) -> No
 @pytest.mark.parametrize("offload", [True, False], ids=["csum-offload", "no-offload"])
 def test_checksums_with_and_without_offload(env: Env, offload: bool) -> None:
     """Partial (offloaded) and complete checksums from the client and on the node's own
-    transmissions. Under native XDP the senders model a wire (complete checksums, see
-    Cluster.wire_like), so only the node's side is switched."""
+    transmissions, over IPv4 and IPv6. Under native XDP the senders model a wire (complete
+    checksums, see Cluster.wire_like), so only the node's side is switched."""
     switched = [env.cluster.nodes["node1"].netns] + ([] if env.xdp else [env.client])
     for netns in switched:
         env.cluster.offload(netns, "eth0", offload)
     try:
-        tcp = env.cluster.requests(env.client, "tcp", f"{NODE1}:30080", 20, None)
-        udp = env.cluster.requests(env.client, "udp", f"{NODE1}:30053", 20, None)
-        assert len(served_by(tcp)) >= 3 and len(served_by(udp)) >= 3
+        for node in (NODE1, f"[{NODE1_6}]"):
+            tcp = env.cluster.requests(env.client, "tcp", f"{node}:30080", 20, None)
+            udp = env.cluster.requests(env.client, "udp", f"{node}:30053", 20, None)
+            assert len(served_by(tcp)) >= 3 and len(served_by(udp)) >= 3, node
     finally:
         for netns in switched:
             env.cluster.offload(netns, "eth0", True)
@@ -346,7 +226,9 @@ def test_checksums_with_and_without_offload(env: Env, offload: bool) -> None:
 
 def test_host_processes_reach_nodeport_and_lb_ip_through_socket_lb(env: Env) -> None:
     node1 = env.nodes["node1"]
-    for target in (f"{NODE1}:30080", "127.0.0.1:30080", f"{LB_IP}:80", f"{EXTERNAL_IP}:80"):
+    targets = (f"{NODE1}:30080", "127.0.0.1:30080", f"{LB_IP}:80", f"{EXTERNAL_IP}:80")
+    targets6 = (f"[{NODE1_6}]:30080", f"[{LB_IP6}]:80", f"[{EXTERNAL_IP6}]:80")  # no [::1]
+    for target in targets + targets6:
         results = env.cluster.requests(node1.netns, "tcp", target, 10, node1.cgroup)
         assert len(served_by(results)) >= 2, target
         assert {r["peer"] for r in results} == {target}

@@ -252,10 +252,11 @@ def test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru(
     bpffs: Path,
     storage: str,
 ) -> None:
-    """getpeername() shows the ClusterIP either way; with socket storage (the default where
-    the kernel allows it) a TCP connect() inserts nothing into the LRU ebpflb_revsk4, and a
-    closed socket leaves nothing behind; --socket-storage=false (the fallback of kernels
-    without bpf_sk_storage_get in sock_addr programs) puts one entry per socket there."""
+    """getpeername() shows the ClusterIP either way; with --socket-storage=true (where the
+    kernel allows it) a TCP connect() inserts nothing into the LRU ebpflb_revsk4, and a
+    closed socket leaves nothing behind; without it (the default, and the fallback of
+    kernels without bpf_sk_storage_get in sock_addr programs) one entry per socket is
+    there."""
     in_socket = storage == "socket-storage"
     if in_socket and not probes.probe().has("sk_storage_sock_addr"):
         pytest.skip("this kernel has no bpf_sk_storage_get in sock_addr programs")

@@ -189,11 +189,11 @@ def test_socket_storage_is_optional_and_its_absence_names_the_fallback() -> None
 
 
 def test_the_socket_storage_flag_from_the_command_line_and_the_file(tmp_path: Path) -> None:
-    assert parse_args(["run"]).socket_storage is True
-    assert parse_args(["run", "--socket-storage=false"]).socket_storage is False
+    assert parse_args(["run"]).socket_storage is False  # the LRU: cheaper per connection
+    assert parse_args(["run", "--socket-storage=true"]).socket_storage is True
     config = tmp_path / "c.yaml"
-    config.write_text("socket-storage: false\n")
-    assert parse_args(["run", "--config", str(config)]).socket_storage is False
+    config.write_text("socket-storage: true\n")
+    assert parse_args(["run", "--config", str(config)]).socket_storage is True
 
 
 def test_the_probe_program_passes_ctx_sk_and_a_map_to_sk_storage_get() -> None:
