@@ -196,7 +196,7 @@
 #define STAT_RNAT_STORE_FAIL 17 /* dropped: reply translation not stored (ebpflb_rnat4 full) */
 #define STAT_AFFINITY_HIT    18 /* new connection sent to the client's affinity backend */
 #define STAT_NP_REJECT       19 /* RST / ICMP port unreachable sent (SVC_F_REJECT) */
-#define STAT_NP6_EXT_HEADER  20 /* IPv6 packet with extension headers: passed untranslated */
+#define STAT_NP6_EXT_HEADER  20 /* IPv6 extension headers not walked: passed untranslated */
 #define STAT_MAX             24 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

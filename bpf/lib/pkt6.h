@@ -2,9 +2,11 @@
  * its addresses and ports with the L4 checksum kept right. IPv6 has no header checksum;
  * the TCP/UDP checksum covers the addresses through the pseudo-header, so an address
  * change is one checksum difference over its 16 bytes (bpf_csum_diff in tc, RFC 1624
- * word updates in XDP). Hop-by-hop, routing and destination-options headers are walked
- * (at most IPV6_MAX_EXT_HEADERS); a fragment is recognised and passed untranslated, as
- * IPv4's; anything else (ICMPv6 among it: neighbour discovery, errors) is not ours. */
+ * word updates in XDP). Hop-by-hop and destination-options headers are walked (at most
+ * IPV6_MAX_EXT_HEADERS); a fragment is recognised and passed untranslated, as IPv4's. A
+ * routing header is not walked: its packet's final destination is not the header's
+ * (nor is its checksum's), so it passes untranslated, counted. Anything else (ICMPv6
+ * among it: neighbour discovery, errors) is not ours. */
 #ifndef EBPFLB_PKT6_H
 #define EBPFLB_PKT6_H
 
@@ -51,8 +53,9 @@ static __always_inline void addr6_copy(__be32 dst[4], const __be32 src[4])
 }
 
 /* 0: an IPv6 TCP/UDP packet (or fragment) parsed into *pkt; -1: anything else (passed
- * untouched); -2: more extension headers than IPV6_MAX_EXT_HEADERS, or longer ones than
- * PKT6_L4_OFF_MAX allows (counted, passed). */
+ * untouched); -2: extension headers the programs do not walk (a routing header, more
+ * than IPV6_MAX_EXT_HEADERS, or longer ones than PKT6_L4_OFF_MAX allows; counted,
+ * passed). */
 static __always_inline int pkt6_parse(void *data, void *data_end, __u32 len, struct pkt6 *pkt)
 {
 	struct ethhdr *eth = data;
@@ -77,7 +80,7 @@ static __always_inline int pkt6_parse(void *data, void *data_end, __u32 len, str
 	for (i = 0; i < IPV6_MAX_EXT_HEADERS; i++) {
 		__u8 *ext = data + off;
 
-		if (next != NEXTHDR_HOP && next != NEXTHDR_ROUTING && next != NEXTHDR_DEST)
+		if (next != NEXTHDR_HOP && next != NEXTHDR_DEST)
 			break;
 		if ((void *)(ext + 2) > data_end)
 			return -1;

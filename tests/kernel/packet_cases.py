@@ -38,6 +38,7 @@ from scapy.layers.inet6 import (
     IPv6ExtHdrDestOpt,
     IPv6ExtHdrFragment,
     IPv6ExtHdrHopByHop,
+    IPv6ExtHdrRouting,
     RouterAlert,
 )
 from scapy.layers.l2 import ARP, Ether
@@ -722,6 +723,17 @@ CASES: tuple[Case, ...] = (
         ETHER6 / IPv6(src=CLIENT6, dst=NODE6) / TOO_MANY_HEADERS / TCP(dport=30180),
         PASS,
         SAME,
+    ),
+    Case(
+        "IPv6: a routing header (the destination is not the final one): untouched, counted",
+        Program.TC_INGRESS,
+        ETHER6
+        / IPv6(src=CLIENT6, dst=NODE6)
+        / IPv6ExtHdrRouting(addresses=[POD6_LOCAL])
+        / TCP(dport=30180),
+        OK,
+        SAME,
+        counters={Counter.NP6_EXT_HEADER: 1},
     ),
     *ingress(
         "IPv6: neighbour solicitation passes untouched",
