@@ -116,13 +116,15 @@ def render_compare(run: CompareRun, *, width: int = 140) -> str:
     """The tables as text (rich), for a terminal or a README."""
     extras.require("rich", "ebpflb bench's tables")
     from rich.console import Console
+    from rich.markup import escape  # details may hold [IPv6]:port, which is markup to rich
     from rich.table import Table
 
     console = Console(width=width, record=True, file=io.StringIO())
     m = run.machine
     console.print(
         f"ebpflb bench: Linux {m.kernel}, {m.cpus} x {m.cpu}, {m.memory_gib} GiB; {m.iptables};"
-        f" {m.nft}; {run.settings.endpoints} endpoints per service; {run.total_s:.0f} s"
+        f" {m.nft}; {run.settings.family}; {run.settings.endpoints} endpoints per service;"
+        f" {run.total_s:.0f} s"
     )
     for title, headers, rows in (
         ("Data plane", DATA_HEADERS, data_plane_rows(run)),
@@ -139,10 +141,16 @@ def render_compare(run: CompareRun, *, width: int = 140) -> str:
     for header in ("N", "target", "", "measured"):
         verdicts.add_column(header)
     for v in run.targets:
-        verdicts.add_row(f"{v.services:,}", v.target, v.outcome, v.detail)
+        verdicts.add_row(f"{v.services:,}", v.target, v.outcome, escape(v.detail))
     console.print(verdicts)
+    for n, result in listed(run):
+        if result.data.nodeport_not_measured:
+            console.print(
+                f"not measured: {n:,} services, {result.mode}, NodePort:"
+                f" {escape(result.data.nodeport_not_measured)}"
+            )
     for problem in run.problems:
-        console.print(f"[bold red]problem:[/] {problem}")
+        console.print(f"[bold red]problem:[/] {escape(problem)}")
     return console.export_text()
 
 
