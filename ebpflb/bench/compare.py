@@ -26,6 +26,7 @@ tc/XDP datapath has it), never estimated.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,6 +55,7 @@ from ebpflb.errors import EbpflbError
 
 SERVER_CPU = 0  # with the client: see ebpflb.bench.measure.traffic.CLIENT_CPU
 IPV6_SKIPPED = "ebpflb_ipv6_skipped_total"  # the agent's count of IPv6 addresses it leaves out
+METRICS_TIMEOUT = 120.0  # /metrics of 100,000 services takes seconds
 
 
 # ---- clients ------------------------------------------------------------------------------
@@ -79,14 +81,19 @@ def nodeport_client(topo: BenchTopology, mode: Mode, n: int) -> tuple[Client, in
     return Client(topo.external, base, scenario.NODE_PORT, topo.plain_cgroup), 0
 
 
-def unserved_nodeport(agent: RunningAgent) -> str | None:
+def unserved_nodeport(agent: RunningAgent, family: Family) -> str | None:
     """Why the running agent's NodePort figure cannot be measured; None: measure it.
 
     The agent says itself what its tc/XDP datapath does not serve: a nodePort (or
     LoadBalancer, external IP) over IPv6 it leaves unprogrammed is counted in
     ebpflb_ipv6_skipped_total (and logged). So an IPv6 run reports ebpflb's NodePort as
-    not measured while the datapath is IPv4's, and measures it once the agent programs it."""
-    skipped = agent.endpoints.metric(IPV6_SKIPPED)
+    not measured while the datapath is IPv4's, and measures it once the agent programs it.
+    An IPv4 run has nothing for it to count, and is spared the scrape (seconds at 100,000
+    services); call this before measuring, so the scrape's work is over by then."""
+    if family is Family.IPV4:
+        return None
+    endpoints = dataclasses.replace(agent.endpoints, timeout=METRICS_TIMEOUT)
+    skipped = endpoints.metric(IPV6_SKIPPED)
     if not skipped:
         return None
     return (
@@ -147,14 +154,6 @@ def _nodeport(topo: BenchTopology, mode: Mode, n: int, settings: CompareSettings
     )[mode]
 
 
-def _ebpflb_nodeport(
-    topo: BenchTopology, agent: RunningAgent, n: int, settings: CompareSettings
-) -> tuple[Rate | None, str | None]:
-    """The running agent's NodePort rate, or why it is not measured."""
-    unserved = unserved_nodeport(agent)
-    return (None if unserved else _nodeport(topo, Mode.EBPFLB, n, settings)), unserved
-
-
 def kube_proxy_phase(
     mode: Mode, services: list[scenario.BenchService], settings: CompareSettings
 ) -> ModeResult:
@@ -190,6 +189,7 @@ def ebpflb_phase(
             memory_cgroup(f"{topo.prefix}-ebpflb-mem") as memory,
             ebpflb_agent(topo, services, memory=memory, xdp=False) as agent,
         ):
+            unserved = unserved_nodeport(agent, settings.family)
             changes = agent.change_latencies(picks, pause=0.3)
             control = ControlPlane(
                 program_s=agent.startup.start_to_synced_s,
@@ -203,15 +203,15 @@ def ebpflb_phase(
                 agent=agent.startup,
             )
             both = _data_plane(topo, [Mode.NONE, Mode.EBPFLB], n, settings)
-            ebpflb = both[Mode.EBPFLB]
-            data = DataPlane(
-                ebpflb.latency, ebpflb.connections, *_ebpflb_nodeport(topo, agent, n, settings)
-            )
-        none = both[Mode.NONE]
+            nodeport = None if unserved else _nodeport(topo, Mode.EBPFLB, n, settings)
+        none, ebpflb = both[Mode.NONE], both[Mode.EBPFLB]
+        data = DataPlane(ebpflb.latency, ebpflb.connections, nodeport, unserved)
         results.append(ModeResult(Mode.EBPFLB, data, control))
         if settings.xdp:
             with ebpflb_agent(topo, services, memory=None, xdp=True) as agent:
-                xdp_data = DataPlane(None, None, *_ebpflb_nodeport(topo, agent, n, settings))
+                unserved = unserved_nodeport(agent, settings.family)
+                nodeport = None if unserved else _nodeport(topo, Mode.EBPFLB, n, settings)
+                xdp_data = DataPlane(nodeport=nodeport, nodeport_not_measured=unserved)
                 xdp_control = ControlPlane(
                     program_s=agent.startup.start_to_synced_s, agent=agent.startup
                 )
