@@ -55,7 +55,7 @@ ADDRESSES = {
 }
 
 
-def _ipv6_on(netns: str, *, forwarding: bool) -> None:
+def ipv6_on(netns: str, *, forwarding: bool = False) -> None:
     """IPv6 on, without duplicate address detection on interfaces made from now on."""
     settings = [
         f"net.ipv6.conf.{scope}.{key}=0"
@@ -113,7 +113,7 @@ class BenchTopology(Namespaces):
         backends = self.add_namespace("be")
         if self.family is Family.IPV6:  # before the links, so their interfaces inherit it
             for netns in (node, ext, backends):
-                _ipv6_on(netns, forwarding=netns == node)
+                ipv6_on(netns, forwarding=netns == node)
         self.link(node, "eth0", ext, "eth0")
         self.link(node, "eth1", backends, "eth0")
         nodad = ("nodad",) if self.family is Family.IPV6 else ()

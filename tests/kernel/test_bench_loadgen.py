@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from ebpflb.bench import loadgen
+from ebpflb.bench.topology import ipv6_on
 from ebpflb.errors import EbpflbError
 from ebpflb.testing.netns import Cgroup, Namespaces, sh
 
@@ -149,7 +150,7 @@ def pair6() -> Iterator[Pair]:
     try:
         server, client = ns.add_namespace("srv"), ns.add_namespace("cli")
         for netns in (server, client):
-            sh("ip", "netns", "exec", netns, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0")
+            ipv6_on(netns)
         ns.link(server, "eth0", client, "eth0")
         sh("ip", "-n", server, "addr", "add", f"{SERVER6}/64", "dev", "eth0", "nodad")
         sh("ip", "-n", client, "addr", "add", f"{CLIENT6}/64", "dev", "eth0", "nodad")

@@ -35,6 +35,7 @@ import pytest
 from ebpflb.bench.kubeproxy import iptables, naming, nftables
 from ebpflb.bench.kubeproxy.naming import ServicePort
 from ebpflb.bench.scenario import NODE_PORT, PLANS, BenchService, Family, Mix, bench_services
+from ebpflb.bench.topology import ipv6_on
 from ebpflb.testing.netns import Namespaces, sh
 
 pytestmark = pytest.mark.kernel
@@ -181,17 +182,6 @@ class Lab:
         return sum(1 for line in out.splitlines() if line.startswith("-A KUBE-"))
 
 
-def _ipv6_on(netns: str, *, forwarding: bool = False) -> None:
-    """IPv6 on, no duplicate address detection for interfaces made from now on."""
-    settings = [
-        f"net.ipv6.conf.{scope}.{key}=0"
-        for scope in ("all", "default")
-        for key in ("disable_ipv6", "accept_dad")
-    ]
-    settings += ["net.ipv6.conf.all.forwarding=1"] if forwarding else []
-    sh("ip", "netns", "exec", netns, "sysctl", "-qw", *settings)
-
-
 @pytest.fixture(
     params=[(mode, family) for family in Family for mode in MODES],
     ids=lambda p: f"{p[0]}-{p[1]}",
@@ -212,7 +202,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         backends = ns.add_namespace("be")
         if family is Family.IPV6:  # before the links, so their interfaces inherit it
             for netns in (node, external, backends):
-                _ipv6_on(netns, forwarding=netns == node)
+                ipv6_on(netns, forwarding=netns == node)
         ns.link(external, "eth0", node, f"x{tag}")
         ns.link(node, f"b{tag}", backends, "eth0")
         nodad = ("nodad",) if family is Family.IPV6 else ()
