@@ -96,10 +96,7 @@ def unserved_nodeport(agent: RunningAgent, family: Family) -> str | None:
     skipped = endpoints.metric(IPV6_SKIPPED)
     if not skipped:
         return None
-    return (
-        "ebpflb does not program NodePorts over IPv6 yet (no IPv6 in its tc/XDP datapath):"
-        f" the agent's {IPV6_SKIPPED} is {skipped:g}"
-    )
+    return f"no IPv6 NodePort in ebpflb's tc/XDP yet (the agent's {IPV6_SKIPPED}: {skipped:g})"
 
 
 # ---- phases -------------------------------------------------------------------------------

@@ -90,6 +90,17 @@ def control_plane_rows(run: CompareRun) -> list[list[str]]:
     return rows
 
 
+def not_measured(run: CompareRun) -> dict[str, list[str]]:
+    """Each reason a NodePort figure is missing -> where ("ebpflb at 1,000"), in order."""
+    found: dict[str, list[str]] = {}
+    for n, result in listed(run):
+        if result.data.nodeport_not_measured:
+            found.setdefault(result.data.nodeport_not_measured, []).append(
+                f"{result.mode} at {n:,}"
+            )
+    return found
+
+
 DATA_HEADERS = [
     "N",
     "mode",
@@ -143,12 +154,8 @@ def render_compare(run: CompareRun, *, width: int = 140) -> str:
     for v in run.targets:
         verdicts.add_row(f"{v.services:,}", v.target, v.outcome, escape(v.detail))
     console.print(verdicts)
-    for n, result in listed(run):
-        if result.data.nodeport_not_measured:
-            console.print(
-                f"not measured: {n:,} services, {result.mode}, NodePort:"
-                f" {escape(result.data.nodeport_not_measured)}"
-            )
+    for reason, where in not_measured(run).items():
+        console.print(f"NodePort not measured ({', '.join(where)}): {escape(reason)}")
     for problem in run.problems:
         console.print(f"[bold red]problem:[/] {escape(problem)}")
     return console.export_text()

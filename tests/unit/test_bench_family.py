@@ -118,7 +118,8 @@ def test_the_report_keeps_the_family_and_the_reason() -> None:
     text = render(again)
     assert "; ipv6;" in text.splitlines()[0]
     # The address in the reason survives rich's markup (brackets are its tags).
-    assert f"not measured: 1,000 services, ebpflb, NodePort: {REASON}" in " ".join(text.split())
+    where = "ebpflb at 1,000, ebpflb-xdp at 1,000"
+    assert f"NodePort not measured ({where}): {REASON}" in " ".join(text.split())
     ebpflb_rows = [line for line in text.splitlines() if "│ ebpflb " in line]
     assert ebpflb_rows and ebpflb_rows[0].rstrip(" │").endswith("-")
 
