@@ -130,6 +130,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     compare.add_argument(
         "--rate-seconds", type=float, metavar="S", help=f"default {COMPARE.rate_seconds}"
     )
+    compare.add_argument(
+        "--family",
+        choices=[f.value for f in scenario.Family],
+        default=COMPARE.family.value,
+        help="the IP family of every address: kube-proxy's IPv4 or IPv6 proxier (ip6tables,"
+        " table ip6), ebpflb over IPv4 or IPv6 (default %(default)s)",
+    )
     compare.add_argument("--no-xdp", action="store_true", help="skip the XDP NodePort run")
     compare.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the figures")
 
@@ -208,6 +215,7 @@ def compare_settings(args: argparse.Namespace) -> CompareSettings:
         iptables_nft_max_services=args.iptables_nft_max_services,
         xdp=not args.no_xdp,
         mix=scenario.parse_mix(args.mix),
+        family=scenario.Family(args.family),
         **{name: value for name, value in given.items() if value is not None},
     )
     settings.validate()

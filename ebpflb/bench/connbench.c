@@ -1,15 +1,18 @@
 /* connbench: connect() latency and connection rate, without an interpreter in the loop.
  *
- *   connbench latency --base A.B.C.D --port P (--index I | --random N) --connects C
+ *   connbench latency --base ADDR --port P (--index I | --random N) --connects C
  *                     [--cpu K] [--seed S] [--timeout-ms T]
- *   connbench rate    --base A.B.C.D --port P (--index I | --random N) --seconds D
+ *   connbench rate    --base ADDR --port P (--index I | --random N) --seconds D
  *                     [--cpu K] [--seed S] [--timeout-ms T] [--request]
- *   connbench serve   --port P [--cpu K] [--lifetime S] [--threads T]
+ *   connbench serve   --port P [--ipv6] [--cpu K] [--lifetime S] [--threads T]
  *
  * "Service i" is base + i + 1 (ebpflb/bench/scenario.py), so no address table is needed.
+ * ADDR is IPv4 or IPv6: clients connect over that family; the server listens on one family
+ * (0.0.0.0, or :: IPv6-only with --ipv6), so an IPv4 run measures an IPv4 socket as before.
  * Clients print one JSON line; the server prints "ready" once listening and, when it
  * exits (SIGTERM/SIGINT or --lifetime), one JSON line of counters.
  * Built by ebpflb/bench/loadgen.py: gcc -std=c11 -O2 -Wall -Wextra -Werror -pthread.
+ * Over 400 lines: clients, server and options in the one source loadgen.py compiles.
  */
 #define _GNU_SOURCE /* sched_setaffinity, strerrorname_np */
 #include <arpa/inet.h>
@@ -32,8 +35,9 @@ static const char REQUEST[MSG_SIZE] = "connbench-req..";
 static const char RESPONSE[MSG_SIZE] = "connbench-resp.";
 
 struct opts {
-	uint32_t base; /* host byte order */
-	int port, cpu, index, random_n, connects, timeout_ms, threads, request;
+	int family;       /* AF_INET or AF_INET6: --base's (clients), --ipv6 (serve) */
+	uint8_t base[16]; /* network byte order: the first 4 bytes for IPv4 */
+	int port, cpu, index, random_n, connects, timeout_ms, threads, request, listen6;
 	double seconds, lifetime;
 	uint64_t seed;
 };
@@ -86,6 +90,38 @@ struct client {
 	char first_error[96];
 };
 
+/* addr (len bytes, network order) += v; nonzero if the sum leaves the address space. */
+static int add_index(uint8_t *addr, int len, uint64_t v)
+{
+	unsigned carry = 0;
+	for (int k = len - 1; k >= 0 && (v || carry); k--, v >>= 8) {
+		unsigned sum = addr[k] + (unsigned)(v & 0xff) + carry;
+		addr[k] = (uint8_t)sum;
+		carry = sum >> 8;
+	}
+	return v || carry;
+}
+
+/* Service i's socket address: base + i + 1 in the options' family. */
+static socklen_t service_address(const struct opts *o, uint32_t i, struct sockaddr_storage *to)
+{
+	memset(to, 0, sizeof(*to));
+	if (o->family == AF_INET) {
+		struct sockaddr_in *in = (struct sockaddr_in *)to;
+		in->sin_family = AF_INET;
+		in->sin_port = htons((uint16_t)o->port);
+		memcpy(&in->sin_addr, o->base, 4);
+		add_index((uint8_t *)&in->sin_addr, 4, (uint64_t)i + 1);
+		return sizeof(*in);
+	}
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)to;
+	in6->sin6_family = AF_INET6;
+	in6->sin6_port = htons((uint16_t)o->port);
+	memcpy(&in6->sin6_addr, o->base, 16);
+	add_index(in6->sin6_addr.s6_addr, 16, (uint64_t)i + 1);
+	return sizeof(*in6);
+}
+
 static void note_error(struct client *c, int err)
 {
 	/* A blocking connect that hits SO_SNDTIMEO reports EINPROGRESS: call it a timeout. */
@@ -105,22 +141,22 @@ static uint64_t one_connection(struct client *c)
 	uint32_t i = o->random_n > 0
 		? (uint32_t)(((next_random(&c->rng) >> 32) * (uint64_t)o->random_n) >> 32)
 		: (uint32_t)o->index;
-	struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons((uint16_t)o->port),
-				  .sin_addr.s_addr = htonl(o->base + i + 1) };
+	struct sockaddr_storage to;
+	socklen_t to_len = service_address(o, i, &to);
 	struct timeval tv = { o->timeout_ms / 1000, (o->timeout_ms % 1000) * 1000 };
 	/* RST on close: no TIME_WAIT, so a long run never runs out of local ports. */
 	struct linger rst = { 1, 0 };
 	uint64_t took = 0;
 	char buf[MSG_SIZE];
 
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	int fd = socket(o->family, SOCK_STREAM, 0);
 	if (fd < 0)
 		die("socket");
 	if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
 	    (o->request && setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0))
 		die("setsockopt timeout");
 	uint64_t start = now_ns();
-	int rc = connect(fd, (struct sockaddr *)&to, sizeof(to));
+	int rc = connect(fd, (struct sockaddr *)&to, to_len);
 	uint64_t end = now_ns();
 	if (rc != 0) {
 		note_error(c, errno);
@@ -200,7 +236,8 @@ static int run_rate(const struct opts *o)
 /* ---- server ----------------------------------------------------------------------- */
 
 /* Distinct local addresses accepted on (the test checks that --random spreads): a
- * lock-free open-addressing set shared by the threads; 0.0.0.0 marks an empty slot. */
+ * lock-free open-addressing set shared by the threads; 0 marks an empty slot. An IPv6
+ * address counts by its last 32 bits: the bench's addresses differ only there. */
 enum { SET_SLOTS = 1 << 16, SET_MAX = SET_SLOTS / 2 };
 static _Atomic uint32_t addr_set[SET_SLOTS];
 static atomic_long distinct, accepted, requests;
@@ -232,7 +269,7 @@ static void *serve_loop(void *arg)
 	char buf[512];
 	pin(s->cpu);
 	for (;;) {
-		struct sockaddr_in local;
+		struct sockaddr_storage local;
 		socklen_t len = sizeof(local);
 		int fd = accept(s->listener, NULL, NULL);
 		if (fd < 0) {
@@ -241,8 +278,14 @@ static void *serve_loop(void *arg)
 			die("accept");
 		}
 		atomic_fetch_add_explicit(&accepted, 1, memory_order_relaxed);
-		if (getsockname(fd, (struct sockaddr *)&local, &len) == 0)
-			remember(ntohl(local.sin_addr.s_addr));
+		if (getsockname(fd, (struct sockaddr *)&local, &len) == 0) {
+			uint32_t key;
+			if (local.ss_family == AF_INET6)
+				memcpy(&key, ((struct sockaddr_in6 *)&local)->sin6_addr.s6_addr + 12, 4);
+			else
+				key = ((struct sockaddr_in *)&local)->sin_addr.s_addr;
+			remember(ntohl(key));
+		}
 		/* A latency/rate client RSTs without sending: read fails (or returns 0) at once.
 		 * A silent client costs at most the inherited 1 s SO_RCVTIMEO, never a wedge. */
 		if (read(fd, buf, sizeof(buf)) > 0) {
@@ -259,19 +302,24 @@ static int run_serve(const struct opts *o)
 {
 	struct sockaddr_in any = { .sin_family = AF_INET, .sin_port = htons((uint16_t)o->port),
 				   .sin_addr.s_addr = htonl(INADDR_ANY) };
+	struct sockaddr_in6 any6 = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)o->port),
+				     .sin6_addr = IN6ADDR_ANY_INIT };
 	/* Accepted sockets inherit the listener's SO_RCVTIMEO (the socket is cloned). */
 	struct timeval tv = { 1, 0 };
 	int one = 1;
 	struct server s = { .cpu = o->cpu };
 	sigset_t stop;
 
-	s.listener = socket(AF_INET, SOCK_STREAM, 0);
+	s.listener = socket(o->family, SOCK_STREAM, 0);
 	if (s.listener < 0)
 		die("socket");
 	if (setsockopt(s.listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-	    setsockopt(s.listener, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0)
+	    setsockopt(s.listener, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+	    (o->family == AF_INET6 &&
+	     setsockopt(s.listener, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) != 0))
 		die("setsockopt");
-	if (bind(s.listener, (struct sockaddr *)&any, sizeof(any)) != 0)
+	if (o->family == AF_INET6 ? bind(s.listener, (struct sockaddr *)&any6, sizeof(any6))
+				  : bind(s.listener, (struct sockaddr *)&any, sizeof(any)))
 		die("bind");
 	if (listen(s.listener, 4096) != 0)
 		die("listen");
@@ -327,9 +375,9 @@ static int integer(const char *flag, const char *text, int min, int max)
 
 int main(int argc, char **argv)
 {
-	struct opts o = { .port = -1, .cpu = -1, .index = -1, .connects = -1, .seconds = -1,
-			  .timeout_ms = 1000, .threads = 1, .lifetime = 600, .seed = 1 };
-	struct in_addr base = { 0 };
+	struct opts o = { .family = AF_INET, .port = -1, .cpu = -1, .index = -1, .connects = -1,
+			  .seconds = -1, .timeout_ms = 1000, .threads = 1, .lifetime = 600,
+			  .seed = 1 };
 	int have_base = 0;
 	if (argc < 2)
 		usage("missing subcommand");
@@ -340,13 +388,20 @@ int main(int argc, char **argv)
 			o.request = 1;
 			continue;
 		}
+		if (!strcmp(f, "--ipv6")) {
+			o.listen6 = 1;
+			continue;
+		}
 		if (k + 1 >= argc)
 			usage("option without a value");
 		const char *v = argv[++k];
 		if (!strcmp(f, "--base")) {
-			if (inet_pton(AF_INET, v, &base) != 1)
-				usage("--base: not an IPv4 address");
-			o.base = ntohl(base.s_addr);
+			if (inet_pton(AF_INET, v, o.base) == 1)
+				o.family = AF_INET;
+			else if (inet_pton(AF_INET6, v, o.base) == 1)
+				o.family = AF_INET6;
+			else
+				usage("--base: not an IPv4 or IPv6 address");
 			have_base = 1;
 		} else if (!strcmp(f, "--port")) {
 			o.port = integer(f, v, 1, 65535);
@@ -374,12 +429,17 @@ int main(int argc, char **argv)
 	}
 	if (o.port < 0)
 		usage("--port is required");
-	if (!strcmp(cmd, "serve"))
+	if (!strcmp(cmd, "serve")) {
+		o.family = o.listen6 ? AF_INET6 : AF_INET;
 		return run_serve(&o);
+	}
 	if (!have_base || (o.index >= 0) == (o.random_n > 0))
 		usage("clients need --base and exactly one of --index, --random");
-	if ((uint64_t)o.base + (uint64_t)(o.index >= 0 ? o.index : o.random_n - 1) + 1 > UINT32_MAX)
-		usage("--base plus the index leaves IPv4");
+	uint8_t last[16];
+	memcpy(last, o.base, sizeof(last));
+	if (add_index(last, o.family == AF_INET ? 4 : 16,
+		      (uint64_t)(o.index >= 0 ? o.index : o.random_n - 1) + 1))
+		usage("--base plus the index leaves the address family");
 	if (!strcmp(cmd, "latency") && o.connects > 0)
 		return run_latency(&o);
 	if (!strcmp(cmd, "rate") && o.seconds > 0)

@@ -9,8 +9,10 @@ directory and runs it:
   each connect() timed alone; RST on close, so no TIME_WAIT piles up.
 - `rate()`: as many sequential connections as possible for D seconds, optionally with a
   16-byte request and response on each.
-- `start_server()`: `connbench serve` in a namespace; on stop it reports how many
-  connections it accepted and on how many distinct local addresses.
+- `start_server()`: `connbench serve` in a namespace (IPv4, or IPv6 with `ipv6`); on stop
+  it reports how many connections it accepted and on how many distinct local addresses.
+
+Clients connect in the family of their base address (IPv4 or IPv6).
 
 Processes enter a namespace with `nsenter --net` and are moved into a cgroup (if given)
 before that, from a preexec_fn, so the cgroup's socket programs apply to them.
@@ -281,12 +283,15 @@ def start_server(
     threads: int = 1,
     cgroup: Cgroup | None = None,
     owner: Namespaces | None = None,
+    ipv6: bool = False,
 ) -> Server:
-    """Start `connbench serve` on 0.0.0.0:port in `netns`; returns once it listens. It
+    """Start `connbench serve` on 0.0.0.0:port (on [::]:port, IPv6 only, if `ipv6`) in
+    `netns`; returns once it listens. It
     exits by itself after `lifetime` seconds, so a forgotten server does not linger, and
     if `owner` is given, its close() kills the server too (a safety net for tests)."""
     args = ["serve", "--port", str(port), "--lifetime", str(lifetime), "--threads", str(threads)]
     args += ["--cpu", str(cpu)] if cpu is not None else []
+    args += ["--ipv6"] if ipv6 else []
     proc = subprocess.Popen(
         _in_netns(netns, [str(build()), *args]),
         stdout=subprocess.PIPE,

@@ -23,6 +23,7 @@ from ebpflb.bench.scenario import (
     PORT_NAME,
     TARGET_PORT,
     BenchService,
+    Family,
 )
 
 
@@ -38,6 +39,9 @@ def service_text(svc: BenchService) -> str:
         f"  clusterIP: {svc.vip}",
         "  clusterIPs:",
         f"  - {svc.vip}",
+        "  ipFamilies:",
+        f"  - {svc.family.kubernetes}",
+        "  ipFamilyPolicy: SingleStack",
         "  ports:",
         f"  - name: {PORT_NAME}",
         "    protocol: TCP",
@@ -71,7 +75,7 @@ def slice_text(svc: BenchService, not_ready: int = 0) -> str:
         f"  namespace: {NAMESPACE}",
         "  labels:",
         f"    kubernetes.io/service-name: {svc.name}",
-        "addressType: IPv4",
+        f"addressType: {svc.family.kubernetes}",
         "ports:",
         f"- name: {PORT_NAME}",
         "  protocol: TCP",
@@ -118,7 +122,8 @@ class ManifestFile:
         name = slice_object["metadata"]["labels"]["kubernetes.io/service-name"]
         index = int(name.removeprefix("svc-"))  # scenario's names: svc-NNNNNN
         not_ready = sum(1 for e in slice_object["endpoints"] if not e["conditions"]["ready"])
-        svc = BenchService(index, len(slice_object["endpoints"]))
+        family = next(f for f in Family if f.kubernetes == slice_object["addressType"])
+        svc = BenchService(index, len(slice_object["endpoints"]), family=family)
         self.documents[2 * index + 1] = slice_text(svc, not_ready=not_ready)
         staged = self.path.with_name(f".{self.path.name}.new")
         staged.write_text("---\n".join(self.documents))

@@ -2,8 +2,10 @@
 
 - iptables-legacy / iptables-nft: kube-proxy's iptables proxier's rules
   (ebpflb.bench.kubeproxy.iptables), loaded with kube-proxy's `iptables-restore --noflush`
-  through each backend of the iptables tool; then its partial syncs, one per change;
-- nftables: kube-proxy's nftables ruleset (kubeproxy.nftables), loaded with `nft -f`;
+  through each backend of the iptables tool (ip6tables-restore for IPv6); then its
+  partial syncs, one per change;
+- nftables: kube-proxy's nftables ruleset (kubeproxy.nftables; table ip6 kube-proxy for
+  IPv6), loaded with `nft -f`;
 - ebpflb: the real agent on the Kubernetes source (ebpflb.bench.agentrun) in the node
   namespace, its socket programs on the `lb` cgroup.
 
@@ -24,7 +26,7 @@ from ebpflb.bench.measure.cost import KernelMemoryCgroup, Timed, memory_cgroup, 
 from ebpflb.bench.records.compare import ControlPlane, KernelMemory, RulesLoad
 from ebpflb.bench.scenario import AGENT_NODE, BenchService
 from ebpflb.bench.settings import IPTABLES_MODES, CompareSettings, Mode
-from ebpflb.bench.topology import NODE_INTERFACES, NODE_IP, BenchTopology
+from ebpflb.bench.topology import NODE_INTERFACES, BenchTopology
 from ebpflb.errors import EbpflbError
 
 AGENT_CPU = 1  # away from the data-plane client, so its housekeeping never lands inside
@@ -43,7 +45,8 @@ def program_iptables(
 ) -> ControlPlane:
     if mode not in IPTABLES_MODES:
         raise EbpflbError(f"not an iptables mode: {mode}")
-    binary = mode.value  # iptables-legacy, iptables-nft: also the binaries' names
+    # iptables-legacy, iptables-nft: also the binaries' names (ip6tables-* for IPv6)
+    binary, family = iptables.tool(mode.value, settings.family), settings.family
     if shutil.which(f"{binary}-restore") is None:
         raise EbpflbError(f"{binary}-restore not found (Debian package iptables)")
     restore = [f"{binary}-restore", *iptables.RESTORE_FLAGS]
@@ -52,12 +55,14 @@ def program_iptables(
         # What kube-proxy does before its first sync (counters, chains, jumps), untimed.
         for argv in [*iptables.nfacct_argv(), *iptables.setup_argv(binary)]:
             run_timed(argv, topo.node, preexec_fn=enter)
-        full_text = iptables.full_sync(services)
+        full_text = iptables.full_sync(services, family=family)
         full = run_timed(restore, topo.node, stdin=full_text, preexec_fn=enter)
         kernel = memory.kernel_bytes() if memory else None
     ready = settings.endpoints - 1
     changes = [
-        run_timed(restore, topo.node, stdin=iptables.partial_sync(services, index, ready))
+        run_timed(
+            restore, topo.node, stdin=iptables.partial_sync(services, index, ready, family=family)
+        )
         for index in change_picks(len(services), settings.changes)
     ]
     rules = sum(1 for line in full_text.splitlines() if line.startswith("-A "))
@@ -72,14 +77,20 @@ def program_nftables(
         raise EbpflbError("nft not found (Debian package nftables)")
     nft = ["nft", "-f", "-"]
     with memory_cgroup(f"{topo.prefix}-nftables-mem") as memory:
-        full_text = nftables.full_sync(services, node_ip=NODE_IP)
+        full_text = nftables.full_sync(
+            services, family=settings.family, node_ip=topo.addresses.node
+        )
         full = run_timed(
             nft, topo.node, stdin=full_text, preexec_fn=memory.enter if memory else None
         )
         kernel = memory.kernel_bytes() if memory else None
     ready = settings.endpoints - 1
     changes = [
-        run_timed(nft, topo.node, stdin=nftables.partial_sync(services, index, ready))
+        run_timed(
+            nft,
+            topo.node,
+            stdin=nftables.partial_sync(services, index, ready, family=settings.family),
+        )
         for index in change_picks(len(services), settings.changes)
     ]
     return _control_plane(full, changes, kernel, RulesLoad(" ".join(nft), len(full_text)))

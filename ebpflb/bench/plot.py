@@ -72,7 +72,7 @@ def plot(run: CompareRun, path: Path) -> None:
     m = run.machine
     figure.suptitle(
         f"ebpflb bench: Linux {m.kernel}, {m.cpus} CPUs ({m.cpu}),"
-        f" {run.settings.endpoints} endpoints per service"
+        f" {run.settings.family}, {run.settings.endpoints} endpoints per service"
     )
     points = list(listed(run))
     for axis, (title, value_of, log_y) in zip(axes.flat, PANELS, strict=True):

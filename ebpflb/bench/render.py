@@ -90,6 +90,17 @@ def control_plane_rows(run: CompareRun) -> list[list[str]]:
     return rows
 
 
+def not_measured(run: CompareRun) -> dict[str, list[str]]:
+    """Each reason a NodePort figure is missing -> where ("ebpflb at 1,000"), in order."""
+    found: dict[str, list[str]] = {}
+    for n, result in listed(run):
+        if result.data.nodeport_not_measured:
+            found.setdefault(result.data.nodeport_not_measured, []).append(
+                f"{result.mode} at {n:,}"
+            )
+    return found
+
+
 DATA_HEADERS = [
     "N",
     "mode",
@@ -116,13 +127,15 @@ def render_compare(run: CompareRun, *, width: int = 140) -> str:
     """The tables as text (rich), for a terminal or a README."""
     extras.require("rich", "ebpflb bench's tables")
     from rich.console import Console
+    from rich.markup import escape  # details may hold [IPv6]:port, which is markup to rich
     from rich.table import Table
 
     console = Console(width=width, record=True, file=io.StringIO())
     m = run.machine
     console.print(
         f"ebpflb bench: Linux {m.kernel}, {m.cpus} x {m.cpu}, {m.memory_gib} GiB; {m.iptables};"
-        f" {m.nft}; {run.settings.endpoints} endpoints per service; {run.total_s:.0f} s"
+        f" {m.nft}; {run.settings.family}; {run.settings.endpoints} endpoints per service;"
+        f" {run.total_s:.0f} s"
     )
     for title, headers, rows in (
         ("Data plane", DATA_HEADERS, data_plane_rows(run)),
@@ -139,10 +152,12 @@ def render_compare(run: CompareRun, *, width: int = 140) -> str:
     for header in ("N", "target", "", "measured"):
         verdicts.add_column(header)
     for v in run.targets:
-        verdicts.add_row(f"{v.services:,}", v.target, v.outcome, v.detail)
+        verdicts.add_row(f"{v.services:,}", v.target, v.outcome, escape(v.detail))
     console.print(verdicts)
+    for reason, where in not_measured(run).items():
+        console.print(f"NodePort not measured ({', '.join(where)}): {escape(reason)}")
     for problem in run.problems:
-        console.print(f"[bold red]problem:[/] {problem}")
+        console.print(f"[bold red]problem:[/] {escape(problem)}")
     return console.export_text()
 
 

@@ -6,6 +6,10 @@ Addresses are arithmetic so that a compiled client can pick "service i" without 
 - ClusterIP of service i:          10.96.0.0 + i + 1           (inside 10.96.0.0/12)
 - endpoint e of service i:          10.128.0.0 + e * 2**17 + i + 1  (block e is a /15)
 
+With `--family ipv6` (Family.IPV6) the same arithmetic runs in unique local ranges of the
+same sizes: ClusterIPs in fd00:96::/108, endpoints in fd00:128::/107 (PLANS); the Services
+are single-stack IPv6 (ipFamilies [IPv6]) and their EndpointSlices addressType IPv6.
+
 Up to 16 endpoints per service (10.128.0.0/11): `bench sync`'s million endpoints are
 100,000 services x 10.
 
@@ -36,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_network
 from typing import Any
 
 from ebpflb.errors import ConfigError
@@ -61,6 +65,54 @@ NODE_PORT_MAX = 32767  # the end of the default --service-node-port-range
 MIX_EVERY = 4
 
 
+class Family(StrEnum):
+    """The IP family of a bench run (`--family`): every address of the run is of it."""
+
+    IPV4 = "ipv4"
+    IPV6 = "ipv6"
+
+    @property
+    def kubernetes(self) -> str:
+        """The name in ipFamilies and an EndpointSlice's addressType."""
+        return "IPv4" if self is Family.IPV4 else "IPv6"
+
+
+@dataclass(frozen=True)
+class AddressPlan:
+    """Where a family's ClusterIPs and endpoints are: the arithmetic above, in its ranges."""
+
+    family: Family
+    service_cidr: IPv4Network | IPv6Network
+    endpoint_cidr: IPv4Network | IPv6Network
+
+    @property
+    def cluster_cidr(self) -> str:
+        """kube-proxy's --cluster-cidr for this family (masquerade decisions)."""
+        return str(self.endpoint_cidr)
+
+    def vip(self, index: int) -> IPv4Address | IPv6Address:
+        return self.service_cidr.network_address + index + 1
+
+    def endpoint(self, index: int, e: int) -> IPv4Address | IPv6Address:
+        return self.endpoint_cidr.network_address + (e << ENDPOINT_BLOCK_BITS) + index + 1
+
+
+def _v6(cidr: str, like: IPv4Network) -> IPv6Network:
+    """An IPv6 range as large as `like`, so the limits above hold in both families."""
+    network = ip_network(cidr)
+    assert isinstance(network, IPv6Network)
+    assert 128 - network.prefixlen == 32 - like.prefixlen, cidr
+    return network
+
+
+PLANS = {
+    Family.IPV4: AddressPlan(Family.IPV4, SERVICE_CIDR, ENDPOINT_CIDR),
+    Family.IPV6: AddressPlan(
+        Family.IPV6, _v6("fd00:96::/108", SERVICE_CIDR), _v6("fd00:128::/107", ENDPOINT_CIDR)
+    ),
+}
+
+
 class Mix(StrEnum):
     """Kinds of services `--mix` adds to the bench (see the module's docstring)."""
 
@@ -77,12 +129,12 @@ def parse_mix(text: str) -> tuple[Mix, ...]:
     return tuple(dict.fromkeys(Mix(name) for name in names))
 
 
-def vip(index: int) -> IPv4Address:
-    return SERVICE_CIDR.network_address + index + 1
+def vip(index: int, family: Family = Family.IPV4) -> IPv4Address | IPv6Address:
+    return PLANS[family].vip(index)
 
 
-def endpoint(index: int, e: int) -> IPv4Address:
-    return ENDPOINT_CIDR.network_address + (e << ENDPOINT_BLOCK_BITS) + index + 1
+def endpoint(index: int, e: int, family: Family = Family.IPV4) -> IPv4Address | IPv6Address:
+    return PLANS[family].endpoint(index, e)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +145,7 @@ class BenchService:
     affinity: bool = False  # sessionAffinity ClientIP, AFFINITY_TIMEOUT
     internal_local: bool = False  # internalTrafficPolicy Local
     external_local: bool = False  # externalTrafficPolicy Local (a NodePort service)
+    family: Family = Family.IPV4
 
     @property
     def local_policy(self) -> bool:
@@ -104,11 +157,11 @@ class BenchService:
 
     @property
     def vip(self) -> str:
-        return str(vip(self.index))
+        return str(vip(self.index, self.family))
 
     @property
     def endpoints(self) -> tuple[str, ...]:
-        return tuple(str(endpoint(self.index, e)) for e in range(self.endpoint_count))
+        return tuple(str(endpoint(self.index, e, self.family)) for e in range(self.endpoint_count))
 
     @property
     def local_endpoints(self) -> tuple[str, ...]:
@@ -123,10 +176,16 @@ class BenchService:
 
 
 def bench_services(
-    count: int, endpoints: int, *, node_port: bool = True, mix: tuple[Mix, ...] = ()
+    count: int,
+    endpoints: int,
+    *,
+    node_port: bool = True,
+    mix: tuple[Mix, ...] = (),
+    family: Family = Family.IPV4,
 ) -> list[BenchService]:
-    """N services; the last one is also a NodePort service (port NODE_PORT) if node_port;
-    `mix` makes every MIX_EVERY-th of the others an affinity or a Local-policy service."""
+    """N services of `family`; the last one is also a NodePort service (port NODE_PORT) if
+    node_port; `mix` makes every MIX_EVERY-th of the others an affinity or a Local-policy
+    service."""
     if not 1 <= count <= MAX_SERVICES:
         raise ConfigError(f"--services: between 1 and {MAX_SERVICES} (the address blocks' size)")
     if not 2 <= endpoints <= MAX_ENDPOINTS:
@@ -134,7 +193,9 @@ def bench_services(
     services = []
     for i in range(count):
         if i == count - 1:
-            services.append(BenchService(i, endpoints, NODE_PORT if node_port else None))
+            services.append(
+                BenchService(i, endpoints, NODE_PORT if node_port else None, family=family)
+            )
             continue
         kind = i % MIX_EVERY
         extra_node_port = NODE_PORT + 1 + i // MIX_EVERY
@@ -147,6 +208,7 @@ def bench_services(
                 affinity=Mix.AFFINITY in mix and kind == 0,
                 internal_local=Mix.LOCAL in mix and kind == 1,
                 external_local=external_local,
+                family=family,
             )
         )
     return services
@@ -166,6 +228,8 @@ def service_object(svc: BenchService) -> dict[str, Any]:
         "type": "ClusterIP",
         "clusterIP": svc.vip,
         "clusterIPs": [svc.vip],
+        "ipFamilies": [svc.family.kubernetes],
+        "ipFamilyPolicy": "SingleStack",
         "ports": [port],
     }
     if svc.node_port is not None:
@@ -197,7 +261,7 @@ def slice_object(svc: BenchService, not_ready: int = 0) -> dict[str, Any]:
             "namespace": NAMESPACE,
             "labels": {"kubernetes.io/service-name": svc.name},
         },
-        "addressType": "IPv4",
+        "addressType": svc.family.kubernetes,
         "ports": [{"name": PORT_NAME, "protocol": "TCP", "port": TARGET_PORT}],
         "endpoints": [
             {

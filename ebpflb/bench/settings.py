@@ -63,6 +63,9 @@ class CompareSettings:
     # Services with session affinity and Local traffic policies (scenario.Mix); none by
     # default, so the published figures keep measuring the same services.
     mix: tuple[scenario.Mix, ...] = ()
+    # The IP family of every address in the run (--family): kube-proxy's IPv4 or IPv6 proxier
+    # (iptables or ip6tables, table ip or ip6), ebpflb's IPv4 or IPv6 datapath.
+    family: scenario.Family = scenario.Family.IPV4
     # Longest wait for the machine to go idle before each phase (a deleted namespace's rules
     # are freed in the background); a test on a busy machine measures nothing and waits less.
     quiet_timeout: float = 120.0
@@ -74,7 +77,8 @@ class CompareSettings:
         if not self.services:
             raise ConfigError("--services: at least one N")
         for n in self.services:
-            scenario.bench_services(n, self.endpoints, mix=self.mix)  # raises with the limits
+            # raises with the limits
+            scenario.bench_services(n, self.endpoints, mix=self.mix, family=self.family)
         if self.rounds < 1 or self.batch < 10 or self.rate_seconds <= 0 or self.changes < 1:
             raise ConfigError("rounds >= 1, batch >= 10, rate seconds > 0, changes >= 1")
         if self.rate_repeats < 1:

@@ -4,7 +4,9 @@ verdict (met or missed, with the figures) wherever the run measured what it need
 A target is a small value in TARGETS: a ratio of ebpflb's figure to another mode's in
 the same run (Ratio), a ceiling on ebpflb's own figure at given N (Ceiling), or a rule of
 its own (XdpBeatsTc). Adding one is adding an entry (with the accessor of the figure it
-judges); verdicts keep TARGETS' order within each N.
+judges); verdicts keep TARGETS' order within each N. A NodePort target whose ebpflb figure
+the run recorded as not measured (DataPlane.nodeport_not_measured) gets a "not measured"
+verdict with that reason, so the table says why it is not judged.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ def connections_per_s(result: ModeResult) -> float | None:
 
 def nodeport_per_s(result: ModeResult) -> float | None:
     return result.data.nodeport.per_s if result.data.nodeport else None
+
+
+def nodeport_not_measured(result: ModeResult) -> str | None:
+    return result.data.nodeport_not_measured
 
 
 def worst_change_s(result: ModeResult) -> float | None:
@@ -115,14 +121,18 @@ class AtLeastAsFast:
     others: Sequence[Mode]
     name: Callable[[Mode], str]
     unit: str
+    not_measured: Callable[[ModeResult], str | None] | None = None  # why ebpflb's is missing
 
     def judge(self, size: SizeResult) -> Iterator[Verdict]:
         mine_result = size.get(Mode.EBPFLB)
         mine = self.figure(mine_result) if mine_result else None
+        why = self.not_measured(mine_result) if mine_result and self.not_measured else None
         for mode in self.others:
             other = size.get(mode)
             theirs = self.figure(other) if other else None
-            if mine and theirs:
+            if why and mine is None and theirs:
+                yield Verdict(self.name(mode), size.services, None, why)
+            elif mine and theirs:
                 detail = f"{mine:,.0f} vs {theirs:,.0f} {self.unit}"
                 yield Verdict(self.name(mode), size.services, mine >= theirs, detail)
 
@@ -135,6 +145,12 @@ class XdpBeatsTc:
 
     def judge(self, size: SizeResult) -> Iterator[Verdict]:
         tc, xdp = size.get(Mode.EBPFLB), size.get(Mode.EBPFLB_XDP)
+        why = next(
+            (nodeport_not_measured(r) for r in (tc, xdp) if r and nodeport_not_measured(r)), None
+        )
+        if why:
+            yield Verdict(self.name, size.services, None, why)
+            return
         tc_runs = tc.data.nodeport.runs if tc and tc.data.nodeport else ()
         xdp_runs = xdp.data.nodeport.runs if xdp and xdp.data.nodeport else ()
         if tc is None or not tc_runs or not xdp_runs:
@@ -200,6 +216,7 @@ TARGETS: tuple[Rule, ...] = (
         KUBE_PROXY_MODES,
         lambda mode: f"NodePort via tc at least as fast as {mode}",
         "req/s",
+        nodeport_not_measured,
     ),
     XdpBeatsTc(),
 )

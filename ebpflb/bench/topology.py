@@ -3,6 +3,11 @@
     external (10.240.0.2) --eth0-- node --eth1-- backends (10.250.0.2, owns 10.128.0.0/11)
                                    10.240.0.1 / 10.250.0.1
 
+With `--family ipv6` the same network in unique local addresses (ADDRESSES): external
+fd00:240::2, node fd00:240::1 / fd00:250::1, backends fd00:250::2 owning the IPv6 pod
+range (scenario.PLANS); addresses are added without duplicate address detection (usable
+at once) and the node forwards IPv6.
+
 - node: where the proxy under test runs and the ClusterIP client connects from. It routes
   the pod network and the service CIDR to the backends namespace; nothing routes out of
   the topology, so an untranslated ClusterIP packet dies in the backends namespace (which
@@ -27,22 +32,49 @@ import uuid
 from dataclasses import dataclass, field
 
 from ebpflb.bench import scenario
+from ebpflb.bench.scenario import Family
 from ebpflb.testing.netns import Cgroup, Namespaces, attach_xdp_pass, sh
 
-NODE_IP = "10.240.0.1"
-EXTERNAL_IP = "10.240.0.2"
-NODE_BACKEND_IP = "10.250.0.1"
-BACKENDS_IP = "10.250.0.2"
 NODE_INTERFACES = ("eth0", "eth1")  # external side, backend side
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """The topology's interface addresses in one family."""
+
+    node: str  # on eth0: where NodePort clients connect
+    external: str
+    node_backend: str  # on eth1
+    backends: str
+    prefix_len: int
+
+
+ADDRESSES = {
+    Family.IPV4: Addresses("10.240.0.1", "10.240.0.2", "10.250.0.1", "10.250.0.2", 24),
+    Family.IPV6: Addresses("fd00:240::1", "fd00:240::2", "fd00:250::1", "fd00:250::2", 64),
+}
+
+
+def ipv6_on(netns: str, *, forwarding: bool = False) -> None:
+    """IPv6 on, without duplicate address detection on interfaces made from now on."""
+    settings = [
+        f"net.ipv6.conf.{scope}.{key}=0"
+        for scope in ("all", "default")
+        for key in ("disable_ipv6", "accept_dad")
+    ]
+    if forwarding:
+        settings.append("net.ipv6.conf.all.forwarding=1")
+    sh("ip", "netns", "exec", netns, "sysctl", "-qw", *settings)
 
 
 @dataclass
 class BenchTopology(Namespaces):
     cgroups: dict[str, Cgroup] = field(default_factory=dict)
+    family: Family = Family.IPV4
 
     @classmethod
-    def create(cls) -> BenchTopology:
-        topo = cls(f"ebpflb-bench-{uuid.uuid4().hex[:6]}")
+    def create(cls, family: Family = Family.IPV4) -> BenchTopology:
+        topo = cls(f"ebpflb-bench-{uuid.uuid4().hex[:6]}", family=family)
         try:
             topo._build()
         except BaseException:
@@ -63,6 +95,10 @@ class BenchTopology(Namespaces):
         return f"{self.prefix}-be"
 
     @property
+    def addresses(self) -> Addresses:
+        return ADDRESSES[self.family]
+
+    @property
     def lb_cgroup(self) -> Cgroup:
         return self.cgroups["lb"]
 
@@ -71,21 +107,30 @@ class BenchTopology(Namespaces):
         return self.cgroups["plain"]
 
     def _build(self) -> None:
+        a, plan = self.addresses, scenario.PLANS[self.family]
         node = self.add_namespace("node", forwarding=True)
         ext = self.add_namespace("ext")
         backends = self.add_namespace("be")
+        if self.family is Family.IPV6:  # before the links, so their interfaces inherit it
+            for netns in (node, ext, backends):
+                ipv6_on(netns, forwarding=netns == node)
         self.link(node, "eth0", ext, "eth0")
         self.link(node, "eth1", backends, "eth0")
-        sh("ip", "-n", node, "addr", "add", f"{NODE_IP}/24", "dev", "eth0")
-        sh("ip", "-n", ext, "addr", "add", f"{EXTERNAL_IP}/24", "dev", "eth0")
-        sh("ip", "-n", node, "addr", "add", f"{NODE_BACKEND_IP}/24", "dev", "eth1")
-        sh("ip", "-n", backends, "addr", "add", f"{BACKENDS_IP}/24", "dev", "eth0")
-        for cidr in (scenario.ENDPOINT_CIDR, scenario.SERVICE_CIDR):
-            sh("ip", "-n", node, "route", "add", str(cidr), "via", BACKENDS_IP)
-        sh("ip", "-n", backends, "route", "add", "local", str(scenario.ENDPOINT_CIDR), "dev", "lo")
-        sh("ip", "-n", backends, "route", "add", "default", "via", NODE_BACKEND_IP)
+        nodad = ("nodad",) if self.family is Family.IPV6 else ()
+        for netns, address, dev in (
+            (node, a.node, "eth0"),
+            (ext, a.external, "eth0"),
+            (node, a.node_backend, "eth1"),
+            (backends, a.backends, "eth0"),
+        ):
+            sh("ip", "-n", netns, "addr", "add", f"{address}/{a.prefix_len}", "dev", dev, *nodad)
+        endpoints = str(plan.endpoint_cidr)
+        for cidr in (endpoints, str(plan.service_cidr)):
+            sh("ip", "-n", node, "route", "add", cidr, "via", a.backends)
+        sh("ip", "-n", backends, "route", "add", "local", endpoints, "dev", "lo")
+        sh("ip", "-n", backends, "route", "add", "default", "via", a.node_backend)
         # The no-proxy NodePort floor: the external client reaches a backend directly.
-        sh("ip", "-n", ext, "route", "add", str(scenario.ENDPOINT_CIDR), "via", NODE_IP)
+        sh("ip", "-n", ext, "route", "add", endpoints, "via", a.node)
         for netns in (ext, backends):
             self.offload(netns, "eth0", False)
             attach_xdp_pass(self, netns, ["eth0"])
@@ -95,8 +140,10 @@ class BenchTopology(Namespaces):
     def flush_conntrack(self) -> None:
         """Forget the node's connection tracking state (kube-proxy modes NAT through it)."""
         # conntrack exits 1 when there was nothing to flush on some versions: not an error.
+        # Its flush is of one family (IPv4 unless -f says otherwise).
+        family = ["-f", "ipv6"] if self.family is Family.IPV6 else []
         subprocess.run(
-            ["nsenter", f"--net=/run/netns/{self.node}", "conntrack", "-F"],
+            ["nsenter", f"--net=/run/netns/{self.node}", "conntrack", "-F", *family],
             capture_output=True,
             timeout=60,
         )

@@ -1,6 +1,7 @@
-"""`ebpflb bench compare` end to end at a small N: every mode carries real traffic through
-its own namespaces (a mode whose rules or programs did not translate shows up as connect
-errors), and every figure the table needs is measured.
+"""`ebpflb bench compare` end to end at a small N, in each family: every mode carries real
+traffic through its own namespaces (a mode whose rules or programs did not translate shows
+up as connect errors), and every figure the table needs is measured, but for ebpflb's
+NodePort over IPv6 while its tc/XDP datapath lacks it: then not measured, with the reason.
 
 The ebpflb phase reads the agent's readiness and start-up figures from its /readyz and
 /status endpoints (ebpflb.bench.agent)."""
@@ -12,6 +13,7 @@ import pytest
 from ebpflb.bench.compare import run_compare
 from ebpflb.bench.records.compare import Target
 from ebpflb.bench.render import render
+from ebpflb.bench.scenario import Family
 from ebpflb.bench.settings import MODES, CompareSettings, Mode
 
 pytestmark = pytest.mark.kernel
@@ -19,8 +21,10 @@ pytestmark = pytest.mark.kernel
 N = 30
 
 
-def test_every_mode_measured_with_real_traffic() -> None:
+@pytest.mark.parametrize("family", list(Family))
+def test_every_mode_measured_with_real_traffic(family: Family) -> None:
     settings = CompareSettings(
+        family=family,
         services=(N,),
         rounds=1,
         batch=30,
@@ -45,8 +49,13 @@ def test_every_mode_measured_with_real_traffic() -> None:
         assert connections is not None and connections.per_s > 0 and connections.errors == 0
     for mode in (*MODES, Mode.EBPFLB_XDP):
         result = size.get(mode)
-        assert result is not None and result.data.nodeport is not None, mode
-        assert result.data.nodeport.per_s > 0 and result.data.nodeport.errors == 0, mode
+        assert result is not None, mode
+        nodeport, why = result.data.nodeport, result.data.nodeport_not_measured
+        if mode in (Mode.EBPFLB, Mode.EBPFLB_XDP) and family is Family.IPV6 and why:
+            assert nodeport is None and "IPv6" in why, (mode, why)
+            continue
+        assert nodeport is not None and why is None, mode
+        assert nodeport.per_s > 0 and nodeport.errors == 0, mode
     for mode in (Mode.IPTABLES_LEGACY, Mode.IPTABLES_NFT, Mode.NFTABLES, Mode.EBPFLB):
         result = size.get(mode)
         assert result is not None and result.control is not None, mode

@@ -2,6 +2,8 @@
 
 The server's namespace takes all of 10.128.0.0/24 locally (an AnyIP route), so one server
 answers every "service" address base + i + 1; its counters show which addresses were used.
+The IPv6 pair does the same over IPv6 (fd00:128::/64; addresses added without duplicate
+address detection, so they are usable at once).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from ebpflb.bench import loadgen
+from ebpflb.bench.topology import ipv6_on
 from ebpflb.errors import EbpflbError
 from ebpflb.testing.netns import Cgroup, Namespaces, sh
 
@@ -135,3 +138,47 @@ def test_a_server_that_cannot_bind_raises_with_its_error(pair: Pair) -> None:
     with serve(pair), pytest.raises(EbpflbError, match="Address already in use"):
         # SO_REUSEADDR does not let two listeners share a port: the second one's bind fails.
         loadgen.start_server(pair.server, PORT, lifetime=5)
+
+
+BASE6 = "fd00:128::fff0"  # services 15 and 16 cross into the next 16-bit group
+SERVER6, CLIENT6 = "fd00:201::2", "fd00:201::1"
+
+
+@pytest.fixture
+def pair6() -> Iterator[Pair]:
+    ns = Namespaces(f"elb{uuid.uuid4().hex[:6]}")
+    try:
+        server, client = ns.add_namespace("srv"), ns.add_namespace("cli")
+        for netns in (server, client):
+            ipv6_on(netns)
+        ns.link(server, "eth0", client, "eth0")
+        sh("ip", "-n", server, "addr", "add", f"{SERVER6}/64", "dev", "eth0", "nodad")
+        sh("ip", "-n", client, "addr", "add", f"{CLIENT6}/64", "dev", "eth0", "nodad")
+        sh("ip", "-n", server, "route", "add", "local", "fd00:128::/64", "dev", "lo")
+        sh("ip", "-n", client, "route", "add", "fd00:128::/64", "via", SERVER6)
+        yield Pair(ns, server, client)
+    finally:
+        ns.close()
+
+
+def test_ipv6_clients_connect_to_base_plus_index_over_ipv6(pair6: Pair) -> None:
+    def serve6() -> loadgen.Server:
+        return loadgen.start_server(
+            pair6.server, PORT, lifetime=120, owner=pair6.namespaces, ipv6=True
+        )
+
+    with serve6() as server:
+        one = loadgen.latency(pair6.client, BASE6, PORT, 50, index=16)  # fd00:128::1:1
+    assert (len(one.samples_ns), one.errors) == (50, 0)
+    assert server.stats is not None and server.stats.local_addresses == 1
+    with serve6() as server:
+        spread = loadgen.latency(pair6.client, BASE6, PORT, 400, random_count=32, seed=3)
+        rated = loadgen.rate(pair6.client, BASE6, PORT, 0.3, index=0, request=True)
+    assert (len(spread.samples_ns), spread.errors) == (400, 0)
+    # All of base+1..base+32 and nothing else (missing one: 32 * (31/32)**400 < 1e-4).
+    assert server.stats is not None and server.stats.local_addresses == 32
+    assert rated.connections > 0 and rated.errors == 0
+    assert server.stats.requests >= rated.connections
+    # Failed connects are counted over IPv6 as over IPv4.
+    refused = loadgen.latency(pair6.client, "fd00:128::", CLOSED_PORT, 3, index=0)
+    assert refused.errors == 3 and "refused" in (refused.first_error or "").lower()

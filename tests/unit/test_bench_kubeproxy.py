@@ -451,11 +451,14 @@ add element ip kube-proxy service-nodeports { tcp . 3003 : goto \
 external-4AT6LBPK-ns3/svc3/tcp/p80 }
 """
 
-_OBJECT = re.compile(r"^(add|delete|flush) (table|chain|rule|set|map|element) ip kube-proxy ?(\S*)")
+_OBJECT = re.compile(
+    r"^(add|delete|flush) (table|chain|rule|set|map|element) ip6? kube-proxy ?(\S*)"
+)
 
 
 class NftState:
-    """What `nft -f` leaves in table ip kube-proxy, as knftables' Fake.Dump() lists it."""
+    """What `nft -f` leaves in table ip (or ip6) kube-proxy, as knftables' Fake.Dump() lists
+    it."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], str] = {}  # (kind, name) -> its add line

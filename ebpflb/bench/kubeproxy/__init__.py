@@ -15,6 +15,8 @@ KUBE-SVC/SVL-*, `-m recent --set` in KUBE-SEP-*; nftables: one timeout set per e
 internalTrafficPolicy / externalTrafficPolicy Local (KUBE-SVL-* / local-* chains over the
 node's endpoints, KUBE-EXT-* / external-* chains short-circuiting pod and node traffic to
 all endpoints), endpoints split as pkg/proxy/topology.go's CategorizeEndpoints does.
+Either family (family=Family.IPV6: the IPv6 proxier's ip6tables-restore input, table ip6
+kube-proxy), one per call: kube-proxy runs one single-stack proxier per family.
 
 Sources followed (kubernetes/kubernetes, read through the code index; commit ids were not
 visible, so the versions are identified by their content):
@@ -24,7 +26,8 @@ visible, so the versions are identified by their content):
   expected rulesets of pkg/proxy/iptables/proxier_test.go (TestOverallIPTablesRules,
   TestSyncProxyRulesRepeated, TestInternalTrafficPolicyE2E,
   TestTerminatingEndpointsTrafficPolicyLocal), which the unit tests compare against line by
-  line.
+  line; for IPv6, TestEnableLocalhostNodePortsIPv6 and the per-family branches of
+  syncProxyRules (localhost NodePorts IPv4-only, "! -d ::1/128").
 - nftables: the transaction structure of pkg/proxy/nftables/proxier.go (v1.31: setupNFTables,
   ensureChain = add + flush, nftElementStorage, stale chains flushed now and deleted
   by a later sync) and the ruleset of the newer pkg/proxy/nftables/proxier_test.go
@@ -33,6 +36,9 @@ visible, so the versions are identified by their content):
   cidr>` masquerade rule, per-endpoint hairpin rule, svc2's and svc5's Local policy and
   affinity rules, affinity sets without a comment). kube-proxy v1.36 replaced the
   per-endpoint hairpin rule with a hairpin-connections set; that is not modelled.
+- nftables IPv6: setupNFTables' and syncProxyRules' ipX / ipvX_addr / noLocalhost and
+  servicePortEndpointChainNameBase (":" -> "." in endpoint chain names), checked against
+  the IPv6 ruleset of TestNodePorts as knftables' fake_test.go quotes it.
 - nft text as knftables (sigs.k8s.io/knftables objects.go) writes it: numeric priorities,
   `add element ... { key comment "..." : verdict }`.
 
@@ -54,7 +60,10 @@ LEFT_OUT: tuple[str, ...] = (
     "terminating-endpoint fallback",
     "services without ready endpoints, and Local policies without local ones (REJECT and "
     "DROP rules, no-endpoint-* elements): ready >= 1, local >= 1",
-    "several ports per service, UDP/SCTP, IPv6 and dual-stack",
+    "several ports per service, UDP/SCTP",
+    "dual-stack: each run is one family (--family ipv4|ipv6), as one of kube-proxy's two "
+    "single-stack proxiers; both at once (its MetaProxier, a dual-stack Service) is not "
+    "measured",
     "kube-proxy ranges over a Go map, so its service order is random; here it is by index",
     "work outside the restore input / nft transaction: the iptables-save (or nft list) "
     "before each sync, the -C checks before the jump inserts, the canary monitor, sysctls "

@@ -2,6 +2,11 @@
 partial sync after one endpoint change, and the single commands (nfacct counters, chains,
 jump rules) it runs before its first restore. Loaded with RESTORE_FLAGS through either
 backend of the iptables tool (iptables-legacy-restore, iptables-nft-restore).
+
+The IPv6 proxier (family=Family.IPV6) writes the same chains through ip6tables (tool()),
+with IPv6 addresses, endpoints as [ip]:port, and what proxier.go does only per family:
+localhost NodePorts are IPv4-only (no KUBE-FIREWALL chain and rule in the restore input,
+no 127.0.0.0/8 NodePort rule), and the KUBE-NODEPORTS jump excludes ::1/128.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from ebpflb.bench.kubeproxy.naming import (
     svc_chain,
     svl_chain,
 )
-from ebpflb.bench.scenario import CLUSTER_CIDR, BenchService
+from ebpflb.bench.scenario import PLANS, BenchService, Family
 
 WAIT_FLAGS = ("-w", "5", "-W", "100000")
 RESTORE_FLAGS = (*WAIT_FLAGS, "--noflush", "--counters")
@@ -58,6 +63,12 @@ IPTABLES_JUMPS: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
 )
 
 
+def tool(backend: str, family: Family) -> str:
+    """The iptables tool of `family` for a backend named as the IPv4 one (iptables-legacy,
+    iptables-nft): ip6tables-legacy, ip6tables-nft for IPv6; add -restore for restores."""
+    return backend.replace("iptables", "ip6tables", 1) if family is Family.IPV6 else backend
+
+
 def setup_argv(binary: str = "iptables") -> list[list[str]]:
     """The single iptables calls kube-proxy makes before its first restore, in order: the
     canary chains of its monitor, then per jump EnsureChain (-N) and EnsureRule(Prepend)
@@ -83,14 +94,18 @@ def _iptables_sync(
     *,
     total_endpoints: int,
     nfacct: bool,
-    cluster_cidr: str,
+    cluster_cidr: str | None,
     mark: str,
     random_fully: bool,
+    family: Family,
 ) -> str:
     """One syncProxyRules output. write: indexes whose SVC/SVL/EXT/SEP chains are written
     (None = all, a full sync). stale: chains to flush and delete (-X). total_endpoints:
-    kube-proxy's count for large-cluster mode, which includes not-ready endpoints."""
+    kube-proxy's count for large-cluster mode, which includes not-ready endpoints.
+    cluster_cidr None: no local-traffic detector (kube-proxy's NoOpLocalDetector), so
+    no "! -s <pod CIDR>" masquerade and no pod short-circuit rules."""
     large = total_endpoints > LARGE_CLUSTER_ENDPOINTS
+    localhost_node_ports = family is Family.IPV4  # route_localnet exists for IPv4 only
     q = '"'  # iptables-restore takes a quoted comment as one argument
     filter_chains = [
         ":KUBE-SERVICES - [0:0]",
@@ -98,12 +113,16 @@ def _iptables_sync(
         ":KUBE-FORWARD - [0:0]",
         ":KUBE-NODEPORTS - [0:0]",
         ":KUBE-PROXY-FIREWALL - [0:0]",
-        ":KUBE-FIREWALL - [0:0]",
     ]
-    filter_rules = [
-        '-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections"'
-        " -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT"
-        " -j DROP",
+    filter_rules: list[str] = []
+    if localhost_node_ports:  # the mitigation of route_localnet's hole (issue 90259)
+        filter_chains.append(":KUBE-FIREWALL - [0:0]")
+        filter_rules.append(
+            '-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections"'
+            " -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate"
+            " RELATED,ESTABLISHED,DNAT -j DROP"
+        )
+    filter_rules += [
         "-A KUBE-FORWARD -m conntrack --ctstate INVALID"
         + (f" -m nfacct --nfacct-name {NFACCT_INVALID}" if nfacct else "")
         + " -j DROP",
@@ -136,7 +155,7 @@ def _iptables_sync(
         nat.append(f"-A KUBE-SERVICES {cluster_ip} -j {internal}")
         if p.node_port is not None:
             np_match = f"-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto}"
-            if nfacct:  # localhostNodePorts with its counter
+            if nfacct and localhost_node_ports:  # kube-proxy writes it with its counter only
                 nat.append(
                     f"{np_match} -d 127.0.0.0/8 --dport {p.node_port}"
                     f" -m nfacct --nfacct-name {NFACCT_LOCALHOST_NODEPORT} -j {ext}"
@@ -144,7 +163,8 @@ def _iptables_sync(
             nat.append(f"{np_match} --dport {p.node_port} -j {ext}")
         if write is not None and i not in write:
             continue  # partial sync: this service's chains are unchanged
-        nat.append(f"-A {internal} {cluster_ip} ! -s {cluster_cidr} -j KUBE-MARK-MASQ")
+        if cluster_cidr is not None:
+            nat.append(f"-A {internal} {cluster_ip} ! -s {cluster_cidr} -j KUBE-MARK-MASQ")
         if p.node_port is not None:
             nat_chains.append(f":{ext} - [0:0]")
             if not p.external_local:  # masquerade: the endpoint may be on another node
@@ -154,9 +174,12 @@ def _iptables_sync(
                 )
                 nat.append(f"-A {ext} -j {svc}")
             else:  # keep the client's address; pods and the node itself reach every endpoint
+                if cluster_cidr is not None:
+                    nat.append(
+                        f"-A {ext} -m comment --comment {q}pod traffic for {name} external"
+                        f" destinations{q} -s {cluster_cidr} -j {svc}"
+                    )
                 nat += [
-                    f"-A {ext} -m comment --comment {q}pod traffic for {name} external"
-                    f" destinations{q} -s {cluster_cidr} -j {svc}",
                     f"-A {ext} -m comment --comment {q}masquerade LOCAL traffic for {name}"
                     f" external destinations{q} -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ",
                     f"-A {ext} -m comment --comment {q}route LOCAL traffic for {name} external"
@@ -177,14 +200,17 @@ def _iptables_sync(
             nat.append(f"-A {sep}{comment} -s {ip} -j KUBE-MARK-MASQ")
             nat.append(
                 f"-A {sep}{comment}{recent} -m {proto} -p {proto} -j DNAT --to-destination"
-                f" {ip}:{p.target_port}"
+                f" {p.endpoint_string(ip)}"
             )
     for chain in stale:  # a chain line flushes it; then it can go
         nat_chains.append(f":{chain} - [0:0]")
         nat.append(f"-X {chain}")
+    # NodePorts on ::1 never work (and make the kernel warn): kube-proxy excludes it.
+    no_localhost = "" if localhost_node_ports else " ! -d ::1/128"
     nat.append(
         '-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be'
-        ' the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS'
+        f' the last rule in this chain" -m addrtype --dst-type LOCAL{no_localhost}'
+        " -j KUBE-NODEPORTS"
     )
     return "\n".join(
         [
@@ -209,7 +235,7 @@ def _to_endpoints(p: ServicePort, chain: str, endpoints: Sequence[str], large: b
     rules = []
 
     def comment(ip: str) -> str:
-        target = f"{p.port_name_string} -> {ip}:{p.target_port}"
+        target = f"{p.port_name_string} -> {p.endpoint_string(ip)}"
         return "" if large else f" -m comment --comment {q}{target}{q}"
 
     if p.affinity_seconds is not None:
@@ -233,25 +259,35 @@ def _to_endpoints(p: ServicePort, chain: str, endpoints: Sequence[str], large: b
 def full_sync(
     services: Sequence[BenchService | ServicePort],
     *,
+    family: Family = Family.IPV4,
     nfacct: bool = True,
-    cluster_cidr: str = CLUSTER_CIDR,
+    cluster_cidr: str | None = None,
+    detect_local: bool = True,
     mark: str = MASQ_MARK,
     random_fully: bool = True,
 ) -> str:
-    """iptables-restore input of a full sync (filter and nat tables). Load it with
-    RESTORE_FLAGS after setup_argv(); nfacct=True needs the NFACCT_COUNTERS to
-    exist (create_nfacct_counters), as kube-proxy creates them first."""
-    ports = service_ports(services)
+    """iptables-restore input of a full sync (filter and nat tables) of `family`'s proxier.
+    Load it with RESTORE_FLAGS after setup_argv(); nfacct=True needs the NFACCT_COUNTERS to
+    exist (create_nfacct_counters), as kube-proxy creates them first. cluster_cidr: the
+    pod CIDR (default: the bench's, of `family`); detect_local=False: none configured."""
+    ports = service_ports(services, family)
     return _iptables_sync(
         ports,
         None,
         [],
         total_endpoints=sum(len(p.endpoints) for p in ports),
         nfacct=nfacct,
-        cluster_cidr=cluster_cidr,
+        cluster_cidr=_cluster_cidr(family, cluster_cidr, detect_local),
         mark=mark,
         random_fully=random_fully,
+        family=family,
     )
+
+
+def _cluster_cidr(family: Family, cluster_cidr: str | None, detect_local: bool) -> str | None:
+    if not detect_local:
+        return None
+    return cluster_cidr if cluster_cidr is not None else PLANS[family].cluster_cidr
 
 
 def partial_sync(
@@ -260,8 +296,10 @@ def partial_sync(
     ready: int,
     *,
     cleanup: bool | None = None,
+    family: Family = Family.IPV4,
     nfacct: bool = True,
-    cluster_cidr: str = CLUSTER_CIDR,
+    cluster_cidr: str | None = None,
+    detect_local: bool = True,
     mark: str = MASQ_MARK,
     random_fully: bool = True,
 ) -> str:
@@ -272,7 +310,7 @@ def partial_sync(
     cleanup: whether stale chains are deleted in this sync. kube-proxy always does it below
     LARGE_CLUSTER_ENDPOINTS; above, at most once per syncPeriod (30 s), so None (the
     default) assumes the last cleanup was recent and keeps them there."""
-    before_ports = service_ports(services)
+    before_ports = service_ports(services, family)
     ports, before, after = changed(before_ports, changed_index, ready)
     total = sum(len(p.endpoints) for p in before_ports)  # the not-ready one still counts
     if cleanup is None:
@@ -284,9 +322,10 @@ def partial_sync(
         stale if cleanup else [],
         total_endpoints=total,
         nfacct=nfacct,
-        cluster_cidr=cluster_cidr,
+        cluster_cidr=_cluster_cidr(family, cluster_cidr, detect_local),
         mark=mark,
         random_fully=random_fully,
+        family=family,
     )
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from ipaddress import ip_address
 
 from ebpflb.bench.scenario import (
     AFFINITY_TIMEOUT,
@@ -21,7 +22,9 @@ from ebpflb.bench.scenario import (
     PORT_NAME,
     TARGET_PORT,
     BenchService,
+    Family,
 )
+from ebpflb.model import host_port
 
 MASQ_MARK = "0x00004000"  # fmt.Sprintf("%#08x", 1<<14): Go counts the 8 digits without 0x
 
@@ -73,6 +76,14 @@ class ServicePort:
         """proxy.ServicePortName.String(): namespace/name, then :port if the port has a name."""
         port = f":{self.port_name}" if self.port_name else ""
         return f"{self.namespace}/{self.name}{port}"
+
+    @property
+    def family(self) -> Family:
+        return Family.IPV4 if ip_address(self.cluster_ip).version == 4 else Family.IPV6
+
+    def endpoint_string(self, ip: str) -> str:
+        """BaseEndpointInfo.String(): ip:port, [ip]:port for IPv6 (net.JoinHostPort)."""
+        return host_port(ip_address(ip), self.target_port)
 
     @property
     def local_endpoints(self) -> tuple[str, ...]:
@@ -134,7 +145,7 @@ def ext_chain(svc: ServicePort) -> str:
 
 
 def sep_chain(svc: ServicePort, ip: str) -> str:
-    endpoint = f"{ip}:{svc.target_port}"
+    endpoint = svc.endpoint_string(ip)
     return "KUBE-SEP-" + endpoint_hash(svc.port_name_string, svc.protocol, endpoint)
 
 
@@ -155,7 +166,8 @@ def nft_external_chain(svc: ServicePort) -> str:
 
 
 def _nft_endpoint_base(svc: ServicePort, ip: str) -> str:
-    name = f"{svc.namespace}/{svc.name}/{svc.protocol}/{svc.port_name}__{ip}/{svc.target_port}"
+    host = ip.replace(":", ".")  # colons are not allowed in nft names (IPv6)
+    name = f"{svc.namespace}/{svc.name}/{svc.protocol}/{svc.port_name}__{host}/{svc.target_port}"
     return nft_name_base(name)
 
 
@@ -168,8 +180,15 @@ def nft_affinity_set(svc: ServicePort, ip: str) -> str:
     return "affinity-" + _nft_endpoint_base(svc, ip)
 
 
-def service_ports(services: Iterable[BenchService | ServicePort]) -> list[ServicePort]:
-    return [ServicePort.of(s) for s in services]
+def service_ports(
+    services: Iterable[BenchService | ServicePort], family: Family = Family.IPV4
+) -> list[ServicePort]:
+    """The services as ServicePorts, all of `family` (one proxier serves one family)."""
+    ports = [ServicePort.of(s) for s in services]
+    for p in ports:
+        if p.family is not family:
+            raise ValueError(f"{p.port_name_string}: {p.cluster_ip} is not {family}")
+    return ports
 
 
 def changed(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ def change_latencies(
     with KernelMapSet(bpffs) as maps:
         for index in picks:
             svc = services[index]
-            frontend = Frontend(IPv4Address(svc.vip), PORT, Proto.TCP)
+            frontend = Frontend(ip_address(svc.vip), PORT, Proto.TCP)
             entry = maps.services.get(frontend)
             if entry is None or entry.backend_count != svc.endpoint_count:
                 raise EbpflbError(f"{svc.name}: unexpected map entry {entry}")

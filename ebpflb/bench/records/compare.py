@@ -77,6 +77,9 @@ class DataPlane:
     latency: ConnectLatency | None = None
     connections: Rate | None = None  # new connections/s to the last service
     nodeport: Rate | None = None  # NodePort exchanges/s from the external namespace
+    # Why `nodeport` is missing where the mode has a NodePort path (e.g. IPv6 before the
+    # datapath translates it): the table shows "-" and the report says this.
+    nodeport_not_measured: str | None = None
 
 
 # ---- control plane ------------------------------------------------------------------------
