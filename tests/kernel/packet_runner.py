@@ -20,11 +20,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, ip_address
 from pathlib import Path
 from typing import Any
 
 from scapy.layers.inet import IP, TCP, UDP, IPOption
+from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 
@@ -71,6 +72,8 @@ def build_node(namespaces: Namespaces) -> tuple[str, dict[str, int]]:
         sh("ip", "-n", netns, "link", "set", link.name, "address", link.mac)
         if link.address:
             sh("ip", "-n", netns, "addr", "add", f"{link.address}/24", "dev", link.name)
+        if link.address6:
+            sh("ip", "-n", netns, "addr", "add", f"{link.address6}/64", "dev", link.name)
         for address, mac in link.neighbours.items():
             neigh = ["neigh", "replace", address, "lladdr", mac, "dev", link.name]
             sh("ip", "-n", netns, *neigh, "nud", "permanent")
@@ -176,9 +179,13 @@ def build(frame: Frame | Packet, snat_port: Callable[[], int]) -> bytes:
         return snat_port() if value is Ref.SNAT_PORT else value
 
     options = [IPOption(frame.ip_options)] if frame.ip_options else []
-    ip = IP(
-        src=frame.src[0], dst=frame.dst[0], ttl=frame.ttl, flags=frame.ip_flags, options=options
-    )
+    ip: Packet
+    if ":" in frame.src[0]:
+        ip = IPv6(src=frame.src[0], dst=frame.dst[0], hlim=frame.ttl)
+    else:
+        ip = IP(
+            src=frame.src[0], dst=frame.dst[0], ttl=frame.ttl, flags=frame.ip_flags, options=options
+        )
     sport, dport = port(frame.src[1]), port(frame.dst[1])
     l4 = (
         TCP(sport=sport, dport=dport, flags=frame.tcp_flags)
@@ -229,7 +236,7 @@ def prerequisite(name: str, program: Program) -> Case:
 
 
 def addr_port(pair: tuple[str, int]) -> AddrPort:
-    return AddrPort(IPv4Address(pair[0]), pair[1])
+    return AddrPort(ip_address(pair[0]), pair[1])
 
 
 @dataclass(frozen=True)
@@ -289,7 +296,7 @@ class Flows:
         """The table's rows, and the reply translation each flow implies."""
         conntrack, nat = set(), set()
         for row in rows:
-            snat = AddrPort(IPv4Address(row.snat), self.snat_port()) if row.snat else None
+            snat = AddrPort(ip_address(row.snat), self.snat_port()) if row.snat else None
             client, frontend, backend = map(addr_port, (row.client, row.frontend, row.backend))
             entry = self.dp.maps.services.get(Frontend(frontend.address, frontend.port, row.proto))
             assert entry is not None, f"the table names no frontend {frontend}/{row.proto.name}"
