@@ -294,7 +294,7 @@ def affinity(work: Work) -> Explanation | None:
     if socket:
         cookie = q.netns_cookie
         key = None if cookie is None else AffinityKey(cookie, entry.svc_id)
-    else:  # an IPv6 source folded to 64 bits (addr6_fold), as tc/XDP keys it
+    else:  # tc/XDP: the source address, an IPv6 one folded to 64 bits (addr6_fold)
         key = AffinityKey.for_source(q.client, entry.svc_id)
         if q.client.version == 6:
             keyed_by = f"source address ({q.client} folded, addr6_fold)"
