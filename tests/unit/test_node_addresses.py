@@ -183,3 +183,31 @@ def test_agent_follows_node_addresses_at_the_next_sync() -> None:
         return registry.get_sample_value("ebpflb_node_address_changes_total", {"change": change})
 
     assert changes("added") == 1 and changes("removed") == 1
+
+
+def test_agent_programs_ipv6_nodeports_on_ipv6_addresses_as_they_come() -> None:
+    """An IPv6 single-stack NodePort: no frontend while the node has no IPv6 address, one
+    on each IPv6 address once it has some (never on the IPv4 ones, nor on ::1)."""
+    maps = FakeMapSet()
+    clock = FakeClock()
+    agent = Agent(
+        Config(min_sync_period=1.0, max_sync_period=60.0),
+        maps,
+        Metrics(CollectorRegistry()),
+        clock=clock,
+        node=NodeView("n1", (A,)),
+    )
+    np = [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": 30080}]
+    agent.object_updated(
+        Kind.SERVICE, service(type="NodePort", cluster_ip="fd00::10", ipFamilies=["IPv6"], ports=np)
+    )
+    six = endpoint_slice("web-6", address_type="IPv6", endpoints=[{"addresses": ["fd00:244::11"]}])
+    agent.object_updated(Kind.ENDPOINT_SLICE, six)
+    agent.initial_list_done(Kind.SERVICE)
+    agent.initial_list_done(Kind.ENDPOINT_SLICE)
+    assert agent.runner.run_once() is not None
+    assert nodeports(maps) == set()
+    assert agent.set_node_addresses((A, G1, U1), (A, G1))
+    clock.advance(2)
+    assert agent.runner.run_once() is not None
+    assert nodeports(maps) == {f"[{G1}]:30080/TCP", f"[{U1}]:30080/TCP"}
