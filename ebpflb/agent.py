@@ -22,7 +22,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from ipaddress import IPv4Address
 from typing import Any
 
 from ebpflb.clock import Clock, RealClock
@@ -182,12 +181,6 @@ class Agent:
 
     def _service_updated(self, translation: ServiceTranslation) -> bool:
         previous = self.services.get(translation.ref)
-        # Reported and counted when first left out, not at every update (as the ports below).
-        seen = set(previous.ipv6_unserved) if previous else set()
-        for reason in translation.ipv6_unserved:
-            if reason not in seen:
-                log.info("service %s: %s", translation.ref, reason)
-                self.metrics.ipv6_skipped.inc()
         if translation.skipped and (previous is None or previous.skipped != translation.skipped):
             log.info("skipping service %s: %s", translation.ref, translation.skipped)
         # What is left out of a Service is reported when it first is, not at every update.
@@ -267,7 +260,7 @@ class Agent:
         self.runner.request()
 
     def set_node_addresses(
-        self, addresses: tuple[IPv4Address, ...], primary: tuple[IPv4Address, ...] = ()
+        self, addresses: tuple[IPAddress, ...], primary: tuple[IPAddress, ...] = ()
     ) -> bool:
         """The node's addresses changed (any thread): the next sync recomputes every
         service, so NodePort frontends follow them. Whether anything changed."""

@@ -31,6 +31,7 @@ from ebpflb.config import Config, XdpMode, place_snat_ports
 from ebpflb.datapath import addrwatch, loader, netdev, pins, probes
 from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.kernel import KernelMapSet
+from ebpflb.datapath.maps import InterfaceAddresses
 from ebpflb.datapath.mounts import cgroup2_root
 from ebpflb.desired import ExternalIPPolicy, NodeView
 from ebpflb.errors import ConfigError, EbpflbError
@@ -220,8 +221,8 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     )
     if config.nodeport_primary and not node.primary:
         log.warning(
-            "--nodeport-addresses=primary: no IPv4 default route, so no primary address:"
-            " NodePorts answer nowhere until one appears"
+            "--nodeport-addresses=primary: no default route (IPv4 or IPv6), so no primary"
+            " address: NodePorts answer nowhere until one appears"
         )
     agent = Agent(
         config, None, metrics, node=node, health=health, on_synced=_pause_gc(), status=status
@@ -287,7 +288,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         with KernelMapSet(config.bpffs_dir, config.slot_pool_size) as maps:
             if maglev.compiled_for(maps.count_entries(MapName.SERVICES)):
                 maglev.warm_up()  # a restart of a large cluster: before the lists are in
-            snat = addrwatch.snat_sources({}, addresses, watched)
+            snat = addrwatch.snat_sources(InterfaceAddresses(), addresses, watched)
             maps.set_interface_addresses(snat)
             if nodeport is not None:
                 modes = nodeport.attach(interfaces)
@@ -304,19 +305,20 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
 
             def housekeeping() -> None:
                 maps.expire_flows()
-                try:
-                    grown = maps.grow_conntrack(config.ct_max)
-                except EbpflbError as exc:  # flows go on in the old table; tried again later
-                    log.warning("%s could not grow: %s", MapName.CONNTRACK.value, exc)
-                    return
-                if grown is not None:
-                    log.info(
-                        "%s grew from %d to %d entries (limit %d)",
-                        MapName.CONNTRACK.value,
-                        *grown,
-                        config.ct_max,
-                    )
-                    metrics.map_grows.labels(MapName.CONNTRACK.value).inc()
+                for table in (MapName.CONNTRACK, MapName.CONNTRACK6):  # each on its own
+                    try:
+                        grown = maps.grow_conntrack(config.ct_max, table)
+                    except EbpflbError as exc:  # flows go on in the old table; tried later
+                        log.warning("%s could not grow: %s", table.value, exc)
+                        continue
+                    if grown is not None:
+                        log.info(
+                            "%s grew from %d to %d entries (limit %d)",
+                            table.value,
+                            *grown,
+                            config.ct_max,
+                        )
+                        metrics.map_grows.labels(table.value).inc()
 
             agent.housekeeping = housekeeping
             agent.use_maps(maps)

@@ -35,6 +35,7 @@ examples:
   ebpflb maps dump --service default/web           # ... of one service only
   ebpflb explain 10.244.1.5 10.96.0.10:80/TCP      # what socket-LB does with that connect()
   ebpflb explain 203.0.113.7:41000 192.168.1.1:30080/TCP --ingress eth0   # ... a NodePort packet
+  ebpflb explain [2001:db8::7]:41000 [2001:db8::1]:30080 --ingress eth0   # ... over IPv6
   ebpflb bench --quick --plot bench.png             # ebpflb vs kube-proxy, ~2 minutes
   ebpflb bench                                     # the full run (under 15 minutes)
   ebpflb bench compare --from-report report.json   # ... its tables again, from a saved run
@@ -188,9 +189,11 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         "--nodeport-addresses",
         "nodeport_addresses",
         _nodeport_addresses,
-        "node addresses NodePorts answer on, CIDR[,CIDR] or primary (the addresses of the"
-        " default route's interface), as kube-proxy's flag; followed as addresses come and"
-        " go; default: every address of the attached interfaces and 127.0.0.1",
+        "node addresses NodePorts answer on, CIDR[,CIDR] of either family (a family none"
+        " is of: all its addresses) or primary (the addresses of each family's default"
+        " route's interface), as kube-proxy's flag; followed as addresses come and go;"
+        " default: every IPv4 and global IPv6 address of the attached interfaces and"
+        " 127.0.0.1",
     ),
 )
 

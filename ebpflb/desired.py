@@ -21,6 +21,7 @@ from ebpflb.model import (
     Endpoint,
     Frontend,
     IPAddress,
+    IPNetwork,
     Scope,
     ServicePort,
     ServicePortName,
@@ -47,7 +48,8 @@ class DesiredFrontend:
     service: ServicePortName
     flags: SvcFlags
     backends: tuple[WeightedBackend, ...]  # sorted: equal sets compare equal
-    source_ranges: tuple[IPv4Network, ...] = ()  # loadBalancerSourceRanges (LB IPs only)
+    # loadBalancerSourceRanges of the frontend's family (LB IPs only)
+    source_ranges: tuple[IPNetwork, ...] = ()
     affinity_timeout: int = 0  # sessionAffinity=ClientIP seconds (with SvcFlags.AFFINITY)
 
     @property
@@ -79,33 +81,45 @@ class ExternalIPPolicy:
 @dataclass(frozen=True, slots=True)
 class NodeView:
     """What "local" and "this node's addresses" mean for the frontends of one node, and
-    which externalIPs it programs."""
+    which externalIPs it programs. Addresses of both families: IPv4 and global IPv6 ones."""
 
     name: str = ""
-    addresses: tuple[IPv4Address, ...] = ()
+    addresses: tuple[IPAddress, ...] = ()
     external_ips: ExternalIPPolicy = ExternalIPPolicy()
     zone: str = ""  # topology.kubernetes.io/zone of this node (--zone); "": unknown
     # --nodeport-addresses: NodePorts answer only on node addresses inside these (and on
-    # 127.0.0.1 only when one holds it); empty: on every address and 127.0.0.1.
+    # 127.0.0.1 only when one holds it), per family: a family none of them is of answers
+    # on all its addresses; empty: on every address and 127.0.0.1.
     nodeport_cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
     # --nodeport-addresses=primary: NodePorts answer only on the node's primary addresses
-    # (those of the default route's interface; not 127.0.0.1), as kube-proxy's value.
+    # (those of each family's default route's interface; not 127.0.0.1), as kube-proxy's
+    # value.
     nodeport_primary: bool = False
-    primary: tuple[IPv4Address, ...] = ()
+    primary: tuple[IPAddress, ...] = ()
 
     def with_addresses(
-        self, addresses: tuple[IPv4Address, ...], primary: tuple[IPv4Address, ...]
+        self, addresses: tuple[IPAddress, ...], primary: tuple[IPAddress, ...]
     ) -> NodeView:
         """This view after the node's addresses changed (ebpflb.datapath.addrwatch)."""
         return replace(self, addresses=addresses, primary=primary)
 
-    def nodeport_addresses(self) -> tuple[IPv4Address, ...]:
+    def nodeport_addresses(self) -> tuple[IPAddress, ...]:
+        """The addresses NodePorts answer on, both families. 127.0.0.1 is one (for host
+        processes, through socket-LB), ::1 is not: kube-proxy reaches NodePorts on
+        localhost through route_localnet, which only IPv4 has, so it has no ::1 NodePort."""
         if self.nodeport_primary:
             return self.primary
         candidates = (*self.addresses, LOOPBACK)
         if not self.nodeport_cidrs:
             return candidates
-        return tuple(a for a in candidates if any(a in net for net in self.nodeport_cidrs))
+        # kube-proxy's NewNodePortAddresses, per family: the CIDRs of the family, or all
+        # of the family's addresses (0.0.0.0/0, ::/0) when none is of it.
+        families = {net.version for net in self.nodeport_cidrs}
+        return tuple(
+            a
+            for a in candidates
+            if a.version not in families or any(a in net for net in self.nodeport_cidrs)
+        )
 
 
 LOOPBACK = IPv4Address("127.0.0.1")
@@ -265,8 +279,9 @@ def _family_frontends(
     port: ServicePort, family: int, endpoints: tuple[Endpoint, ...], node: NodeView
 ) -> list[DesiredFrontend]:
     """frontends_for_port for the addresses of one family (4 or 6), over endpoints of
-    that family. NodePorts are IPv4 only (the node addresses are; IPv6 NodePorts are not
-    programmed yet: translate counts them as skipped)."""
+    that family: NodePorts on the node addresses of the family, the LoadBalancer IPs and
+    external IPs of the family, source ranges of the family (kube-proxy's proxier of a
+    family sees its own family's only: a family without ranges of its own is open)."""
     cluster = _backends(port, cluster_endpoints(endpoints, node), node)
     local: tuple[tuple[WeightedBackend, ...], SvcFlags] | None = None
     if (
@@ -291,15 +306,16 @@ def _family_frontends(
         for ip in port.cluster_ips
         if ip.version == family
     ]
-    external: list[tuple[Frontend, SvcFlags, tuple[IPv4Network, ...]]] = []
-    if port.node_port and family == 4:
+    external: list[tuple[Frontend, SvcFlags, tuple[IPNetwork, ...]]] = []
+    if port.node_port:
         for address in node.nodeport_addresses():
-            frontend = Frontend(address, port.node_port, port.protocol)
-            external.append((frontend, SvcFlags.NODE_PORT, ()))
+            if address.version == family:
+                frontend = Frontend(address, port.node_port, port.protocol)
+                external.append((frontend, SvcFlags.NODE_PORT, ()))
+    ranges = tuple(n for n in port.load_balancer_source_ranges if n.version == family)
     for ip in port.load_balancer_ips:
         if ip.version != family:
             continue
-        ranges = port.load_balancer_source_ranges
         flags = SvcFlags.LOADBALANCER | (SvcFlags.SOURCE_RANGES if ranges else SvcFlags.NONE)
         external.append((Frontend(ip, port.port, port.protocol), flags, ranges))
     for ip in port.external_ips:

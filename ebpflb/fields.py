@@ -14,7 +14,7 @@ from __future__ import annotations
 import reprlib
 import socket
 from collections.abc import Mapping, Sequence
-from ipaddress import IPv4Address, IPv4Network, IPv6Address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from types import MappingProxyType
 from typing import Any, NoReturn
 
@@ -141,15 +141,16 @@ class Reader:
             self.ip(text, field if single else f"{field}[{i}]") for i, text in enumerate(texts)
         )
 
-    def cidr(self, text: str, field: str) -> IPv4Network | None:
-        """ADDRESS/PREFIX (surrounding spaces allowed: kube-proxy trims them); None for an
-        IPv6 one. As strict as the API server: a bare address or a netmask is not a CIDR."""
+    def cidr(self, text: str, field: str) -> IPv4Network | IPv6Network:
+        """ADDRESS/PREFIX of either family (surrounding spaces allowed: kube-proxy trims
+        them), host bits cleared. As strict as the API server: a bare address or a netmask
+        is not a CIDR."""
         address, slash, prefix = text.strip().partition("/")
         length = int(prefix) if prefix.isascii() and prefix.isdigit() and len(prefix) <= 3 else -1
         if slash and 0 <= length <= 32 and (v4 := parse_ipv4(address)) is not None:
             return IPv4Network((v4, length), strict=False)
-        if slash and 0 <= length <= 128 and parse_ipv6(address) is not None:
-            return None
+        if slash and 0 <= length <= 128 and (v6 := parse_ipv6(address)) is not None:
+            return IPv6Network((v6, length), strict=False)
         self.fail(field, f"{show(text)} is not a CIDR")
 
 

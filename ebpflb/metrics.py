@@ -76,11 +76,6 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
-        self.ipv6_skipped = Counter(
-            "ebpflb_ipv6_skipped_total",
-            "IPv6 nodePorts, LoadBalancer and external IPs tc/XDP does not serve (yet).",
-            registry=registry,
-        )
         self.slots_written = Counter(
             "ebpflb_maglev_slots_written_total",
             "Maglev slots written to the pool.",

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network, IPv6Address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import TypeAlias
 
 IPAddress: TypeAlias = IPv4Address | IPv6Address
+IPNetwork: TypeAlias = IPv4Network | IPv6Network
 
 
 def family_of(address: IPAddress) -> int:
@@ -135,7 +136,8 @@ class ServicePort:
     node_port: int | None = None
     external_ips: tuple[IPAddress, ...] = ()
     load_balancer_ips: tuple[IPAddress, ...] = ()
-    load_balancer_source_ranges: tuple[IPv4Network, ...] = ()
+    # Both families; each family's frontends are filtered by that family's ranges only.
+    load_balancer_source_ranges: tuple[IPNetwork, ...] = ()
     external_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
     internal_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
     health_check_node_port: int | None = None

@@ -50,16 +50,7 @@ class ServiceTranslation:
     ref: NamespacedName
     ports: Mapping[ServicePortName, ServicePort] = field(default_factory=dict)
     skipped: str | None = None  # reason the whole Service is not ebpflb's to program
-    # What of the Service's IPv6 side tc/XDP does not serve yet, each with its reason:
-    # LoadBalancer ingress IPs and external IPs (socket-LB serves them to in-node clients
-    # only) and the nodePorts of a Service with an IPv6 cluster IP (not programmed at all).
-    ipv6_unserved: tuple[str, ...] = ()
     skipped_ports: tuple[SkippedPort, ...] = ()  # ports of protocols ebpflb does not program
-
-    @property
-    def ipv6_skipped(self) -> int:
-        """Counted in ebpflb_ipv6_skipped_total."""
-        return len(self.ipv6_unserved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,10 +175,10 @@ def translate_service(obj: Obj) -> ServiceTranslation:
         r.strings(spec.get("externalIPs"), "spec.externalIPs"), "spec.externalIPs"
     )
     ranges_field = "spec.loadBalancerSourceRanges"
+    # Both families: each family's LoadBalancer IPs are filtered by its own (desired.py).
     source_ranges = tuple(
-        net
+        r.cidr(text, f"{ranges_field}[{i}]")
         for i, text in enumerate(r.strings(spec.get("loadBalancerSourceRanges"), ranges_field))
-        if (net := r.cidr(text, f"{ranges_field}[{i}]")) is not None
     )
     etp = _policy(r, spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy")
     itp = _policy(r, spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy")
@@ -213,18 +204,6 @@ def translate_service(obj: Obj) -> ServiceTranslation:
     # family: its external addresses of another family are not programmed (nor counted).
     external_ips = tuple(ip for ip in external_ips if ip.version in families)
     lb_ips = tuple(ip for ip in lb_ips if ip.version in families)
-    unserved = [
-        f"{kind} {ip}: in-node clients only (no IPv6 in tc/XDP yet)"
-        for kind, ips in (("LoadBalancer IP", lb_ips), ("externalIP", external_ips))
-        for ip in ips
-        if ip.version == 6
-    ]
-    if 6 in families and svc_type is not ServiceType.CLUSTER_IP:
-        unserved += [
-            f"nodePort {node_port} over IPv6: not programmed (no IPv6 in tc/XDP yet)"
-            for _, _, node_port in ports.values()
-            if node_port is not None
-        ]
     programmed = {
         name: ServicePort(
             name=name,
@@ -243,9 +222,7 @@ def translate_service(obj: Obj) -> ServiceTranslation:
         )
         for name, (port, target, node_port) in ports.items()
     }
-    return ServiceTranslation(
-        ref, programmed, ipv6_unserved=tuple(unserved), skipped_ports=skipped_ports
-    )
+    return ServiceTranslation(ref, programmed, skipped_ports=skipped_ports)
 
 
 # kube-proxy's (and the API's) default and limit for sessionAffinityConfig.clientIP.timeoutSeconds.

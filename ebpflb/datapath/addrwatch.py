@@ -1,13 +1,19 @@
-"""Follows the node's IPv4 addresses as they are added and removed (netlink), so that
-NodePorts answer on the addresses the node has now, not on those it had at start.
+"""Follows the node's addresses, IPv4 and global IPv6, as they are added and removed
+(netlink), so that NodePorts answer on the addresses the node has now, not on those it had
+at start, and each interface's SNAT source of each family is one it still holds.
 
-Netlink events (RTMGRP_IPV4_IFADDR, and RTMGRP_IPV4_ROUTE for the default route that
---nodeport-addresses=primary depends on) only wake the watcher up: on each wake-up it
-dumps the whole address and default-route state again and reports it if it differs from
-the last report. Level-triggered, so a lost event (the socket's buffer overrun, ENOBUFS)
-or a burst of them costs nothing but one more dump, and a periodic dump every
-`resync_interval` catches anything the events missed. The dump is a few messages on a
-node with a handful of interfaces.
+IPv6 addresses count once usable: global scope (not link-local fe80::/10, which a NodePort
+cannot be reached on from another link, nor ::1), and neither tentative (duplicate address
+detection still running: the kernel does not accept packets to it yet) nor dadfailed. The
+kernel announces the end of DAD with a new RTM_NEWADDR, so the address comes in then.
+
+Netlink events (RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR, and the ROUTE groups of both for
+the default routes that --nodeport-addresses=primary depends on) only wake the watcher up:
+on each wake-up it dumps the whole address and default-route state again and reports it
+if it differs from the last report. Level-triggered, so a lost event (the socket's buffer
+overrun, ENOBUFS) or a burst of them costs nothing but one more dump, and a periodic dump
+every `resync_interval` catches anything the events missed. The dump is a few messages
+on a node with a handful of interfaces.
 
 Only the interfaces the agent attached its programs to are followed (`watched`): an
 address on another interface gets no tc program to answer there anyway.
@@ -21,57 +27,87 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 
 from pyroute2 import IPRoute
-from pyroute2.netlink.rtnl import RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE
+from pyroute2.netlink.rtnl import (
+    RTMGRP_IPV4_IFADDR,
+    RTMGRP_IPV4_ROUTE,
+    RTMGRP_IPV6_IFADDR,
+    RTMGRP_IPV6_ROUTE,
+)
+
+from ebpflb.datapath.maps import InterfaceAddresses
+from ebpflb.model import IPAddress
 
 log = logging.getLogger(__name__)
 
 RT_SCOPE_UNIVERSE = 0
 RT_TABLE_MAIN = 254
-AF_INET = 2
+RTN_UNICAST = 1  # a default route of another type (unreachable, blackhole) has no interface
+AF_INET, AF_INET6 = 2, 10
+# ifa_flags (linux/if_addr.h) of an IPv6 address not usable yet, or never.
+IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x08, 0x40
 
 
 @dataclass(frozen=True, slots=True)
 class AddressState:
-    """The node's global-scope IPv4 addresses by ifindex (the kernel's order: an
-    interface's primary address first) and the interface of the IPv4 default route."""
+    """The node's usable addresses by ifindex, IPv4 ones (global scope) then IPv6 ones
+    (global, neither tentative nor dadfailed), each family in the kernel's order (an
+    interface's primary address first), and the interfaces of the default routes."""
 
-    addresses: Mapping[int, tuple[IPv4Address, ...]] = field(default_factory=dict)
-    default_ifindex: int | None = None
+    addresses: Mapping[int, tuple[IPAddress, ...]] = field(default_factory=dict)
+    default_ifindex: int | None = None  # of the IPv4 default route
+    default6_ifindex: int | None = None  # of the IPv6 default route
 
-    def node_addresses(self, watched: Mapping[int, str]) -> tuple[IPv4Address, ...]:
+    def node_addresses(self, watched: Mapping[int, str]) -> tuple[IPAddress, ...]:
         """The addresses of the watched interfaces, each once, in ifindex order."""
-        seen: dict[IPv4Address, None] = {}
+        seen: dict[IPAddress, None] = {}
         for index in sorted(watched):
             for address in self.addresses.get(index, ()):
                 seen.setdefault(address)
         return tuple(seen)
 
-    def primary_addresses(self) -> tuple[IPv4Address, ...]:
-        """kube-proxy's "primary" node IPs (IPv4): those of the default route's interface;
-        none without a default route."""
-        if self.default_ifindex is None:
-            return ()
-        return self.addresses.get(self.default_ifindex, ())
+    def primary_addresses(self) -> tuple[IPAddress, ...]:
+        """kube-proxy's "primary" node IPs: the IPv4 addresses of the IPv4 default route's
+        interface, then the IPv6 ones of the IPv6 default route's; none of a family without
+        its default route."""
+        primary: list[IPAddress] = []
+        for family, index in ((4, self.default_ifindex), (6, self.default6_ifindex)):
+            if index is not None:
+                primary += [a for a in self.addresses.get(index, ()) if a.version == family]
+        return tuple(primary)
 
 
 def snat_sources(
-    previous: Mapping[int, IPv4Address], state: AddressState, watched: Mapping[int, str]
-) -> dict[int, IPv4Address]:
-    """ifindex -> the address masqueraded NodePort flows leaving that interface use
-    (ebpflb_ifaddr4). An interface keeps its source while it still holds it (a new
-    secondary address changes nothing); else it takes its first address now; an interface
-    with none has no entry, and the programs count snat_no_addr for flows needing one."""
-    sources = {}
+    previous: InterfaceAddresses, state: AddressState, watched: Mapping[int, str]
+) -> InterfaceAddresses:
+    """ifindex -> the address of each family masqueraded NodePort flows leaving that
+    interface use (ebpflb_ifaddr4, ebpflb_ifaddr6). An interface keeps its source while it
+    still holds it (a new secondary address changes nothing); else it takes its first
+    address of the family now; an interface with none of a family has no entry there, and
+    the programs count snat_no_addr for flows needing one."""
+    v4: dict[int, IPv4Address] = {}
+    v6: dict[int, IPv6Address] = {}
     for index in watched:
         held = state.addresses.get(index, ())
-        if not held:
-            continue
-        before = previous.get(index)
-        sources[index] = before if before in held else held[0]
-    return sources
+        held4 = [a for a in held if isinstance(a, IPv4Address)]
+        held6 = [a for a in held if isinstance(a, IPv6Address)]
+        before4, before6 = previous.v4.get(index), previous.v6.get(index)
+        if held4:
+            v4[index] = before4 if before4 in held4 else held4[0]
+        if held6:
+            v6[index] = before6 if before6 in held6 else held6[0]
+    return InterfaceAddresses(v4, v6)
+
+
+def _usable6(address: IPv6Address, scope: int, flags: int) -> bool:
+    """An IPv6 address a NodePort answers on and SNAT may use."""
+    return (
+        scope == RT_SCOPE_UNIVERSE
+        and not address.is_link_local
+        and not flags & (IFA_F_TENTATIVE | IFA_F_DADFAILED)
+    )
 
 
 def read_state(ipr: IPRoute | None = None) -> AddressState:
@@ -79,16 +115,30 @@ def read_state(ipr: IPRoute | None = None) -> AddressState:
     if ipr is None:
         with IPRoute() as own:
             return read_state(own)
-    addresses: dict[int, list[IPv4Address]] = {}
+    addresses: dict[int, list[IPAddress]] = {}
     for msg in ipr.get_addr(family=AF_INET):
         if msg["scope"] == RT_SCOPE_UNIVERSE:
             addresses.setdefault(msg["index"], []).append(IPv4Address(msg.get_attr("IFA_ADDRESS")))
-    default = None
-    for route in ipr.get_routes(family=AF_INET, table=RT_TABLE_MAIN):
-        if route["dst_len"] == 0 and route.get_attr("RTA_OIF") is not None:
-            default = int(route.get_attr("RTA_OIF"))
-            break
-    return AddressState({i: tuple(a) for i, a in addresses.items()}, default)
+    for msg in ipr.get_addr(family=AF_INET6):
+        address = IPv6Address(msg.get_attr("IFA_ADDRESS"))
+        # IFA_FLAGS holds all 32 bits; ifa_flags only the lower 8 (kernels before 3.14).
+        flags = msg.get_attr("IFA_FLAGS")
+        if _usable6(address, msg["scope"], msg["flags"] if flags is None else int(flags)):
+            addresses.setdefault(msg["index"], []).append(address)
+    return AddressState(
+        {i: tuple(a) for i, a in addresses.items()},
+        _default_ifindex(ipr, AF_INET),
+        _default_ifindex(ipr, AF_INET6),
+    )
+
+
+def _default_ifindex(ipr: IPRoute, family: int) -> int | None:
+    """The interface of the family's default route in the main table, if any."""
+    for route in ipr.get_routes(family=family, table=RT_TABLE_MAIN):
+        oif = route.get_attr("RTA_OIF")
+        if route["dst_len"] == 0 and route["type"] == RTN_UNICAST and oif is not None:
+            return int(oif)
+    return None
 
 
 class AddressWatcher:
@@ -118,7 +168,8 @@ class AddressWatcher:
 
     def start(self) -> None:
         # Bound before the first check, so a change between start and the loop is seen.
-        self._events.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE))
+        groups = RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_IFADDR | RTMGRP_IPV6_ROUTE
+        self._events.bind((0, groups))
         self._thread = threading.Thread(target=self._loop, name="addrwatch", daemon=True)
         self._thread.start()
 

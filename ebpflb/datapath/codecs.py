@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes as ct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from ipaddress import IPv6Address
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -114,6 +115,17 @@ CONNTRACK: Codec[ConntrackEntry] = Codec(
     contract.Ct4Entry, layout.encode_conntrack, layout.decode_conntrack
 )
 NAT: Codec[NatEntry] = Codec(contract.Rnat4Val, layout.encode_nat, layout.decode_nat)
+# The IPv6 twins: flows are read (dumps, stale UDP) far less often than a sync writes
+# frontends, so one element at a time, as IPv4's.
+SOURCE_RANGE6: Codec[SourceRange] = Codec(
+    contract.SrcRange6Key, layout.encode_source_range6, layout.decode_source_range6
+)
+FLOW6: Codec[Flow] = Codec(contract.Flow6, layout.encode_flow6, layout.decode_flow6)
+CONNTRACK6: Codec[ConntrackEntry] = Codec(
+    contract.Ct6Entry, layout.encode_conntrack6, layout.decode_conntrack6
+)
+NAT6: Codec[NatEntry] = Codec(contract.Rnat6Val, layout.encode_nat6, layout.decode_nat6)
+ADDR6: Codec[IPv6Address] = Codec(contract.Addr6, layout.encode_addr6, layout.decode_addr6)
 AFFINITY_MATCH: Codec[AffinityMatch] = Codec(
     contract.Aff4MatchKey, layout.encode_affinity_match, layout.decode_affinity_match
 )

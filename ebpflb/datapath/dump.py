@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from ipaddress import IPv4Network, ip_address
+from ipaddress import ip_address
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,12 +26,14 @@ from ebpflb.datapath.maps import (
     MapSet,
     NatEntry,
     ServiceEntry,
+    network_order,
 )
 from ebpflb.errors import ConfigError
 from ebpflb.model import (
     BackendFlags,
     Frontend,
     IPAddress,
+    IPNetwork,
     NamespacedName,
     Proto,
     SvcFlags,
@@ -103,7 +105,7 @@ def collect(
     one service's or frontend's rows only (then no datapath-wide counters)."""
     now = time.monotonic_ns() if now_ns is None else now_ns
     backends: dict[int, BackendEntry] = dict(maps.backends.items())
-    ranges: dict[int, list[IPv4Network]] = {}
+    ranges: dict[int, list[IPNetwork]] = {}
     for source_range, _ in maps.source_ranges.items():
         ranges.setdefault(source_range.svc_id, []).append(source_range.network)
     metas = dict(maps.service_meta.items())
@@ -123,9 +125,7 @@ def collect(
         svc_ids = {entry.svc_id for _, entry in entries}
         conntrack = (row for row in conntrack if row[1].svc_id in svc_ids)
         # A reply translation names the frontend its client used (not the service).
-        addresses = {
-            (AddrPort(f.address, f.port), f.protocol) for f, _ in entries if f.address.version == 4
-        }
+        addresses = {(AddrPort(f.address, f.port), f.protocol) for f, _ in entries}
         nat = (row for row in nat if (row[1].frontend, row[0].protocol) in addresses)
     slots_used = sum(s["maglev"]["table_size"] for s in services)
     report: dict[str, Any] = {
@@ -145,10 +145,15 @@ def collect(
             "slot_memory_bytes": slots_used * np.dtype(np.uint32).itemsize,
         },
         "counters": maps.counters(),
+        # IPv4 flows, then IPv6 ones (ebpflb_ct4 then ebpflb_ct6): `flows` at most in all.
         "conntrack": [
-            _conntrack_row(flow, entry, now) for flow, entry in sorted(_first(conntrack, flows))
+            _conntrack_row(flow, entry, now)
+            for flow, entry in sorted(_first(conntrack, flows), key=lambda row: row[0].order)
         ],
-        "nat": [_nat_row(flow, entry, now) for flow, entry in sorted(_first(nat, flows))],
+        "nat": [
+            _nat_row(flow, entry, now)
+            for flow, entry in sorted(_first(nat, flows), key=lambda row: row[0].order)
+        ],
     }
     if not select.everything:
         del report["counters"]  # the datapath's, not this service's
@@ -172,7 +177,7 @@ def _services(
     entries: list[tuple[Frontend, ServiceEntry]],
     metas: dict[int, str],
     backends: dict[int, BackendEntry],
-    ranges: dict[int, list[IPv4Network]],
+    ranges: dict[int, list[IPNetwork]],
     *,
     tables: bool,
 ) -> list[dict[str, Any]]:
@@ -209,7 +214,8 @@ def _services(
                 f.name.lower() for f in SvcFlags if f in entry.flags & ~_TYPE_FLAGS and f.name
             ]
         if entry.svc_id in ranges:
-            service["source_ranges"] = [str(n) for n in sorted(ranges[entry.svc_id])]
+            networks = sorted(ranges[entry.svc_id], key=network_order)
+            service["source_ranges"] = [str(n) for n in networks]
         services.append(service)
     return services
 

@@ -6,13 +6,13 @@ keys whose writes fail on demand, so error paths are tested without a kernel.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence, Set
-from ipaddress import IPv4Address
 from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ebpflb.datapath.contract import Counter, MapName
+from ebpflb.datapath.family import FamilyMap, flow_family, range_family
 from ebpflb.datapath.maps import (
     SLOTS_PER_ELEMENT,
     AddrPort,
@@ -20,6 +20,7 @@ from ebpflb.datapath.maps import (
     BackendEntry,
     ConntrackEntry,
     Flow,
+    InterfaceAddresses,
     NatEntry,
     ServiceCounters,
     ServiceEntry,
@@ -169,12 +170,21 @@ class FakeMapSet:
         self.backends: FakeMap[int, BackendEntry] = FakeMap(MapName.BACKENDS.value, max_backends)
         self.service_meta: FakeMap[int, str] = FakeMap(MapName.SERVICE_META.value, max_services)
         self.slots = FakeSlotPool(MapName.SLOTS.value, slot_pool_size, slot_pool_limit)
-        self.source_ranges: FakeMap[SourceRange, int] = FakeMap(
+        # Each family's twin on its own, as in the kernel (own names, own capacities).
+        self.source_ranges4: FakeMap[SourceRange, int] = FakeMap(
             MapName.SOURCE_RANGES.value, src_range_max
         )
-        self.conntrack: FakeMap[Flow, ConntrackEntry] = FakeMap(MapName.CONNTRACK.value, ct_max)
-        self.reply_nat: FakeMap[Flow, NatEntry] = FakeMap(MapName.REPLY_NAT.value, rnat_max)
-        self.iface_addrs: dict[int, IPv4Address] = {}
+        self.source_ranges6: FakeMap[SourceRange, int] = FakeMap(
+            MapName.SOURCE_RANGES6.value, src_range_max
+        )
+        self.source_ranges = FamilyMap(self.source_ranges4, self.source_ranges6, range_family)
+        self.conntrack4: FakeMap[Flow, ConntrackEntry] = FakeMap(MapName.CONNTRACK.value, ct_max)
+        self.conntrack6: FakeMap[Flow, ConntrackEntry] = FakeMap(MapName.CONNTRACK6.value, ct_max)
+        self.conntrack = FamilyMap(self.conntrack4, self.conntrack6, flow_family)
+        self.reply_nat4: FakeMap[Flow, NatEntry] = FakeMap(MapName.REPLY_NAT.value, rnat_max)
+        self.reply_nat6: FakeMap[Flow, NatEntry] = FakeMap(MapName.REPLY_NAT6.value, rnat_max)
+        self.reply_nat = FamilyMap(self.reply_nat4, self.reply_nat6, flow_family)
+        self.iface_addrs = InterfaceAddresses()
         self.service_counters = FakeServiceCounters(MapName.SERVICE_STATS.value, max_services + 1)
         self.affinity_match: FakeMap[AffinityMatch, int] = FakeMap(
             MapName.AFFINITY_MATCH.value, affinity_max
@@ -183,8 +193,8 @@ class FakeMapSet:
         # What destroy_udp_sockets was asked (no sockets here): frontend -> backends left.
         self.destroy_requests: list[dict[AddrPort, frozenset[AddrPort]]] = []
 
-    def interface_addresses(self) -> dict[int, IPv4Address]:
-        return dict(self.iface_addrs)
+    def interface_addresses(self) -> InterfaceAddresses:
+        return self.iface_addrs
 
     def counters(self) -> dict[str, int]:
         return {counter.label: self.stats.get(counter, 0) for counter in Counter}

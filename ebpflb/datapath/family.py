@@ -1,6 +1,7 @@
 """An IPv4 map and its IPv6 twin seen as one KeyValueMap, so the reconciler, `maps dump`
-and `explain` read and write frontends and backends of both families through one
-interface (ebpflb.datapath.kernel builds them over the pinned maps)."""
+and `explain` read and write frontends, backends, source ranges, conntrack and reply NAT
+of both families through one interface (ebpflb.datapath.kernel builds them over the
+pinned maps, ebpflb.datapath.fake over dicts)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
-from ebpflb.datapath.maps import BackendEntry, KeyValueMap
+from ebpflb.datapath.maps import BackendEntry, Flow, KeyValueMap, SourceRange
 from ebpflb.errors import MapError
 from ebpflb.model import Frontend
 
@@ -21,8 +22,10 @@ class FamilyMap(Generic[K, V]):
     ebpflb_be4 + ebpflb_be6), so the reconciler writes frontends and backends of both
     families through one interface. `family(key, value)` says where an item goes: 4 or 6,
     or 0 when the key alone does not say (a backend id: ids are one space over both
-    arrays); `get` and `delete` then try both. Named, sized and counted as the IPv4 map:
-    the families share one capacity (service ids, backend ids)."""
+    arrays); `get` and `delete` then try both. Named and sized as the IPv4 map: for
+    frontends and backends the families share one capacity (service ids, backend ids);
+    where each twin has its own (source ranges, conntrack, reply NAT), `v4` and `v6` say
+    it, and a full twin's MapFullError names that twin."""
 
     def __init__(
         self,
@@ -37,6 +40,11 @@ class FamilyMap(Generic[K, V]):
     @property
     def name(self) -> str:
         return self.v4.name
+
+    def twin(self, family: int) -> KeyValueMap[K, V]:
+        if family not in (4, 6):
+            raise ValueError(f"{self.v4.name}: no twin for address family {family}")
+        return self.v4 if family == 4 else self.v6
 
     @property
     def capacity(self) -> int:
@@ -92,3 +100,14 @@ def frontend_family(frontend: Frontend, _: object = None) -> int:
 def backend_family(_: int, entry: BackendEntry | None) -> int:
     """Where a backend id's entry lives: known from the entry being written, else either."""
     return entry.backend.address.version if entry is not None else 0
+
+
+def flow_family(flow: Flow, _: object = None) -> int:
+    """Where a flow's conntrack or reply-NAT entry lives: ebpflb_ct4/rnat4 (4) or
+    ebpflb_ct6/rnat6 (6)."""
+    return flow.source.address.version
+
+
+def range_family(source_range: SourceRange, _: object = None) -> int:
+    """Where a source range lives: ebpflb_srcrng4 (4) or ebpflb_srcrng6 (6)."""
+    return source_range.network.version

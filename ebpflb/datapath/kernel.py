@@ -14,7 +14,6 @@ import itertools
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence, Set
-from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -33,8 +32,14 @@ from ebpflb.datapath.elementio import (
     raw_items,
     raw_keys,
 )
-from ebpflb.datapath.family import FamilyMap, backend_family, frontend_family
-from ebpflb.datapath.maps import AddrPort
+from ebpflb.datapath.family import (
+    FamilyMap,
+    backend_family,
+    flow_family,
+    frontend_family,
+    range_family,
+)
+from ebpflb.datapath.maps import AddrPort, InterfaceAddresses
 from ebpflb.datapath.slotpool import KernelSlotPool
 from ebpflb.datapath.svcstats import KernelServiceCounters
 from ebpflb.errors import MapError, MapFullError, NoPinsError
@@ -185,6 +190,19 @@ class BackendArray(KernelMap[int, V]):
         return layout.count_nonzero_values(values, count, self.io.value_size)
 
 
+def _expire(io: ElementIO, key: type[ct.Structure], value: type[ct.Structure], now: int) -> int:
+    """Delete the entries of one reply-NAT table whose deadline is before `now`."""
+    keys, values, count = io.read_all(key, value)
+    # Only the deadlines are needed: read them in place, no entry decoded.
+    deadlines = np.frombuffer(values, dtype=layout.record_dtype(value), count=count)["expires"]
+    expired = np.flatnonzero(deadlines < now).tolist()
+    size = io.key_size
+    for index in expired:
+        raw_key = key.from_buffer_copy(keys, index * size)
+        delete(io.fd, raw_key, f"{io.name} entry")
+    return len(expired)
+
+
 class KernelMapSet:
     """Every pinned ebpflb map, opened by path (MapSet protocol)."""
 
@@ -216,9 +234,19 @@ class KernelMapSet:
         self.backends = FamilyMap(self.backends4, self.backends6, backend_family)
         self.service_meta = KernelMap(pins[MapName.SERVICE_META], codecs.U32, codecs.META)
         self.slots = KernelSlotPool(pins[MapName.SLOTS], slot_limit)
-        self.source_ranges = KernelMap(pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8)
-        self.conntrack = KernelMap(pins[MapName.CONNTRACK], codecs.FLOW, codecs.CONNTRACK)
-        self.reply_nat = KernelMap(pins[MapName.REPLY_NAT], codecs.FLOW, codecs.NAT)
+        self.source_ranges = FamilyMap(
+            KernelMap(pins[MapName.SOURCE_RANGES], codecs.SOURCE_RANGE, codecs.U8),
+            KernelMap(pins[MapName.SOURCE_RANGES6], codecs.SOURCE_RANGE6, codecs.U8),
+            range_family,
+        )
+        self.conntrack = FamilyMap(
+            KernelMap(pins[MapName.CONNTRACK], codecs.FLOW, codecs.CONNTRACK),
+            KernelMap(pins[MapName.CONNTRACK6], codecs.FLOW6, codecs.CONNTRACK6),
+            flow_family,
+        )
+        self.reply_nat4 = KernelMap(pins[MapName.REPLY_NAT], codecs.FLOW, codecs.NAT)
+        self.reply_nat6 = KernelMap(pins[MapName.REPLY_NAT6], codecs.FLOW6, codecs.NAT6)
+        self.reply_nat = FamilyMap(self.reply_nat4, self.reply_nat6, flow_family)
         self.affinity_match = KernelMap(
             pins[MapName.AFFINITY_MATCH], codecs.AFFINITY_MATCH, codecs.U32
         )
@@ -241,21 +269,13 @@ class KernelMapSet:
         return totals
 
     def expire_flows(self) -> int:
-        """Delete reply translations idle past their deadline; conntrack is LRU and checks
-        its own deadlines, but nothing else frees an idle SNAT reservation's memory."""
-        io = self.reply_nat.io
-        keys, values, count = io.read_all(contract.Flow4, contract.Rnat4Val)
-        # Only the deadlines are needed: read them in place, no entry decoded.
-        deadlines = np.frombuffer(
-            values, dtype=layout.record_dtype(contract.Rnat4Val), count=count
-        )["expires"]
+        """Delete reply translations (both families) idle past their deadline; conntrack
+        is LRU and checks its own deadlines, but nothing else frees an idle SNAT
+        reservation's memory."""
         now = time.monotonic_ns()  # CLOCK_MONOTONIC, like bpf_ktime_get_ns()
-        expired = np.flatnonzero(deadlines < now).tolist()
-        size = io.key_size
-        for index in expired:
-            raw_key = contract.Flow4.from_buffer_copy(keys, index * size)
-            delete(io.fd, raw_key, f"{io.name} entry")
-        return len(expired)
+        return _expire(self.reply_nat4.io, contract.Flow4, contract.Rnat4Val, now) + _expire(
+            self.reply_nat6.io, contract.Flow6, contract.Rnat6Val, now
+        )
 
     def destroy_udp_sockets(self, left: Mapping[AddrPort, Set[AddrPort]]) -> int:
         """The sockets in ebpflb_revsk4 and ebpflb_revsk6 sent to a backend that left
@@ -284,25 +304,34 @@ class KernelMapSet:
             val = value_type.from_buffer_copy(values, i * io.value_size)
             yield (int(key.cookie), *layout.decode_reverse(key, val))
 
-    def set_interface_addresses(self, addresses: dict[int, IPv4Address]) -> None:
-        """ifindex -> node address used as the SNAT source on that interface."""
-        pinned = self._pins[MapName.IFACE_ADDRS]
-        for raw_key in list(raw_keys(pinned.fd, ct.c_uint32)):
-            if int(raw_key.value) not in addresses:
-                delete(pinned.fd, raw_key, f"{pinned.name}[{raw_key.value}]")
-        for ifindex, address in addresses.items():
-            key = ct.c_uint32(ifindex)
-            value = ct.c_uint32(layout.addr_to_be32(address))
-            err = bpfsys.update_elem(pinned.fd, ct.addressof(key), ct.addressof(value), BPF_ANY)
-            if err:
-                raise errno_error(f"update {pinned.name}[{ifindex}]", err)
+    def set_interface_addresses(self, addresses: InterfaceAddresses) -> None:
+        """ifindex -> node address used as the SNAT source on that interface, per family
+        (ebpflb_ifaddr4, ebpflb_ifaddr6): entries of interfaces not named are deleted."""
+        v4 = {i: ct.c_uint32(layout.addr_to_be32(a)) for i, a in addresses.v4.items()}
+        v6 = {i: layout.encode_addr6(a) for i, a in addresses.v6.items()}
+        for name, values in ((MapName.IFACE_ADDRS, v4), (MapName.IFACE_ADDRS6, v6)):
+            pinned = self._pins[name]
+            for raw_key in list(raw_keys(pinned.fd, ct.c_uint32)):
+                if int(raw_key.value) not in values:
+                    delete(pinned.fd, raw_key, f"{pinned.name}[{raw_key.value}]")
+            for ifindex, value in values.items():
+                key = ct.c_uint32(ifindex)
+                err = bpfsys.update_elem(pinned.fd, ct.addressof(key), ct.addressof(value), BPF_ANY)
+                if err:
+                    raise errno_error(f"update {pinned.name}[{ifindex}]", err)
 
-    def interface_addresses(self) -> dict[int, IPv4Address]:
-        pinned = self._pins[MapName.IFACE_ADDRS]
-        return {
-            int(k.value): layout.be32_to_addr(int(v.value))
-            for k, v in raw_items(pinned.fd, ct.c_uint32, ct.c_uint32)
-        }
+    def interface_addresses(self) -> InterfaceAddresses:
+        v4, v6 = self._pins[MapName.IFACE_ADDRS], self._pins[MapName.IFACE_ADDRS6]
+        return InterfaceAddresses(
+            {
+                int(k.value): layout.be32_to_addr(int(v.value))
+                for k, v in raw_items(v4.fd, ct.c_uint32, ct.c_uint32)
+            },
+            {
+                int(k.value): layout.decode_addr6(v)
+                for k, v in raw_items(v6.fd, ct.c_uint32, contract.Addr6)
+            },
+        )
 
     def map_infos(self) -> dict[str, bpfsys.MapInfo]:
         """What the kernel said of each map when opened (the slot pool: since it last grew)."""
@@ -321,17 +350,26 @@ class KernelMapSet:
         io = ElementIO(pinned.fd, pinned.name, pinned.info.key_size, pinned.info.value_size)
         return count_entries(io, pinned.capacity)
 
-    def grow_conntrack(self, limit: int) -> tuple[int, int] | None:
-        """Double ebpflb_ct4 (at most to `limit`) once it is half full (growable.py):
-        (entries before, after), or None when it stays."""
-        pinned = self._pins[MapName.CONNTRACK]
+    def grow_conntrack(
+        self, limit: int, name: MapName = MapName.CONNTRACK
+    ) -> tuple[int, int] | None:
+        """Double ebpflb_ct4 or ebpflb_ct6 (`name`; at most to `limit`) once it is half
+        full (growable.py): (entries before, after), or None when it stays. Each family's
+        table grows on its own: an IPv4-only cluster never spends memory on IPv6 flows."""
+        family = {MapName.CONNTRACK: 4, MapName.CONNTRACK6: 6}.get(name)
+        if family is None:
+            raise ValueError(f"{name.value} is not a conntrack table")
+        pinned = self._pins[name]
         before = pinned.capacity
-        if before >= limit or self.count_entries(MapName.CONNTRACK) * 2 < before:
+        if before >= limit or self.count_entries(name) * 2 < before:
             return None
-        growable.grow_table(self.bpffs_dir, MapName.CONNTRACK, min(limit, before * 2))
+        growable.grow_table(self.bpffs_dir, name, min(limit, before * 2))
         pinned.close()  # the old table goes with its last user
-        self._pins[MapName.CONNTRACK] = grown = PinnedMap(pinned.path)
-        self.conntrack = KernelMap(grown, codecs.FLOW, codecs.CONNTRACK)
+        self._pins[name] = grown = PinnedMap(pinned.path)
+        if family == 4:
+            self.conntrack.v4 = KernelMap(grown, codecs.FLOW, codecs.CONNTRACK)
+        else:
+            self.conntrack.v6 = KernelMap(grown, codecs.FLOW6, codecs.CONNTRACK6)
         return before, grown.capacity
 
     def close(self) -> None:

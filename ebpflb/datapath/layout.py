@@ -20,7 +20,7 @@ import ctypes as ct
 import socket
 import struct
 from collections.abc import Sequence
-from ipaddress import IPv4Address, IPv4Network, IPv6Address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -29,10 +29,13 @@ import numpy.typing as npt
 from ebpflb.datapath.contract import (
     SRC_RANGE_ID_PREFIXLEN,
     SVC_NAME_LEN,
+    Addr6,
     Aff4MatchKey,
     Ct4Entry,
+    Ct6Entry,
     CtFlags,
     Flow4,
+    Flow6,
     Lb4Backend,
     Lb4RevskKey,
     Lb4RevskVal,
@@ -45,7 +48,9 @@ from ebpflb.datapath.contract import (
     Lb6SvcKey,
     NatFlags,
     Rnat4Val,
+    Rnat6Val,
     SrcRange4Key,
+    SrcRange6Key,
 )
 from ebpflb.datapath.maps import (
     AddrPort,
@@ -203,20 +208,58 @@ def decode_meta(val: Lb4SvcMeta) -> str:
     return bytes(val.name).decode(errors="replace")
 
 
-def encode_source_range(key: SourceRange) -> SrcRange4Key:
+def _svc_id_to_lpm(svc_id: int) -> int:
     # LPM matches bytes in order: the service id is stored big-endian so that the first
     # 32 bits of the prefix are exactly the id.
+    return int.from_bytes(svc_id.to_bytes(4, "big"), "little")
+
+
+def _svc_id_from_lpm(raw: int) -> int:
+    return int.from_bytes(raw.to_bytes(4, "little"), "big")
+
+
+def _net4(network: IPv4Network | IPv6Network) -> IPv4Network:
+    if not isinstance(network, IPv4Network):
+        raise TypeError(f"{network} is not an IPv4 network")
+    return network
+
+
+def _net6(network: IPv4Network | IPv6Network) -> IPv6Network:
+    if not isinstance(network, IPv6Network):
+        raise TypeError(f"{network} is not an IPv6 network")
+    return network
+
+
+def encode_source_range(key: SourceRange) -> SrcRange4Key:
+    network = _net4(key.network)
     return SrcRange4Key(
-        SRC_RANGE_ID_PREFIXLEN + key.network.prefixlen,
-        int.from_bytes(key.svc_id.to_bytes(4, "big"), "little"),
-        addr_to_be32(key.network.network_address),
+        SRC_RANGE_ID_PREFIXLEN + network.prefixlen,
+        _svc_id_to_lpm(key.svc_id),
+        addr_to_be32(network.network_address),
     )
 
 
 def decode_source_range(raw: SrcRange4Key) -> SourceRange:
-    svc_id = int.from_bytes(raw.svc_id.to_bytes(4, "little"), "big")
     prefixlen = raw.prefixlen - SRC_RANGE_ID_PREFIXLEN
-    return SourceRange(svc_id, IPv4Network((be32_to_addr(raw.addr), prefixlen)))
+    return SourceRange(
+        _svc_id_from_lpm(raw.svc_id), IPv4Network((be32_to_addr(raw.addr), prefixlen))
+    )
+
+
+def encode_source_range6(key: SourceRange) -> SrcRange6Key:
+    network = _net6(key.network)
+    return SrcRange6Key(
+        SRC_RANGE_ID_PREFIXLEN + network.prefixlen,
+        _svc_id_to_lpm(key.svc_id),
+        addr_to_be32x4(network.network_address),
+    )
+
+
+def decode_source_range6(raw: SrcRange6Key) -> SourceRange:
+    prefixlen = raw.prefixlen - SRC_RANGE_ID_PREFIXLEN
+    return SourceRange(
+        _svc_id_from_lpm(raw.svc_id), IPv6Network((be32x4_to_addr(raw.addr), prefixlen))
+    )
 
 
 def encode_affinity_match(key: AffinityMatch) -> Aff4MatchKey:
@@ -295,6 +338,87 @@ def decode_nat(raw: Rnat4Val) -> NatEntry:
         flags=NatFlags(raw.flags),
         expires_ns=raw.expires,
     )
+
+
+def _addr_port6(addr: Sequence[int], port: int) -> AddrPort:
+    return AddrPort(be32x4_to_addr(addr), be16_to_port(port))
+
+
+def encode_flow6(flow: Flow) -> Flow6:
+    return Flow6(
+        addr_to_be32x4(v6(flow.source.address)),
+        addr_to_be32x4(v6(flow.destination.address)),
+        port_to_be16(flow.source.port),
+        port_to_be16(flow.destination.port),
+        int(flow.protocol),
+    )
+
+
+def decode_flow6(raw: Flow6) -> Flow:
+    return Flow(
+        _addr_port6(raw.saddr, raw.sport),
+        _addr_port6(raw.daddr, raw.dport),
+        _proto(raw.proto),
+    )
+
+
+def encode_conntrack6(entry: ConntrackEntry) -> Ct6Entry:
+    snat = entry.snat or AddrPort(IPv6Address(0), 0)
+    return Ct6Entry(
+        backend_addr=addr_to_be32x4(v6(entry.backend.address)),
+        nat_addr=addr_to_be32x4(v6(snat.address)),
+        backend_port=port_to_be16(entry.backend.port),
+        flags=int(entry.flags),
+        nat_port=port_to_be16(snat.port),
+        svc_id=entry.svc_id,
+        backend_id=entry.backend_id,
+        expires=entry.expires_ns,
+        packets=entry.packets,
+        bytes=entry.bytes,
+    )
+
+
+def decode_conntrack6(raw: Ct6Entry) -> ConntrackEntry:
+    flags = CtFlags(raw.flags)
+    return ConntrackEntry(
+        backend=_addr_port6(raw.backend_addr, raw.backend_port),
+        flags=flags,
+        snat=_addr_port6(raw.nat_addr, raw.nat_port) if flags & CtFlags.SNAT else None,
+        svc_id=raw.svc_id,
+        backend_id=raw.backend_id,
+        expires_ns=raw.expires,
+        packets=raw.packets,
+        bytes=raw.bytes,
+    )
+
+
+def encode_nat6(entry: NatEntry) -> Rnat6Val:
+    return Rnat6Val(
+        client_addr=addr_to_be32x4(v6(entry.client.address)),
+        frontend_addr=addr_to_be32x4(v6(entry.frontend.address)),
+        client_port=port_to_be16(entry.client.port),
+        frontend_port=port_to_be16(entry.frontend.port),
+        flags=int(entry.flags),
+        expires=entry.expires_ns,
+    )
+
+
+def decode_nat6(raw: Rnat6Val) -> NatEntry:
+    return NatEntry(
+        client=_addr_port6(raw.client_addr, raw.client_port),
+        frontend=_addr_port6(raw.frontend_addr, raw.frontend_port),
+        flags=NatFlags(raw.flags),
+        expires_ns=raw.expires,
+    )
+
+
+def encode_addr6(address: IPv6Address) -> Addr6:
+    """Value of ebpflb_ifaddr6."""
+    return Addr6(addr_to_be32x4(address))
+
+
+def decode_addr6(raw: Addr6) -> IPv6Address:
+    return be32x4_to_addr(raw.addr)
 
 
 # ---- numpy mirrors, for many elements at once ---------------------------------------------

@@ -3,15 +3,19 @@
 ``KernelMapSet`` (ebpflb.datapath.kernel) implements them over the pinned BPF maps;
 ``FakeMapSet`` (ebpflb.datapath.fake) over dicts, with the same capacity limits, so the
 reconciler's "map full" paths and `maps dump` are tested without a kernel. Every value is
-typed (addresses are IPv4Address, ports host-order ints); how they are laid out in the
-kernel is layout.py's business.
+typed (addresses are IPv4Address or IPv6Address, ports host-order ints); how they are laid
+out in the kernel is layout.py's business.
+
+The maps the control plane reads and writes per family come in twins (ebpflb_svc4 and
+ebpflb_svc6, ebpflb_ct4 and ebpflb_ct6, ...): a `FamilyKeyValueMap` (ebpflb.datapath.family)
+joins each pair behind one interface, the key's address saying which twin holds it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence, Set
-from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -27,7 +31,9 @@ __all__ = [  # MapName and SLOTS_PER_ELEMENT are the contract's, re-exported for
     "AffinityMatch",
     "BackendEntry",
     "ConntrackEntry",
+    "FamilyKeyValueMap",
     "Flow",
+    "InterfaceAddresses",
     "KeyValueMap",
     "MapName",
     "MapSet",
@@ -39,6 +45,7 @@ __all__ = [  # MapName and SLOTS_PER_ELEMENT are the contract's, re-exported for
     "SlotPool",
     "SlotWrite",
     "SourceRange",
+    "network_order",
     "slot_pairs",
     "write_one",
 ]
@@ -72,10 +79,23 @@ class BackendEntry:
 
 @dataclass(frozen=True, slots=True, order=True)
 class SourceRange:
-    """Key of ebpflb_srcrng4: a prefix allowed to reach one LoadBalancer frontend."""
+    """Key of ebpflb_srcrng4 (an IPv4 `network`) or ebpflb_srcrng6 (an IPv6 one): a prefix
+    allowed to reach one LoadBalancer frontend of the same family. `<` fails between two
+    families' networks of one service id: sort mixed ones by `network_order`."""
 
     svc_id: int
-    network: IPv4Network
+    network: IPv4Network | IPv6Network
+
+    @property
+    def family(self) -> int:
+        """4 or 6: which twin holds it."""
+        return self.network.version
+
+
+def network_order(network: IPv4Network | IPv6Network) -> tuple[int, int, int]:
+    """A network's own order in ints, IPv4 before IPv6 (ipaddress refuses to compare the
+    two families)."""
+    return (network.version, int(network.network_address), network.prefixlen)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -89,8 +109,8 @@ class AffinityMatch:
 
 @dataclass(frozen=True, slots=True, order=True)
 class AddrPort:
-    """An address and a port, as one side of a flow (IPv4 only in the conntrack and NAT
-    maps; socket-LB's reverse entries hold either family)."""
+    """An address and a port, as one side of a flow (either family: the conntrack and NAT
+    maps have a twin per family, as socket-LB's reverse entries)."""
 
     address: IPAddress
     port: int
@@ -101,18 +121,38 @@ class AddrPort:
 
 @dataclass(frozen=True, slots=True, order=True)
 class Flow:
-    """Key of ebpflb_ct4 and ebpflb_rnat4 (struct flow4): one direction of a flow as the
-    wire shows it."""
+    """Key of ebpflb_ct4 and ebpflb_rnat4 (struct flow4) or, for IPv6, of ebpflb_ct6 and
+    ebpflb_rnat6 (struct flow6): one direction of a flow as the wire shows it, both ends of
+    one family. Do not sort mixed families with `<`: sort by `order`."""
 
     source: AddrPort
     destination: AddrPort
     protocol: Proto
 
+    @property
+    def family(self) -> int:
+        """4 or 6: which twin holds it."""
+        return self.source.address.version
+
+    @property
+    def order(self) -> tuple[int, int, int, int, int, int]:
+        """Flow's own order in ints, IPv4 before IPv6."""
+        src, dst = self.source, self.destination
+        return (
+            src.address.version,
+            int(src.address),
+            src.port,
+            int(dst.address),
+            dst.port,
+            self.protocol,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ConntrackEntry:
-    """Value of ebpflb_ct4 (struct ct4_entry): where one NodePort/LoadBalancer/external-IP
-    flow goes. `snat` is set exactly when `flags` has CtFlags.SNAT."""
+    """Value of ebpflb_ct4 (struct ct4_entry) or ebpflb_ct6 (struct ct6_entry): where one
+    NodePort/LoadBalancer/external-IP flow goes, in its key's family. `snat` is set
+    exactly when `flags` has CtFlags.SNAT."""
 
     backend: AddrPort
     flags: CtFlags
@@ -126,8 +166,9 @@ class ConntrackEntry:
 
 @dataclass(frozen=True, slots=True)
 class NatEntry:
-    """Value of ebpflb_rnat4 (struct rnat4_val): how replies get the client's view back.
-    With NatFlags.SNAT it also holds its SNAT port (the key's destination) for the flow."""
+    """Value of ebpflb_rnat4 (struct rnat4_val) or ebpflb_rnat6 (struct rnat6_val): how
+    replies get the client's view back. With NatFlags.SNAT it also holds its SNAT port (the
+    key's destination) for the flow."""
 
     client: AddrPort
     frontend: AddrPort
@@ -197,6 +238,36 @@ class KeyValueMap(Protocol[K, V]):
     def items(self) -> Iterator[tuple[K, V]]: ...
 
     def __len__(self) -> int: ...
+
+
+class FamilyKeyValueMap(KeyValueMap[K, V], Protocol):
+    """An IPv4 map and its IPv6 twin as one KeyValueMap (ebpflb.datapath.family.FamilyMap):
+    each key goes to its family's twin; `v4` and `v6` are the twins themselves, for what
+    each counts, names and holds on its own (fill levels, budgets, error messages)."""
+
+    @property
+    def v4(self) -> KeyValueMap[K, V]: ...
+
+    @property
+    def v6(self) -> KeyValueMap[K, V]: ...
+
+    def twin(self, family: int) -> KeyValueMap[K, V]:
+        """`v4` for 4, `v6` for 6."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class InterfaceAddresses:
+    """ebpflb_ifaddr4 and ebpflb_ifaddr6: ifindex -> the node address of each family that
+    NodePort flows arriving on that interface are SNATed to. An interface without an
+    address of a family has no entry there (the programs count snat_no_addr)."""
+
+    v4: Mapping[int, IPv4Address] = field(default_factory=dict)
+    v6: Mapping[int, IPv6Address] = field(default_factory=dict)
+
+    def of(self, family: int) -> Mapping[int, IPv4Address | IPv6Address]:
+        """One family's entries."""
+        return self.v4 if family == 4 else self.v6
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,26 +360,31 @@ class MapSet(Protocol):
     def slots(self) -> SlotPool: ...
 
     @property
-    def source_ranges(self) -> KeyValueMap[SourceRange, int]: ...
+    def source_ranges(self) -> FamilyKeyValueMap[SourceRange, int]:
+        """loadBalancerSourceRanges: ebpflb_srcrng4 + ebpflb_srcrng6, by the network."""
+        ...
 
     @property
     def affinity_match(self) -> KeyValueMap[AffinityMatch, int]: ...
 
     @property
-    def conntrack(self) -> KeyValueMap[Flow, ConntrackEntry]:
-        """NodePort flows, written by the programs (the control plane only reads them)."""
+    def conntrack(self) -> FamilyKeyValueMap[Flow, ConntrackEntry]:
+        """NodePort flows of both families (ebpflb_ct4 + ebpflb_ct6), written by the
+        programs (the control plane reads them, and deletes stale UDP ones)."""
         ...
 
     @property
-    def reply_nat(self) -> KeyValueMap[Flow, NatEntry]:
-        """Reply translations and SNAT reservations, keyed by the reply's tuple."""
+    def reply_nat(self) -> FamilyKeyValueMap[Flow, NatEntry]:
+        """Reply translations and SNAT reservations of both families (ebpflb_rnat4 +
+        ebpflb_rnat6), keyed by the reply's tuple."""
         ...
 
     @property
     def service_counters(self) -> ServiceCounterMap: ...
 
-    def interface_addresses(self) -> dict[int, IPv4Address]:
-        """ifindex -> the node address SNAT uses on that interface (ebpflb_ifaddr4)."""
+    def interface_addresses(self) -> InterfaceAddresses:
+        """ifindex -> the node address SNAT uses on that interface, per family
+        (ebpflb_ifaddr4, ebpflb_ifaddr6)."""
         ...
 
     def counters(self) -> dict[str, int]:

@@ -9,28 +9,60 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from ebpflb.datapath import contract, layout
-from ebpflb.datapath.contract import MapName
+from ebpflb.datapath.contract import AffClient, MapName
+from ebpflb.explain.flowhash import addr6_fold
+from ebpflb.model import IPAddress
 
 if TYPE_CHECKING:
     from ebpflb.datapath.kernel import KernelMap, PinnedMap
 
 
 @dataclass(frozen=True, slots=True, order=True)
+class Folded6:
+    """An IPv6 source as tc/XDP keys its affinity (hash.h's addr6_fold): 64 bits, not the
+    address (many addresses fold to one, so a dumped key cannot name its client)."""
+
+    value: int
+
+    @classmethod
+    def of(cls, address: IPv6Address) -> Folded6:
+        return cls(addr6_fold(address))
+
+    def __str__(self) -> str:
+        return f"IPv6 source folded to {self.value:#018x}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
 class AffinityKey:
     """struct aff4_key: one client of one frontend. Socket-LB knows a client by its network
-    namespace (bpf_get_netns_cookie), tc/XDP by its source address."""
+    namespace (bpf_get_netns_cookie), tc/XDP by its source address: an IPv4 one as it is,
+    an IPv6 one folded (`Folded6`). Build one for an address with `for_source`."""
 
-    client: int | IPv4Address  # a netns cookie (int) or a source address
+    client: int | IPv4Address | Folded6  # a netns cookie (int) or a source address
     svc_id: int
+
+    @classmethod
+    def for_source(cls, source: IPAddress, svc_id: int) -> AffinityKey:
+        """The key tc/XDP looks up for a packet from `source`."""
+        if isinstance(source, IPv6Address):
+            return cls(Folded6.of(source), svc_id)
+        return cls(source, svc_id)
+
+    @property
+    def kind(self) -> AffClient:
+        """aff4_key.netns: what `client` is."""
+        if isinstance(self.client, IPv4Address):
+            return AffClient.ADDR4
+        return AffClient.ADDR6 if isinstance(self.client, Folded6) else AffClient.NETNS
 
     @property
     def netns(self) -> bool:
-        return not isinstance(self.client, IPv4Address)
+        return self.kind is AffClient.NETNS
 
     def __str__(self) -> str:
         return f"netns cookie {self.client}" if self.netns else str(self.client)
@@ -55,16 +87,22 @@ def encode_key(key: AffinityKey) -> contract.Aff4Key:
     if isinstance(key.client, IPv4Address):
         # The C code stores the packet's __be32 source zero-extended into the u64.
         raw.client = layout.addr_to_be32(key.client)
+    elif isinstance(key.client, Folded6):
+        raw.client = key.client.value
     else:
         raw.client = key.client
-    raw.svc_id, raw.netns = key.svc_id, int(key.netns)
+    raw.svc_id, raw.netns = key.svc_id, int(key.kind)
     return raw
 
 
 def decode_key(raw: contract.Aff4Key) -> AffinityKey:
-    if raw.netns:
-        return AffinityKey(int(raw.client), int(raw.svc_id))
-    return AffinityKey(layout.be32_to_addr(int(raw.client) & 0xFFFFFFFF), int(raw.svc_id))
+    """ValueError for a kind no program writes (a newer layout, or garbage)."""
+    kind, svc_id = AffClient(int(raw.netns)), int(raw.svc_id)
+    if kind is AffClient.NETNS:
+        return AffinityKey(int(raw.client), svc_id)
+    if kind is AffClient.ADDR6:
+        return AffinityKey(Folded6(int(raw.client)), svc_id)
+    return AffinityKey(layout.be32_to_addr(int(raw.client) & 0xFFFFFFFF), svc_id)
 
 
 def encode_value(entry: AffinityEntry) -> contract.Aff4Val:

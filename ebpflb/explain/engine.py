@@ -15,13 +15,18 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address
 
 from ebpflb.datapath.contract import CtFlags, NatFlags
-from ebpflb.datapath.layout import v4
-from ebpflb.datapath.maps import AddrPort, BackendEntry, Flow, MapSet, ServiceEntry
+from ebpflb.datapath.maps import (
+    AddrPort,
+    BackendEntry,
+    Flow,
+    MapSet,
+    ServiceEntry,
+    network_order,
+)
 from ebpflb.explain.affinity import AffinityEntry, AffinityKey, AffinityTable
-from ebpflb.explain.flowhash import flow4_hash, mix64
+from ebpflb.explain.flowhash import flow_hash, mix64
 from ebpflb.explain.model import (
     Affinity,
     AffinityClient,
@@ -35,7 +40,7 @@ from ebpflb.explain.model import (
     Step,
     Verdict,
 )
-from ebpflb.model import BackendFlags, Frontend, Proto, Scope, SvcFlags
+from ebpflb.model import BackendFlags, Frontend, IPAddress, Proto, Scope, SvcFlags
 
 TYPE_FLAGS = SvcFlags.CLUSTER_IP | SvcFlags.EXTERNAL
 MASK64 = (1 << 64) - 1
@@ -139,7 +144,7 @@ def not_a_frontend(work: Work) -> str:
         ):
             nodeports.add(frontend.address)
     if nodeports:
-        where = ", ".join(map(str, sorted(nodeports)))
+        where = ", ".join(str(a) for a in sorted(nodeports, key=lambda a: (a.version, int(a))))
         return (
             f"; port {q.port}/{q.protocol.name} is a NodePort on {where} only"
             " (--nodeport-addresses: the node addresses NodePorts answer on)"
@@ -286,18 +291,24 @@ def affinity(work: Work) -> Explanation | None:
         return None
     socket = q.path is Path.SOCKET
     keyed_by = "network namespace" if socket else "source address"
-    client: int | IPv4Address | None = q.netns_cookie if socket else v4(q.client)
+    if socket:
+        cookie = q.netns_cookie
+        key = None if cookie is None else AffinityKey(cookie, entry.svc_id)
+    else:  # tc/XDP: the source address, an IPv6 one folded to 64 bits (addr6_fold)
+        key = AffinityKey.for_source(q.client, entry.svc_id)
+        if q.client.version == 6:
+            keyed_by = f"source address ({q.client} folded, addr6_fold)"
     timeouts = {
         m.backend_id: t for m, t in work.maps.affinity_match.items() if m.svc_id == entry.svc_id
     }
     timeout = next(iter(timeouts.values()), None)
     table = work.affinity_table
     if table is None:
-        shown = None if client is None else str(AffinityKey(client, entry.svc_id))
+        shown = None if key is None else str(key)
         work.affinity = Affinity(keyed_by, shown, timeout, "not read")
         work.note("affinity", "ebpflb_aff4 not read: the client's entry may decide")
         return None
-    if client is None:
+    if key is None:
         views = [
             affinity_view(work, key, value, timeouts)
             for key, value in table.items()
@@ -318,7 +329,6 @@ def affinity(work: Work) -> Explanation | None:
             " else the choice below",
         )
         return None
-    key = AffinityKey(client, entry.svc_id)
     value = table.get(key)
     if value is None:
         work.affinity = Affinity(keyed_by, str(key), timeout, "miss")
@@ -343,7 +353,7 @@ def affinity(work: Work) -> Explanation | None:
         be = work.maps.backends.get(value.backend_id)
         work.backend = candidate(value.backend_id, be, 0, entry.table_size)
     flow = work.flow
-    hash_value = flow4_hash(flow, work.settings.flow_hash_seed) if flow and not socket else None
+    hash_value = flow_hash(flow, work.settings.flow_hash_seed) if flow and not socket else None
     work.selection = Selection(f"affinity entry of {key}", True, hash_value, from_affinity=True)
     work.note(
         "affinity",
@@ -477,20 +487,25 @@ def source_ranges(work: Work) -> Explanation | None:
     assert entry is not None
     if not entry.flags & SvcFlags.SOURCE_RANGES:
         return None
-    allowed = sorted(
-        r.network for r, _ in work.maps.source_ranges.items() if r.svc_id == entry.svc_id
-    )
+    # The frontend's family's map (ebpflb_srcrng4 or ebpflb_srcrng6): a frontend only has
+    # ranges of its own family (desired.py), and an address is in no network of the other.
     client = work.query.client
+    table = work.maps.source_ranges.twin(client.version)
+    allowed = sorted(
+        (r.network for r, _ in table.items() if r.svc_id == entry.svc_id), key=network_order
+    )
     match = next((n for n in allowed if client in n), None)
     if match is not None:
-        work.note("source ranges", f"{client} is in {match}: allowed")
+        work.note("source ranges", f"{client} is in {match} ({table.name}): allowed")
         return None
-    work.note("source ranges", f"{client} is in none of {', '.join(map(str, allowed))}")
+    listed = ", ".join(map(str, allowed)) or f"nothing (no entry in {table.name})"
+    work.note("source ranges", f"{client} is in none of {listed}")
     return work.done(Verdict.DROPPED, "source outside loadBalancerSourceRanges: dropped")
 
 
 def conntrack(work: Work) -> Explanation | None:
-    """ct4_lookup() + np4_flow_continue(): a live flow keeps its backend and SNAT."""
+    """ct4_lookup() + np4_flow_continue() (their IPv6 twins in ebpflb_ct6 for an IPv6
+    flow): a live flow keeps its backend and SNAT."""
     flow = work.flow
     if flow is None:
         return None
@@ -518,11 +533,16 @@ def conntrack(work: Work) -> Explanation | None:
 def outside_select(work: Work) -> Explanation | None:
     if work.selection is not None and work.selection.from_affinity:
         return None
-    flow = work.flow
-    inputs = f"jhash(client, frontend, ports ^ proto, seed {work.settings.flow_hash_seed:#x})"
+    flow, q = work.flow, work.query
+    seed = work.settings.flow_hash_seed
+    inputs = (
+        f"jhash(client, frontend, ports ^ proto, seed {seed:#x})"
+        if q.client.version == 4
+        else f"jhash chained over client, frontend, ports ^ proto (flow6_hash, seed {seed:#x})"
+    )
     if flow is None:
         return pick(work, None, inputs + " of the 5-tuple: depends on the client's port")
-    return pick(work, flow4_hash(flow, work.settings.flow_hash_seed), inputs)
+    return pick(work, flow_hash(flow, seed), inputs)
 
 
 def outside_nat(work: Work) -> Explanation | None:
@@ -546,10 +566,11 @@ def outside_nat(work: Work) -> Explanation | None:
         remote = "the backend runs on another node" if chosen else "SNAT if the backend"
         if chosen is None:
             remote += " chosen runs on another node (the candidates not marked local)"
+        family = "" if work.query.client.version == 4 else "IPv6 "
         work.nat = Nat(
             True,
-            f"{remote} (externalTrafficPolicy: Cluster): SNAT to the node's address on the"
-            " ingress interface, as kube-proxy's masquerade",
+            f"{remote} (externalTrafficPolicy: Cluster): SNAT to the node's {family}address"
+            " on the ingress interface, as kube-proxy's masquerade",
             str(address) if address is not None else "the ingress interface's address",
             first,
         )
@@ -558,8 +579,10 @@ def outside_nat(work: Work) -> Explanation | None:
     return work.done(Verdict.TRANSLATED, f"DNAT to {target}" + (", SNAT" if work.nat.snat else ""))
 
 
-def node_address(work: Work) -> IPv4Address | None:
-    addresses = work.maps.interface_addresses()
+def node_address(work: Work) -> IPAddress | None:
+    """The SNAT source: the ingress interface's entry of the flow's family
+    (ebpflb_ifaddr4 or ebpflb_ifaddr6), or the one address all interfaces share."""
+    addresses = work.maps.interface_addresses().of(work.query.client.version)
     ingress, lookup = work.query.ingress, work.settings.ifindex
     if ingress is not None and lookup is not None:
         return addresses.get(lookup(ingress))

@@ -4,7 +4,9 @@ where real packets go."""
 
 from __future__ import annotations
 
-from ebpflb.datapath.layout import addr_to_be32, port_to_be16, v4
+from ipaddress import IPv6Address
+
+from ebpflb.datapath.layout import addr_to_be32, addr_to_be32x4, port_to_be16, v4, v6
 from ebpflb.datapath.maps import Flow
 
 MASK32 = (1 << 32) - 1
@@ -41,6 +43,29 @@ def flow4_hash(flow: Flow, seed: int) -> int:
         ports ^ int(flow.protocol),
         seed,
     )
+
+
+def flow6_hash(flow: Flow, seed: int) -> int:
+    """flow6_hash(): flow4_hash for an IPv6 packet, lookup3's mix chained over the ten
+    words of the tuple (each __be32 as loaded, as addr_to_be32x4 gives them)."""
+    s = addr_to_be32x4(v6(flow.source.address))
+    d = addr_to_be32x4(v6(flow.destination.address))
+    ports = (port_to_be16(flow.source.port) << 16) | port_to_be16(flow.destination.port)
+    h = jhash_3words(s[0], s[1], s[2], seed)
+    h = jhash_3words(s[3], d[0], d[1], h)
+    return jhash_3words(d[2], d[3], ports ^ int(flow.protocol), h)
+
+
+def flow_hash(flow: Flow, seed: int) -> int:
+    """The slot hash tc/XDP computes for a flow of either family."""
+    return flow4_hash(flow, seed) if flow.family == 4 else flow6_hash(flow, seed)
+
+
+def addr6_fold(address: IPv6Address) -> int:
+    """addr6_fold(): an IPv6 source as an affinity client (aff4_key.client with
+    AFF_CLIENT_ADDR6), its two 64-bit halves XORed word by word."""
+    a = addr_to_be32x4(address)
+    return ((a[0] ^ a[2]) << 32) | (a[1] ^ a[3])
 
 
 def mix64(x: int) -> int:

@@ -36,7 +36,7 @@ class Verdict(enum.Enum):
 class Query:
     client: IPAddress
     client_port: int | None  # None: any source port (the choice may depend on it)
-    address: IPAddress  # IPv6 (or IPv4-mapped) only through socket-LB
+    address: IPAddress  # of the client's family from outside (IPv4-mapped: socket-LB only)
     port: int
     protocol: Proto
     path: Path = Path.SOCKET
@@ -78,9 +78,14 @@ def parse_query(
         )
     try:
         vip, source = ip_address(address), ip_address(client_ip)
-        if vip.version == 6 and (outside or ingress):
-            raise ValueError("IPv6 is served by socket-LB only (no IPv6 in tc/XDP yet)")
         mapped = vip.ipv4_mapped if isinstance(vip, IPv6Address) else None
+        if (outside or ingress) and (mapped is not None or vip.version != source.version):
+            # A packet's two addresses are of one family; ::ffff:a.b.c.d is a dual-stack
+            # socket's spelling, never on the wire.
+            raise ValueError(
+                "from outside, the client and the frontend are of one family (an IPv4-mapped"
+                " address is a socket's view: give the IPv4 address)"
+            )
         if mapped is not None:
             vip = mapped  # a dual-stack socket's ::ffff:a.b.c.d: the IPv4 tables decide
         return Query(

@@ -92,7 +92,8 @@ def agent_fill(
         MapName.SERVICE_META: len(reconciler.space.svc_ids),
         MapName.BACKENDS: len(reconciler.backends),
         MapName.SLOTS: reconciler.space.slots.used,
-        MapName.SOURCE_RANGES: reconciler.space.range_count,
+        MapName.SOURCE_RANGES: reconciler.space.range_counts[4],
+        MapName.SOURCE_RANGES6: reconciler.space.range_counts[6],
     }
     if reconciler.affinity.entries is not None:
         known[MapName.AFFINITY_MATCH] = reconciler.affinity.entries

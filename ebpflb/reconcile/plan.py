@@ -11,13 +11,12 @@ it gives back what it took before the next frontend is planned, and is reported.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from ipaddress import IPv4Network
 from typing import NamedTuple
 
 from ebpflb import maglev
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.errors import EbpflbError, TableSizeError
-from ebpflb.model import Frontend, NamespacedName
+from ebpflb.model import Frontend, IPNetwork, NamespacedName
 from ebpflb.reconcile.backends import Backends
 from ebpflb.reconcile.report import LOG_EACH_MAX, Reporter
 from ebpflb.reconcile.result import ApplyResult, Failure
@@ -48,13 +47,13 @@ class Plan(NamedTuple):
     current: Realized | None  # as realized before this apply
     name: str  # of the service port, "namespace/name:port"
     usable: tuple[WeightedBackend, ...]  # backends of weight > 0, which get slots
-    ranges: frozenset[IPv4Network]
+    ranges: frozenset[IPNetwork]
     svc_id: int
     ids: tuple[int, ...]  # backend id of each usable backend
     size: int  # table size; 0: the frontend refuses
     offset: int
     reuse: bool  # the table keeps its range: only changed slots are written
-    added_ranges: int  # source ranges counted against the map's capacity
+    added_ranges: frozenset[IPNetwork]  # source ranges counted against their maps' capacity
 
     @property
     def new_range(self) -> bool:
@@ -165,14 +164,14 @@ class Planner:
             raise self._too_many(count)
         space, backends = self.space, self.backends
         svc_id = current.entry.svc_id if current is not None else 0
-        added = 0
+        added: frozenset[IPNetwork] = frozenset()
         mark = backends.mark()
         try:
             if current is None:
                 svc_id = space.svc_ids.allocate(label)
             ids = tuple(backends.id_for(b.backend, name) for b in usable)
             if ranges:
-                new = len(ranges - (current.ranges if current is not None else NO_RANGES))
+                new = ranges - (current.ranges if current is not None else NO_RANGES)
                 space.reserve_ranges(new, label)
                 added = new
             reuse = bool(
@@ -191,7 +190,7 @@ class Planner:
             backends.give_back_since(mark)
             if current is None and svc_id:
                 space.svc_ids.release(svc_id)
-            space.range_count -= added
+            space.release_ranges(added)
             raise
         return Plan(
             frontend,
@@ -216,7 +215,7 @@ class Planner:
             self.space.slots.release(plan.offset, plan.size)
         if plan.current is None and plan.svc_id:
             self.space.svc_ids.release(plan.svc_id)
-        self.space.range_count -= plan.added_ranges
+        self.space.release_ranges(plan.added_ranges)
 
     def _too_many(self, backends: int) -> TableSizeError:
         """More backends than any table allowed can give a slot each (Maglev needs M >= N)."""

@@ -144,7 +144,8 @@ class Reconciler:
                 failed += 1
                 self._give_up(outcome, planner, writer, report)
         flows_left, sockets_left = self._udp_backends_left(outcomes)
-        result.count_write(self.maps.conntrack.name, purge_udp_flows(self.maps, flows_left))
+        for table, deleted in purge_udp_flows(self.maps, flows_left).items():
+            result.count_write(table, deleted)
         if sockets_left:
             self.maps.destroy_udp_sockets(sockets_left)
         report.unlogged_failures()
@@ -225,9 +226,7 @@ class Reconciler:
             if not addresses:
                 continue
             flags = current.entry.flags
-            v4 = frontend.address.version == 4
-            # tc/XDP flows are IPv4 only (no IPv6 conntrack yet).
-            if frontend.scope is Scope.EXTERNAL and flags & SvcFlags.EXTERNAL and v4:
+            if frontend.scope is Scope.EXTERNAL and flags & SvcFlags.EXTERNAL:
                 by_svc[plan.svc_id] = addresses
             if frontend.scope is Scope.INTERNAL or not flags & SvcFlags.INTERNAL_SCOPE:
                 key = AddrPort(frontend.address, frontend.port)
@@ -271,8 +270,8 @@ class Reconciler:
         result.count_write(self.maps.service_meta.name)
         for network in realized.ranges:
             self.maps.source_ranges.delete(SourceRange(svc_id, network))
-            self.space.range_count -= 1
-            result.count_write(self.maps.source_ranges.name)
+            self.space.release_ranges((network,))
+            result.count_write(self.maps.source_ranges.twin(network.version).name)
         self.space.svc_ids.release(svc_id)
         if realized.entry.table_size and realized.owns_range:
             self.space.retire(realized.entry.table_off, realized.entry.table_size)
@@ -292,8 +291,8 @@ class Reconciler:
         self.leftovers.metas = []
         for source_range in self.leftovers.ranges:
             self.maps.source_ranges.delete(source_range)
-            self.space.range_count -= 1
-            result.count_write(self.maps.source_ranges.name)
+            self.space.release_ranges((source_range.network,))
+            result.count_write(self.maps.source_ranges.twin(source_range.family).name)
         self.leftovers.ranges = []
 
     def _note_failures(

@@ -11,11 +11,11 @@ any other is compared with its desired state in full.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from ipaddress import IPv4Network
 from typing import NamedTuple
 
 from ebpflb.datapath.maps import BackendEntry, MapSet, ServiceEntry, SlotArray, SourceRange
 from ebpflb.errors import MapError
+from ebpflb.model import IPNetwork
 from ebpflb.reconcile.backends import Backends
 from ebpflb.reconcile.space import Space
 from ebpflb.reconcile.state import (
@@ -94,7 +94,7 @@ def rebuild(
     drifted = backends.drifted(previous_backends)
 
     ranges = dict(contents.ranges)
-    space.range_count = sum(map(len, ranges.values()))
+    space.count_ranges(network for networks in ranges.values() for network in networks)
     used_ids: set[int] = set()
     for frontend, entry in sorted(contents.services, key=lambda item: frontend_order(item[0])):
         if entry.svc_id in used_ids or entry.svc_id == 0:
@@ -127,7 +127,7 @@ def _restored(
     space: Space,
     entry: ServiceEntry,
     name: str,
-    ranges: frozenset[IPv4Network],
+    ranges: frozenset[IPNetwork],
     before: Realized | None,
 ) -> Realized:
     """One frontend read back from the maps (its range reserved if it is free)."""

@@ -9,10 +9,13 @@ may still index the old range while the sync that replaced it runs.
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from ebpflb.datapath.maps import SLOTS_PER_ELEMENT, MapSet, SlotPool
 from ebpflb.errors import MapError, MapFullError
+from ebpflb.model import IPNetwork
 from ebpflb.reconcile.alloc import IdAllocator, NeededBy, SlotAllocator, describe
 
 log = logging.getLogger(__name__)
@@ -37,9 +40,13 @@ class Space:
         self.slots = SlotAllocator(maps.slots.name, maps.slots.capacity, SLOTS_PER_ELEMENT)
         self.grown: list[Grow] = []  # since the reconciler last took them
         self._quarantine: list[tuple[int, int]] = []
-        self._range_map = maps.source_ranges.name
-        self._range_capacity = maps.source_ranges.capacity
-        self.range_count = 0  # source-range entries written or reserved
+        # Each family's source ranges have a map of their own (ebpflb_srcrng4/6), and a
+        # capacity of their own: counted apart, so one family's cannot crowd out the other's.
+        self._range_maps = {
+            family: (maps.source_ranges.twin(family).name, maps.source_ranges.twin(family).capacity)
+            for family in (4, 6)
+        }
+        self.range_counts = {4: 0, 6: 0}  # source-range entries written or reserved, by family
 
     @property
     def quarantined(self) -> tuple[tuple[int, int], ...]:
@@ -93,12 +100,31 @@ class Space:
         """A range no entry names any more: free at the next apply."""
         self._quarantine.append((start, size))
 
-    def reserve_ranges(self, count: int, needed_by: NeededBy) -> None:
-        """Room for `count` more source ranges (LPM tries cannot say how full they are)."""
-        if self.range_count + count > self._range_capacity:
-            raise MapFullError(
-                self._range_map,
-                self._range_capacity,
-                f"{count} source ranges of {describe(needed_by)}",
-            )
-        self.range_count += count
+    @property
+    def range_count(self) -> int:
+        """Source-range entries written or reserved, both families."""
+        return sum(self.range_counts.values())
+
+    def reserve_ranges(self, networks: Collection[IPNetwork], needed_by: NeededBy) -> None:
+        """Room for these source ranges in their families' maps (LPM tries cannot say how
+        full they are): all of them, or none (MapFullError naming the full map)."""
+        wanted = Counter(network.version for network in networks)
+        for family, count in wanted.items():
+            name, capacity = self._range_maps[family]
+            if self.range_counts[family] + count > capacity:
+                raise MapFullError(
+                    name, capacity, f"{count} source ranges of {describe(needed_by)}"
+                )
+        for family, count in wanted.items():
+            self.range_counts[family] += count
+
+    def release_ranges(self, networks: Iterable[IPNetwork]) -> None:
+        """Source ranges deleted, or reserved and then not written."""
+        for network in networks:
+            self.range_counts[network.version] -= 1
+
+    def count_ranges(self, networks: Iterable[IPNetwork]) -> None:
+        """The source ranges the maps hold (restore): the counts start from them."""
+        self.range_counts = {4: 0, 6: 0}
+        for network in networks:
+            self.range_counts[network.version] += 1

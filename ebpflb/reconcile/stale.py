@@ -5,7 +5,7 @@ idles out (kube-proxy deletes the kernel's conntrack entries for the same reason
 pkg/proxy/conntrack, kubernetes#59368). TCP flows keep their backend: they end when it
 stops answering, as with kube-proxy.
 
-This reads the whole conntrack map, so it runs only when a UDP frontend lost a backend.
+This reads both conntrack maps whole, so it runs only when a UDP frontend lost a backend.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from ebpflb.model import Proto
 Left = Mapping[int, Set[AddrPort]]
 
 
-def purge_udp_flows(maps: MapSet, left: Left) -> int:
+def purge_udp_flows(maps: MapSet, left: Left) -> dict[str, int]:
     """Delete the UDP conntrack entries (and the reply translations they own) of the
-    backends in `left`; the number of flows deleted."""
+    backends in `left`, IPv4 and IPv6 alike (a frontend's flows and backends are of its
+    family); the flows deleted by conntrack table (ebpflb_ct4, ebpflb_ct6)."""
     if not left:
-        return 0
+        return {}
     doomed = [
         (flow, entry)
         for flow, entry in maps.conntrack.items()
@@ -31,10 +32,13 @@ def purge_udp_flows(maps: MapSet, left: Left) -> int:
         and entry.svc_id in left
         and entry.backend in left[entry.svc_id]
     ]
+    deleted: dict[str, int] = {}
     for flow, entry in doomed:
         maps.conntrack.delete(flow)
+        table = maps.conntrack.twin(flow.family).name
+        deleted[table] = deleted.get(table, 0) + 1
         reply = Flow(entry.backend, entry.snat or flow.source, Proto.UDP)
         nat = maps.reply_nat.get(reply)
         if nat is not None and nat.client == flow.source and nat.frontend == flow.destination:
             maps.reply_nat.delete(reply)
-    return len(doomed)
+    return deleted

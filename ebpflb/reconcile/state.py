@@ -10,17 +10,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from ipaddress import IPv4Network
 
 import numpy as np
 
 from ebpflb.datapath.maps import BackendEntry, MapSet, ServiceEntry, SlotArray, SourceRange
 from ebpflb.desired import DesiredFrontend
 from ebpflb.maglev import MIN_SLOTS_PER_BACKEND
-from ebpflb.model import Frontend, NamespacedName
+from ebpflb.model import Frontend, IPNetwork, NamespacedName
 
 BackendIds = tuple[int, ...]  # sorted; a tuple takes a third of a frozenset's memory
-NO_RANGES: frozenset[IPv4Network] = frozenset()  # shared: almost no frontend has any
+NO_RANGES: frozenset[IPNetwork] = frozenset()  # shared: almost no frontend has any
 EMPTY_TABLE: SlotArray = np.zeros(0, dtype=np.uint32)
 
 
@@ -35,7 +34,7 @@ def table_ids(table: SlotArray) -> BackendIds:
     return tuple(i for i in np.unique(table).tolist() if i)
 
 
-def source_ranges(networks: Iterable[IPv4Network]) -> frozenset[IPv4Network]:
+def source_ranges(networks: Iterable[IPNetwork]) -> frozenset[IPNetwork]:
     return frozenset(networks) or NO_RANGES
 
 
@@ -74,7 +73,7 @@ class Realized:
     owns_range: bool = True  # False: the table overlaps another; the next apply moves it
     # What it was written for; None when unknown (restored, and not as last written).
     desired: DesiredFrontend | None = None
-    ranges: frozenset[IPv4Network] = NO_RANGES  # loadBalancerSourceRanges written
+    ranges: frozenset[IPNetwork] = NO_RANGES  # loadBalancerSourceRanges written
 
 
 class RealizedState:
@@ -131,12 +130,12 @@ class MapContents:
 
     backends: dict[int, BackendEntry]
     metas: dict[int, str]
-    ranges: dict[int, frozenset[IPv4Network]]  # by service id
+    ranges: dict[int, frozenset[IPNetwork]]  # by service id
     services: list[tuple[Frontend, ServiceEntry]]
 
     @classmethod
     def read(cls, maps: MapSet) -> MapContents:
-        ranges: dict[int, set[IPv4Network]] = {}
+        ranges: dict[int, set[IPNetwork]] = {}
         for source_range, _ in maps.source_ranges.items():
             ranges.setdefault(source_range.svc_id, set()).add(source_range.network)
         return cls(

@@ -19,13 +19,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Network
 from typing import NamedTuple
 
 from ebpflb import maglev
-from ebpflb.datapath.maps import BackendEntry, MapSet, ServiceEntry, SlotWrite, SourceRange
+from ebpflb.datapath.maps import (
+    BackendEntry,
+    MapSet,
+    ServiceEntry,
+    SlotWrite,
+    SourceRange,
+    network_order,
+)
 from ebpflb.errors import EbpflbError, MapError
-from ebpflb.model import Frontend
+from ebpflb.model import Frontend, IPNetwork
 from ebpflb.reconcile.backends import Backends
 from ebpflb.reconcile.plan import Plan
 from ebpflb.reconcile.result import ApplyResult, Failure
@@ -52,7 +58,7 @@ class Outcome:
     plan: Plan
     failure: Failure | None = None
     table: StoredTable | None = None  # None: no table, or not stored
-    ranges_written: tuple[IPv4Network, ...] = ()  # allowed for this entry by step 3
+    ranges_written: tuple[IPNetwork, ...] = ()  # allowed for this entry by step 3
     entry: ServiceEntry | None = None  # as switched to by step 4
 
     def fail(self, error: EbpflbError, map_name: str) -> None:
@@ -149,14 +155,15 @@ class Writer:
             if outcome.failure is not None or not plan.ranges:
                 continue
             old = plan.current.ranges if plan.current is not None else NO_RANGES
-            for network in sorted(plan.ranges - old):
+            for network in sorted(plan.ranges - old, key=network_order):
+                twin = source_ranges.twin(network.version).name
                 try:
                     source_ranges.put(SourceRange(plan.svc_id, network), 1)
                 except MapError as exc:
-                    outcome.fail(exc, source_ranges.name)
+                    outcome.fail(exc, twin)
                     break
                 outcome.ranges_written += (network,)
-                result.count_write(source_ranges.name)
+                result.count_write(twin)
 
     def write_meta(self, outcomes: Sequence[Outcome], result: ApplyResult) -> None:
         named = [
@@ -208,10 +215,11 @@ class Writer:
             plan = outcome.plan
             if outcome.failure is not None or plan.current is None or not plan.current.ranges:
                 continue
-            for network in sorted(plan.current.ranges - plan.ranges):
-                source_ranges.delete(SourceRange(plan.svc_id, network))
-                self.space.range_count -= 1
-                result.count_write(source_ranges.name)
+            for network in sorted(plan.current.ranges - plan.ranges, key=network_order):
+                source_range = SourceRange(plan.svc_id, network)
+                source_ranges.delete(source_range)
+                self.space.release_ranges((network,))
+                result.count_write(source_ranges.twin(source_range.family).name)
 
     def take_back_ranges(self, outcome: Outcome) -> None:
         """Source ranges allowed for an entry that was then not written."""

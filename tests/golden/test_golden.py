@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from ipaddress import IPv4Address, ip_network
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ def run_case(files: dict[str, str], tmp_path: Path) -> dict[str, Any]:
     node_doc = yaml.safe_load(files.get("node.yaml", "")) or {}
     node = NodeView(
         node_doc.get("name", ""),
-        tuple(IPv4Address(a) for a in node_doc.get("addresses", ())),
+        tuple(ip_address(a) for a in node_doc.get("addresses", ())),
         # --external-ip-cidrs: none unless the case allows some (CVE-2020-8554).
         ExternalIPPolicy(tuple(ip_network(c) for c in node_doc.get("externalIPCIDRs", ()))),
     )

@@ -33,7 +33,7 @@ from ebpflb.config import Config, XdpMode
 from ebpflb.datapath import loader, pins, testrun
 from ebpflb.datapath.contract import Counter, CtFlags, NatFlags
 from ebpflb.datapath.kernel import KernelMapSet
-from ebpflb.datapath.maps import AddrPort
+from ebpflb.datapath.maps import AddrPort, InterfaceAddresses
 from ebpflb.desired import NodeView, frontends_for_port
 from ebpflb.model import Frontend, Proto
 from ebpflb.reconcile import Reconciler
@@ -150,7 +150,13 @@ def open_datapath(**config_overrides: Any) -> Iterator[Datapath]:
         nodeport = loader.NodePortLB(config, loader.Features(set_retval=False))
         with KernelMapSet(pin_dir) as maps:
             maps.set_interface_addresses(
-                {ifindex[link.name]: IPv4Address(link.address) for link in pc.LINKS if link.address}
+                InterfaceAddresses(
+                    {
+                        ifindex[link.name]: IPv4Address(link.address)
+                        for link in pc.LINKS
+                        if link.address
+                    }
+                )
             )
             addresses = tuple(IPv4Address(link.address) for link in pc.LINKS if link.address)
             node = NodeView(pc.NODE_NAME, addresses)

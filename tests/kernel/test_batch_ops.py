@@ -10,7 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from bcc import BPF
 
 from ebpflb.config import Config
 from ebpflb.datapath import bpfsys, compiler, growable, loader
-from ebpflb.datapath.contract import CtFlags, NatFlags
+from ebpflb.datapath.contract import CtFlags, MapName, NatFlags
 from ebpflb.datapath.elementio import LOOKUP_CHUNK
 from ebpflb.datapath.kernel import KernelMapSet, PinnedMap
 from ebpflb.datapath.maps import (
@@ -27,6 +27,7 @@ from ebpflb.datapath.maps import (
     BackendEntry,
     ConntrackEntry,
     Flow,
+    InterfaceAddresses,
     NatEntry,
     ServiceEntry,
     SlotWrite,
@@ -234,3 +235,83 @@ def test_syscall_failures_are_project_errors_naming_the_object(pins: Path, tmp_p
             bpfsys.prog_query(fd, loader.SockHook.CONNECT4.attach_type, str(tmp_path))
     finally:
         os.close(fd)
+
+
+def test_ipv6_rows_go_to_the_ipv6_twins_and_read_back_typed(maps: KernelMapSet) -> None:
+    """ebpflb_ct6, ebpflb_rnat6, ebpflb_srcrng6 and ebpflb_ifaddr6 through the MapSet's
+    family joins: each IPv6 row in its twin, read back as written, idle IPv6 reply
+    translations expired like IPv4 ones; an LPM lookup finds the IPv6 prefix."""
+    now = time.monotonic_ns()
+    client = AddrPort(IPv6Address("2001:db8:c::7"), 40001)
+    frontend = AddrPort(IPv6Address("2001:db8:1b::1"), 80)
+    snat = AddrPort(IPv6Address("2001:db8::10"), 40123)
+    backend_at = AddrPort(IPv6Address("fd00:244::21"), 8080)
+    flow = Flow(client, frontend, Proto.UDP)
+    entry = ConntrackEntry(backend_at, CtFlags.SNAT, snat, 8, 2, now + 10**12, 3, 180)
+    live = (
+        Flow(backend_at, snat, Proto.UDP),
+        NatEntry(client, frontend, NatFlags.SNAT, now + 10**12),
+    )
+    idle = (
+        Flow(backend_at, AddrPort(snat.address, 40124), Proto.UDP),
+        NatEntry(AddrPort(client.address, 40002), frontend, NatFlags.SNAT, now - 1),
+    )
+    ranges = [
+        (SourceRange(9, IPv6Network("2001:db8:c::/48")), 1),
+        (SourceRange(9, IPv4Network("198.51.100.0/24")), 1),
+    ]
+    try:
+        maps.conntrack.put(flow, entry)
+        assert maps.reply_nat.put_many([live, idle]) == {}
+        assert maps.source_ranges.put_many(ranges) == {}
+        assert list(maps.conntrack.v6.items()) == [(flow, entry)] and not len(maps.conntrack.v4)
+        assert maps.conntrack.get(flow) == entry
+        assert sorted(maps.reply_nat.v6.items()) == sorted([live, idle])
+        assert list(maps.source_ranges.v6.items()) == [ranges[0]]
+        assert list(maps.source_ranges.v4.items()) == [ranges[1]]
+        assert maps.expire_flows() == 1
+        assert list(maps.reply_nat.items()) == [live]
+        maps.set_interface_addresses(
+            InterfaceAddresses(
+                {3: IPv4Address("192.168.1.10")}, {3: snat.address, 4: client.address}
+            )
+        )
+        assert maps.interface_addresses() == InterfaceAddresses(
+            {3: IPv4Address("192.168.1.10")}, {3: snat.address, 4: client.address}
+        )
+        maps.set_interface_addresses(InterfaceAddresses({}, {4: frontend.address}))
+        assert maps.interface_addresses() == InterfaceAddresses({}, {4: frontend.address})
+    finally:
+        maps.conntrack.delete(flow)
+        maps.reply_nat.delete(live[0])
+        for source_range, _ in ranges:
+            maps.source_ranges.delete(source_range)
+        maps.set_interface_addresses(InterfaceAddresses())
+    assert not len(maps.conntrack) and not len(maps.source_ranges)
+
+
+def test_ipv6_conntrack_grows_on_its_own(maps: KernelMapSet) -> None:
+    """ebpflb_ct6 half full doubles, its flows kept; ebpflb_ct4 (empty) stays."""
+    initial = maps.conntrack.v6.capacity
+    target = AddrPort(IPv6Address("fd00:244::21"), 8080)
+    flows = [
+        (
+            Flow(
+                AddrPort(IPv6Address("2001:db8:c::7") + i // 60000, 1000 + i % 60000),
+                AddrPort(IPv6Address("2001:db8:1b::1"), 80),
+                Proto.TCP,
+            ),
+            ConntrackEntry(target, CtFlags.NONE, None, 1, 1, 2**62, 0, 0),
+        )
+        for i in range(initial // 2)
+    ]
+    try:
+        assert maps.conntrack.put_many(flows) == {}
+        limit = initial * 4
+        assert maps.grow_conntrack(limit, MapName.CONNTRACK) is None  # ct4: empty
+        assert maps.grow_conntrack(limit, MapName.CONNTRACK6) == (initial, initial * 2)
+        assert maps.conntrack.v6.capacity == initial * 2
+        assert dict(maps.conntrack.items()) == dict(flows)
+    finally:
+        for flow, _ in flows:
+            maps.conntrack.delete(flow)

@@ -1,6 +1,9 @@
 """Node addresses that change while the agent runs (ebpflb.datapath.addrwatch): NodePorts
 answer on an address added to the node's interface within seconds and stop when it is
-removed; the masquerade (SNAT) source follows the interface's addresses.
+removed; the masquerade (SNAT) source follows the interface's addresses. IPv6 too: a
+global address added to eth0 gets the IPv6 Service's nodePort and becomes eth0's entry in
+ebpflb_ifaddr6, a tentative one (DAD running) neither, link-local ones never (the IPv6
+packet path itself is tests/kernel/test_nodeport6.py's).
 
 Topology (ebpflb.testing.netns.Cluster, one node): a client on the wire, the node on
 192.168.100.1/24 (eth0, the agent attached), one pod behind it serving the NodePort.
@@ -17,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,8 @@ from ebpflb.testing.cluster import Cluster
 from ebpflb.testing.netns import Cgroup, sh
 
 NODE, EXTRA, CLIENT = "192.168.100.1", "192.168.100.11", "192.168.100.100"
-NODEPORT = 30500
+NODEPORT, NODEPORT6 = 30500, 30501
+NODE6, TENTATIVE6 = "2001:db8:100::1", "2001:db8:100::2"
 MANIFESTS = f"""\
 apiVersion: v1
 kind: Service
@@ -49,6 +53,28 @@ addressType: IPv4
 ports: [{{name: http, protocol: TCP, port: 8080}}]
 endpoints:
   - addresses: ["10.244.1.11"]
+    nodeName: node1
+    conditions: {{ready: true}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: np6, namespace: default}}
+spec:
+  type: NodePort
+  clusterIP: fd00:96::71
+  ipFamilies: [IPv6]
+  ports: [{{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: {NODEPORT6}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: np6-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: np6}}
+addressType: IPv6
+ports: [{{name: http, protocol: TCP, port: 8080}}]
+endpoints:
+  - addresses: ["fd00:244:1::11"]
     nodeName: node1
     conditions: {{ready: true}}
 """
@@ -84,7 +110,11 @@ class Env:
 
     def snat_source(self) -> set[IPv4Address]:
         with KernelMapSet(self.bpffs) as maps:
-            return set(maps.interface_addresses().values())
+            return set(maps.interface_addresses().v4.values())
+
+    def snat_source6(self) -> set[IPv6Address]:
+        with KernelMapSet(self.bpffs) as maps:
+            return set(maps.interface_addresses().v6.values())
 
     def changes(self, change: str) -> float:
         value = self.agent.metrics().value("ebpflb_node_address_changes_total", change=change)
@@ -180,3 +210,32 @@ def test_removing_the_snat_source_moves_it_to_the_interfaces_other_address(env: 
         env.ip("addr", "del", f"{EXTRA}/24", "dev", "eth0")
     wait_for(lambda: env.snat_source() == {IPv4Address(NODE)}, "SNAT source back")
     assert answered(env.nodeport(NODE))
+
+
+def test_ipv6_nodeports_and_snat_source_follow_global_addresses_past_dad(env: Env) -> None:
+    frontend = f"[{NODE6}]:{NODEPORT6}/TCP"
+    # eth0 has link-local addresses only: no IPv6 nodePort, no IPv6 SNAT source.
+    assert not any(f.endswith(f":{NODEPORT6}/TCP") for f in env.frontends())
+    assert env.snat_source6() == set()
+    env.ip("addr", "add", f"{NODE6}/64", "dev", "eth0", "nodad")
+    try:
+        wait_for(lambda: frontend in env.frontends(), "IPv6 frontend added")
+        wait_for(lambda: env.snat_source6() == {IPv6Address(NODE6)}, "IPv6 SNAT source")
+        assert env.snat_source() == {IPv4Address(NODE)}  # the IPv4 one unchanged
+        assert not any("[fe80:" in f for f in env.frontends())
+        # DAD running for a long while: tentative, so neither a frontend nor a source.
+        sh("ip", "netns", "exec", env.node_ns, "sysctl", "-qw", "net.ipv6.conf.eth0.accept_dad=1")
+        sh(
+            "ip", "netns", "exec", env.node_ns, "sysctl", "-qw",
+            "net.ipv6.conf.eth0.dad_transmits=60",
+        )  # fmt: skip
+        env.ip("addr", "add", f"{TENTATIVE6}/64", "dev", "eth0")
+        try:
+            time.sleep(3.0 * TIMEOUT_SCALE)  # the agent dumps within a second of the event
+            assert f"[{TENTATIVE6}]:{NODEPORT6}/TCP" not in env.frontends()
+        finally:
+            env.ip("addr", "del", f"{TENTATIVE6}/64", "dev", "eth0")
+    finally:
+        env.ip("addr", "del", f"{NODE6}/64", "dev", "eth0")
+    wait_for(lambda: frontend not in env.frontends(), "IPv6 frontend removed")
+    wait_for(lambda: env.snat_source6() == set(), "IPv6 SNAT source removed")

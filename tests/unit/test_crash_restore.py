@@ -50,10 +50,10 @@ def test_source_ranges_of_a_removal_cut_short_never_reach_the_frontend_taking_it
     result = restarted.apply({NEW: {new_fe: new}}, full=True)
     assert result.errors == []
     assert maps.services.data[new_fe].svc_id == svc_id  # the id came free, and was taken
-    assert set(maps.source_ranges.data) == {SourceRange(svc_id, IPv4Network("192.0.2.0/24"))}
+    assert set(maps.source_ranges4.data) == {SourceRange(svc_id, IPv4Network("192.0.2.0/24"))}
     assert maps.service_meta.data == {svc_id: "default/new:http"}
     # What the agent counts is what the map holds.
-    assert restarted.space.range_count == len(maps.source_ranges.data)
+    assert restarted.space.range_count == len(maps.source_ranges4.data)
 
 
 # ---- every crash point of one sync --------------------------------------------------------
@@ -168,7 +168,7 @@ def consistency_errors(maps: FakeMapSet) -> list[str]:
 def programmed(maps: FakeMapSet) -> dict[Frontend, tuple[str, frozenset[str], frozenset[str]]]:
     """Frontend -> (name, backends its table names, source ranges)."""
     ranges: dict[int, set[str]] = {}
-    for source_range in maps.source_ranges.data:
+    for source_range in maps.source_ranges4.data:
         ranges.setdefault(source_range.svc_id, set()).add(str(source_range.network))
     found = {}
     for frontend, entry in maps.services.data.items():
@@ -241,7 +241,7 @@ def test_a_kill_after_any_write_of_a_sync_leaves_consistent_maps_and_the_restart
             for i in maps.slots.read(e.table_off, e.table_size)
         }
         assert set(maps.backends.data) == named, f"backends nobody names ({budget})"
-        assert restarted.space.range_count == len(maps.source_ranges.data), budget
+        assert restarted.space.range_count == len(maps.source_ranges4.data), budget
         restarted.apply(generation(3), full=True)  # the quarantined ranges come free
         used = sum(-(-e.table_size // 2) * 2 for e in maps.services.data.values())
         assert restarted.space.slots.used == used, f"slot ranges leaked ({budget})"

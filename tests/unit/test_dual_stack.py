@@ -23,7 +23,7 @@ from ebpflb.datapath.fake import FakeMap, FakeMapSet
 from ebpflb.datapath.family import FamilyMap, backend_family, frontend_family
 from ebpflb.datapath.maps import AddrPort, BackendEntry
 from ebpflb.desired import ExternalIPPolicy, NodeView, frontends_for_port, frontends_for_service
-from ebpflb.errors import ConfigError, MapFullError
+from ebpflb.errors import MapFullError
 from ebpflb.explain import Verdict, explain
 from ebpflb.explain.engine import Settings
 from ebpflb.explain.model import parse_query
@@ -105,7 +105,7 @@ def test_ipv6_only_service() -> None:
     assert list(found) == [Frontend(V6, 80, Proto.TCP)]
 
 
-def test_nodeports_stay_ipv4_and_ipv6_external_ips_are_frontends() -> None:
+def test_nodeports_follow_the_node_addresses_and_ipv6_external_ips_are_frontends() -> None:
     svc = dual_service(type="NodePort", externalIPs=["2001:db8::7", "192.0.2.7"])
     svc["spec"]["ports"][0]["nodePort"] = 30080
     node = NodeView(
@@ -120,6 +120,7 @@ def test_nodeports_stay_ipv4_and_ipv6_external_ips_are_frontends() -> None:
     assert ("192.168.1.5:30080/TCP", SvcFlags.NODE_PORT) in by_type
     assert ("[2001:db8::7]:80/TCP", SvcFlags.EXTERNAL_IP) in by_type
     assert ("192.0.2.7:80/TCP", SvcFlags.EXTERNAL_IP) in by_type
+    # No IPv6 node address: no IPv6 nodePort frontend (nor a ::1 one).
     assert not any(f.address.version == 6 and f.port == 30080 for f in found)
     six = found[Frontend(IPv6Address("2001:db8::7"), 80, Proto.TCP)]
     assert all(b.backend.address.version == 6 for b in six.backends)
@@ -235,15 +236,27 @@ def test_backend_ids_are_one_space_over_both_arrays() -> None:
     assert not both.delete(3)
 
 
-def test_ipv6_paths_tc_does_not_serve_are_named_and_counted_once() -> None:
+def test_a_dual_stack_nodeport_answers_on_the_node_addresses_of_each_family() -> None:
+    """Each family's nodePort frontends on that family's node addresses, over that
+    family's endpoints; 127.0.0.1 for host processes, no ::1 (kube-proxy has none)."""
     svc = dual_service(type="NodePort")
     svc["spec"]["ports"][0]["nodePort"] = 30080
-    (reason,) = translate_service(svc).ipv6_unserved
-    assert "nodePort 30080" in reason and "not programmed" in reason
+    node = NodeView("n1", (IPv4Address("192.168.1.5"), IPv6Address("2001:db8::5")))
+    found = frontends_for_service(state_of(svc, slices()), node)
+    nodeports = {str(f): d for f, d in found.items() if d.flags & SvcFlags.NODE_PORT}
+    assert set(nodeports) == {
+        "192.168.1.5:30080/TCP",
+        "127.0.0.1:30080/TCP",
+        "[2001:db8::5]:30080/TCP",
+    }
+    six = nodeports["[2001:db8::5]:30080/TCP"]
+    assert {str(b.backend) for b in six.backends} == {"[fd00:244::11]:8080"}
+    four = nodeports["192.168.1.5:30080/TCP"]
+    assert all(b.backend.address.version == 4 for b in four.backends) and four.backends
+    # Nothing is left unserved now: no counter for it.
     agent = Agent(Config(), FakeMapSet(), Metrics(CollectorRegistry()), clock=FakeClock())
     agent.object_updated(Kind.SERVICE, svc)
-    agent.object_updated(Kind.SERVICE, svc)  # unchanged: not counted again
-    assert agent.metrics.registry.get_sample_value("ebpflb_ipv6_skipped_total") == 1
+    assert agent.metrics.registry.get_sample_value("ebpflb_ipv6_skipped_total") is None
 
 
 def test_refused_external_ips_of_both_families_are_reported() -> None:
@@ -255,8 +268,8 @@ def test_refused_external_ips_of_both_families_are_reported() -> None:
 
 
 def test_ipv6_udp_sockets_of_a_leaving_backend_are_destroyed() -> None:
-    """A UDP backend leaving an IPv6 frontend: the agent asks for the connected sockets
-    aimed at it to be destroyed (no tc/XDP conntrack to purge: IPv6 has none yet)."""
+    """A UDP backend leaving an IPv6 ClusterIP: the agent asks for the connected sockets
+    aimed at it to be destroyed (tc/XDP serves no ClusterIP: no conntrack to purge)."""
     maps = FakeMapSet()
     rec = Reconciler(maps)
     ports = [{"name": "dns", "protocol": "UDP", "port": 53, "targetPort": 5353}]
@@ -304,5 +317,54 @@ def test_explain_follows_an_ipv6_and_an_ipv4_mapped_connect() -> None:
     missing = explain(maps, parse_query("fd00::1", "[fd00::10]:81"), settings)
     assert missing.verdict is Verdict.NOT_TRANSLATED
     assert "not in ebpflb_svc6" in missing.steps[0].outcome
-    with pytest.raises(ConfigError, match="socket-LB only"):
-        parse_query("2001:db8::1", "[fd00::10]:80", outside=True)
+    # From outside, the IPv6 frontend is tc/XDP's: the ClusterIP is not served there.
+    outside = explain(maps, parse_query("2001:db8::1", "[fd00::10]:80", outside=True), settings)
+    assert outside.verdict is Verdict.NOT_TRANSLATED and "ClusterIP" in outside.reason
+
+
+def test_each_familys_source_ranges_have_their_own_map_and_budget() -> None:
+    """A dual-stack LoadBalancer: the IPv6 ingress IP's ranges go to ebpflb_srcrng6, the
+    IPv4 one's to ebpflb_srcrng4, each map with its own capacity; a family's map full
+    fails that family's frontend only (named, counted), nothing of it written."""
+    svc = dual_service(
+        type="LoadBalancer",
+        loadBalancerSourceRanges=["198.51.100.0/24", "2001:db8:c::/48", "2001:db8:d::/48"],
+    )
+    svc["spec"]["ports"][0]["nodePort"] = 30080
+    svc["status"] = {"loadBalancer": {"ingress": [{"ip": "203.0.113.1"}, {"ip": "2001:db8::1"}]}}
+    wanted = frontends_for_service(state_of(svc, slices()))
+    lb4 = wanted[Frontend(IPv4Address("203.0.113.1"), 80, Proto.TCP)]
+    lb6 = wanted[Frontend(IPv6Address("2001:db8::1"), 80, Proto.TCP)]
+    assert [str(n) for n in lb4.source_ranges] == ["198.51.100.0/24"]
+    assert [str(n) for n in lb6.source_ranges] == ["2001:db8:c::/48", "2001:db8:d::/48"]
+
+    maps = FakeMapSet(src_range_max=2)
+    rec = Reconciler(maps, metrics=Metrics(CollectorRegistry()))
+    assert rec.apply({WEB: wanted}).errors == []
+    assert {r.network.version for r in maps.source_ranges4.data} == {4}
+    assert len(maps.source_ranges4) == 1 and len(maps.source_ranges6) == 2
+    assert rec.space.range_counts == {4: 1, 6: 2}
+
+    # A third IPv6 range: ebpflb_srcrng6 (2 entries) is full, ebpflb_srcrng4 is not.
+    more = dual_service(
+        type="LoadBalancer",
+        loadBalancerSourceRanges=["198.51.100.0/24", "2001:db8:c::/48", "2001:db8:d::/48"],
+    )
+    more["spec"]["clusterIPs"] = ["10.96.0.11", "fd00::11"]
+    more["spec"]["clusterIP"] = "10.96.0.11"
+    more["spec"]["ports"][0]["nodePort"] = 30081
+    more["status"] = {"loadBalancer": {"ingress": [{"ip": "203.0.113.2"}, {"ip": "2001:db8::2"}]}}
+    other = NamespacedName("default", "other")  # another owner, the same port name
+    result = rec.apply({WEB: wanted, other: frontends_for_service(state_of(more, slices()))})
+    (error,) = result.errors
+    assert "ebpflb_srcrng6 is full (limit 2)" in error and "[2001:db8::2]:80/TCP" in error
+    assert rec.metrics is not None
+    counted = rec.metrics.registry.get_sample_value(
+        "ebpflb_map_errors_total", {"map": "ebpflb_srcrng6", "reason": "full"}
+    )
+    assert counted == 1
+    assert Frontend(IPv6Address("2001:db8::2"), 80, Proto.TCP) not in maps.services.data
+    # The IPv4 ingress IP of the same service has room in its own map: written.
+    assert Frontend(IPv4Address("203.0.113.2"), 80, Proto.TCP) in maps.services.data
+    assert rec.space.range_counts == {4: 2, 6: 2}
+    assert len(maps.source_ranges4) == 2 and len(maps.source_ranges6) == 2

@@ -4,7 +4,7 @@ NAT) rendered from typed rows, as JSON and as text, without a kernel."""
 from __future__ import annotations
 
 import json
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import numpy as np
 import pytest
@@ -253,3 +253,42 @@ def test_a_selection_renders_as_text_saying_so(maps: FakeMapSet) -> None:
 def test_a_malformed_selection_names_the_flag(service: str | None, frontend: str | None) -> None:
     with pytest.raises(ConfigError, match="--service" if service else "--frontend"):
         dump.Selection.parse(service, frontend)
+
+
+def test_ipv6_flows_and_nat_entries_are_shown_after_the_ipv4_ones(maps: FakeMapSet) -> None:
+    """ebpflb_ct6 and ebpflb_rnat6 next to their IPv4 twins: IPv6 rows after IPv4 ones
+    (addresses of two families never compared), selected by their IPv6 frontend."""
+    lb6 = AddrPort(IPv6Address("2001:db8:1b::1"), 80)
+    client6 = AddrPort(IPv6Address("2001:db8:c::7"), 40001)
+    backend6 = AddrPort(IPv6Address("fd00:244::21"), 8080)
+    snat6 = AddrPort(IPv6Address("2001:db8::10"), 40123)
+    maps.backends.put(3, BackendEntry(Backend(backend6.address, backend6.port, Proto.TCP)))
+    maps.services.put(
+        Frontend(lb6.address, 80, Proto.TCP),
+        ServiceEntry(10, 6, 1, 1, SvcFlags.LOADBALANCER | SvcFlags.SOURCE_RANGES),
+    )
+    maps.slots.write(6, np.array([3], dtype=np.uint32))
+    maps.service_meta.put(10, "default/web6:http")
+    maps.source_ranges.put(SourceRange(10, IPv6Network("2001:db8:c::/48")), 1)
+    maps.conntrack.put(
+        Flow(client6, lb6, Proto.TCP),
+        ConntrackEntry(backend6, CtFlags.SNAT, snat6, 10, 3, NOW + 10**9, 1, 80),
+    )
+    maps.reply_nat.put(
+        Flow(backend6, snat6, Proto.TCP), NatEntry(client6, lb6, NatFlags.SNAT, NOW + 10**9)
+    )
+    assert len(maps.conntrack6) == 1 and len(maps.reply_nat6) == 1
+    report = dump.collect(maps, now_ns=NOW)
+    assert [f["client"] for f in report["conntrack"]] == [str(CLIENT), f"[{client6.address}]:40001"]
+    six = report["conntrack"][1]
+    assert six["backend"] == "[fd00:244::21]:8080" and six["snat"] == "[2001:db8::10]:40123"
+    assert report["nat"][-1]["client"] == "[2001:db8:c::7]:40001"
+    lb = next(s for s in report["services"] if s["svc_id"] == 10)
+    assert lb["source_ranges"] == ["2001:db8:c::/48"]
+    text = dump.render_text(report)
+    assert "TCP [2001:db8:c::7]:40001 -> [2001:db8:1b::1]:80 => [fd00:244::21]:8080" in text
+    selected = dump.collect(
+        maps, now_ns=NOW, select=dump.Selection.parse(frontend="[2001:db8:1b::1]:80/TCP")
+    )
+    assert [f["svc_id"] for f in selected["conntrack"]] == [10]
+    assert [n["frontend"] for n in selected["nat"]] == ["[2001:db8:1b::1]:80"]

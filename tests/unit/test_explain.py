@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
 
@@ -18,15 +18,16 @@ from ebpflb.datapath.maps import (
     AffinityMatch,
     ConntrackEntry,
     Flow,
+    InterfaceAddresses,
     ServiceCounters,
     ServiceEntry,
 )
 from ebpflb.desired import DesiredFrontend, NodeView, WeightedBackend, frontends_for_port
 from ebpflb.errors import ConfigError
 from ebpflb.explain import Path, Verdict, explain
-from ebpflb.explain.affinity import AffinityEntry, AffinityKey, decode_key, encode_key
+from ebpflb.explain.affinity import AffinityEntry, AffinityKey, Folded6, decode_key, encode_key
 from ebpflb.explain.engine import Settings
-from ebpflb.explain.flowhash import flow4_hash, jhash_3words, mix64
+from ebpflb.explain.flowhash import addr6_fold, flow4_hash, flow6_hash, jhash_3words, mix64
 from ebpflb.explain.model import parse_query
 from ebpflb.explain.render import render_text
 from ebpflb.model import (
@@ -115,7 +116,7 @@ def maps() -> FakeMapSet:
         }
     )
     assert not result.errors
-    maps.iface_addrs = {2: NODE}
+    maps.iface_addrs = InterfaceAddresses({2: NODE})
     return maps
 
 
@@ -219,8 +220,11 @@ def test_source_ranges_drop_other_clients(maps: FakeMapSet) -> None:
 
 def test_a_live_flow_keeps_its_backend_from_conntrack(maps: FakeMapSet) -> None:
     client, front = AddrPort(IPv4Address("192.168.1.100"), 5555), AddrPort(NODE, 30080)
-    maps.conntrack.data[Flow(client, front, Proto.TCP)] = ConntrackEntry(
-        AddrPort(IPv4Address("10.244.9.9"), 8080), CtFlags.NONE, None, 1, 7, 2 * 10**12, 3, 300
+    maps.conntrack.put(
+        Flow(client, front, Proto.TCP),
+        ConntrackEntry(
+            AddrPort(IPv4Address("10.244.9.9"), 8080), CtFlags.NONE, None, 1, 7, 2 * 10**12, 3, 300
+        ),
     )
     ex = explain(maps, parse_query("192.168.1.100:5555", f"{NODE}:30080", outside=True), SETTINGS)
     assert ex.selection is not None and ex.selection.from_conntrack
@@ -328,7 +332,7 @@ def sem() -> FakeMapSet:
         for name, (port, endpoints) in SEMANTICS.items()
     }
     assert not Reconciler(maps).apply(desired).errors
-    maps.iface_addrs = {2: N1}
+    maps.iface_addrs = InterfaceAddresses({2: N1})
     return maps
 
 
@@ -494,3 +498,171 @@ def test_netns_cookie_is_for_socket_lb() -> None:
         parse_query("10.0.0.1", "10.96.0.10:80", outside=True, netns_cookie=5)
     args = parse_args(["explain", "10.0.0.1", "10.96.0.10:80", "--netns-cookie", "4097"])
     assert args.netns_cookie == 4097
+
+
+# ---- IPv6 from outside: NodePort, LoadBalancer with source ranges, affinity ---------------
+
+# bpf/lib/hash.h compiled with gcc (x86_64, a harness filling struct flow6 with inet_pton
+# and htons): flow6_hash of the two flows in test_the_ipv6_hash_mirrors_give_the_c_functions_values,
+# addr6_fold of their two client addresses.
+FLOW6_TCP, FLOW6_UDP = 2324389118, 2031984854
+FOLD1, FOLD2 = 13262257714643340288, 288235860892058624
+
+NODE6 = IPv6Address("2001:db8::1")
+CLIENT6 = IPv6Address("2001:db8:c::1")
+ETH0 = 2
+
+
+def be6(n: int, local: bool) -> WeightedBackend:
+    flags = BackendFlags.LOCAL if local else BackendFlags.NONE
+    return WeightedBackend(Backend(IPv6Address(f"fd00:244::{n}"), 8080, Proto.TCP), flags=flags)
+
+
+ALL6 = (be6(11, True), be6(12, True), be6(21, False), be6(22, False))
+
+
+@pytest.fixture
+def maps6() -> FakeMapSet:
+    """An IPv6 NodePort, an IPv6 LoadBalancer IP with an IPv6 source range and an IPv4
+    one with its own IPv4 range, the node's addresses of both families on eth0."""
+    maps = FakeMapSet()
+    lb6 = Frontend(IPv6Address("2001:db8:1b::50"), 80, Proto.TCP)
+    lb4 = frontend("192.168.1.50", 80)
+    sticky6 = Frontend(NODE6, 30104, Proto.TCP)
+    services = {
+        "web6": [want("web6", Frontend(NODE6, 30080, Proto.TCP), SvcFlags.NODE_PORT, ALL6)],
+        "lb": [
+            want(
+                "lb",
+                lb6,
+                SvcFlags.LOADBALANCER | SvcFlags.SOURCE_RANGES,
+                ALL6,
+                source_ranges=(IPv6Network("2001:db8:c::/48"),),
+            ),
+            want(
+                "lb",
+                lb4,
+                SvcFlags.LOADBALANCER | SvcFlags.SOURCE_RANGES,
+                ALL,
+                source_ranges=(IPv4Network("192.168.1.100/32"),),
+            ),
+        ],
+        "sticky6": [
+            want(
+                "sticky6",
+                sticky6,
+                SvcFlags.NODE_PORT | SvcFlags.AFFINITY,
+                ALL6,
+                affinity_timeout=60,
+            )
+        ],
+    }
+    result = Reconciler(maps).apply(
+        {
+            NamespacedName("default", name): {w.frontend: w for w in wants}
+            for name, wants in services.items()
+        }
+    )
+    assert not result.errors
+    maps.iface_addrs = InterfaceAddresses({ETH0: NODE}, {ETH0: NODE6})
+    return maps
+
+
+def test_the_ipv6_hash_mirrors_give_the_c_functions_values() -> None:
+    # Reference values from bpf/lib/hash.h's flow6_hash and addr6_fold compiled with gcc
+    # (seed EBPFLB_FLOW_HASH_SEED 0x6562706c): the flows below, built as the C fills them.
+    tcp = Flow(AddrPort(CLIENT6, 40000), AddrPort(IPv6Address("2001:db8::10"), 30080), Proto.TCP)
+    udp = Flow(
+        AddrPort(IPv6Address("fd00:1:2:3:4:5:6:7"), 53),
+        AddrPort(IPv6Address("2001:db8:ffff::1"), 5353),
+        Proto.UDP,
+    )
+    assert flow6_hash(tcp, SEED) == FLOW6_TCP
+    assert flow6_hash(udp, SEED) == FLOW6_UDP
+    assert addr6_fold(CLIENT6) == FOLD1
+    assert addr6_fold(IPv6Address("fd00:1:2:3:4:5:6:7")) == FOLD2
+
+
+def test_an_ipv6_nodeport_packet_gets_the_flow6_hash_slot_and_the_ipv6_snat_source(
+    maps6: FakeMapSet,
+) -> None:
+    entry = maps6.services.data[Frontend(NODE6, 30080, Proto.TCP)]
+    table = maps6.slots.read(entry.table_off, entry.table_size)
+    seen = set()
+    for port in range(40000, 40040):
+        query = parse_query(f"[{CLIENT6}]:{port}", f"[{NODE6}]:30080", ingress="eth0")
+        ex = explain(maps6, query, SETTINGS)
+        flow = Flow(AddrPort(CLIENT6, port), AddrPort(NODE6, 30080), Proto.TCP)
+        slot = flow6_hash(flow, SEED) % entry.table_size
+        expected = maps6.backends.data[int(table[slot])]
+        assert ex.verdict is Verdict.TRANSLATED and ex.backend is not None
+        assert ex.selection is not None and ex.selection.slot == slot
+        assert "flow6_hash" in ex.selection.hash_inputs
+        assert ex.backend.backend == str(expected.backend)
+        assert ex.nat is not None and ex.nat.snat == (not expected.flags & BackendFlags.LOCAL)
+        if ex.nat.snat:  # ebpflb_ifaddr6's address of eth0, not the IPv4 one
+            assert ex.nat.source == str(NODE6) and "IPv6 address" in ex.nat.reason
+        seen.add(ex.backend.backend)
+    assert len(seen) == 4
+
+
+def test_ipv6_source_ranges_are_the_ipv6_frontends_own(maps6: FakeMapSet) -> None:
+    lb6 = "[2001:db8:1b::50]:80"
+    ok = explain(maps6, parse_query(f"[{CLIENT6}]:5555", lb6, outside=True), SETTINGS)
+    assert ok.verdict is Verdict.TRANSLATED
+    assert "2001:db8:c::/48 (ebpflb_srcrng6)" in ok.steps[1].outcome
+    no = explain(maps6, parse_query("[2001:db8:d::1]:5555", lb6, outside=True), SETTINGS)
+    assert no.verdict is Verdict.DROPPED and "loadBalancerSourceRanges" in no.reason
+    # The IPv4 frontend of the service keeps its own IPv4 range.
+    v4 = explain(
+        maps6, parse_query("192.168.1.100:5555", "192.168.1.50:80", outside=True), SETTINGS
+    )
+    assert v4.verdict is Verdict.TRANSLATED and "(ebpflb_srcrng4)" in v4.steps[1].outcome
+
+
+def test_a_live_ipv6_flow_keeps_its_backend_from_ebpflb_ct6(maps6: FakeMapSet) -> None:
+    client, front = AddrPort(CLIENT6, 5555), AddrPort(NODE6, 30080)
+    target = AddrPort(IPv6Address("fd00:244::99"), 8080)
+    maps6.conntrack.put(
+        Flow(client, front, Proto.TCP),
+        ConntrackEntry(target, CtFlags.NONE, None, 1, 7, 2 * 10**12, 3, 300),
+    )
+    assert len(maps6.conntrack6) == 1 and not maps6.conntrack4.data
+    query = parse_query(f"[{CLIENT6}]:5555", f"[{NODE6}]:30080", outside=True)
+    ex = explain(maps6, query, SETTINGS)
+    assert ex.selection is not None and ex.selection.from_conntrack
+    assert ex.backend is not None and ex.backend.backend == "[fd00:244::99]:8080"
+
+
+def test_an_ipv6_client_s_affinity_is_keyed_by_its_folded_address(maps6: FakeMapSet) -> None:
+    entry = maps6.services.data[Frontend(NODE6, 30104, Proto.TCP)]
+    remote = backend_id(maps6, "fd00:244::22")
+    table = affinity_table()
+    table.data[AffinityKey(Folded6(addr6_fold(CLIENT6)), entry.svc_id)] = AffinityEntry(
+        NOW - 10**9, remote
+    )
+    query = parse_query(f"[{CLIENT6}]:4000", f"[{NODE6}]:30104", ingress="eth0")
+    ex = explain(maps6, query, SETTINGS, table)
+    assert ex.affinity is not None and ex.affinity.outcome == "hit"
+    assert ex.backend is not None and ex.backend.backend_id == remote
+    assert "folded" in ex.affinity.keyed_by and str(CLIENT6) in ex.affinity.keyed_by
+    # Another address of the same /64 folds elsewhere: its own (missing) entry.
+    other = parse_query("[2001:db8:c::2]:4000", f"[{NODE6}]:30104", ingress="eth0")
+    assert explain(maps6, other, SETTINGS, table).affinity.outcome == "miss"  # type: ignore[union-attr]
+
+
+def test_the_ipv6_affinity_key_is_laid_out_as_the_c_code_stores_it() -> None:
+    key = AffinityKey.for_source(CLIENT6, 7)
+    raw = encode_key(key)
+    assert raw.client == addr6_fold(CLIENT6) == FOLD1 and raw.netns == 2  # AFF_CLIENT_ADDR6
+    assert decode_key(raw) == key and not key.netns
+    assert AffinityKey.for_source(IPv4Address("192.0.2.1"), 7).kind == 0  # AFF_CLIENT_ADDR4
+
+
+def test_from_outside_the_two_addresses_are_of_one_family() -> None:
+    with pytest.raises(ConfigError, match="one family"):
+        parse_query(f"[{CLIENT6}]:4000", "192.168.1.1:30080", outside=True)
+    with pytest.raises(ConfigError, match="IPv4-mapped"):
+        parse_query("192.168.1.100:4000", "[::ffff:192.168.1.1]:30080", ingress="eth0")
+    ok = parse_query(f"[{CLIENT6}]:4000", f"[{NODE6}]:30080", outside=True)
+    assert ok.address == NODE6 and ok.path is Path.OUTSIDE

@@ -3,7 +3,8 @@ the programs write, exposed as ebpflb_map_{entries,capacity,fill_ratio}."""
 
 from __future__ import annotations
 
-from ipaddress import IPv4Address
+import dataclasses
+from ipaddress import IPv4Address, IPv6Address
 
 from prometheus_client import CollectorRegistry
 
@@ -44,19 +45,26 @@ def max_entries(maps: FakeMapSet) -> dict[MapName, int]:
         MapName.AFFINITY_MATCH: maps.affinity_match.capacity,
         MapName.SERVICES6: maps.services.capacity,
         MapName.REVERSE_SOCK6: 4096,
+        MapName.CONNTRACK6: maps.conntrack6.capacity,
+        MapName.REPLY_NAT6: maps.reply_nat6.capacity,
+        MapName.SOURCE_RANGES6: maps.source_ranges6.capacity,
+        MapName.IFACE_ADDRS6: 64,
     }
 
 
 def counted(maps: FakeMapSet) -> dict[MapName, int]:
     """What a kernel count of the programs' maps would find."""
     return {
-        MapName.CONNTRACK: len(maps.conntrack),
-        MapName.REPLY_NAT: len(maps.reply_nat),
+        MapName.CONNTRACK: len(maps.conntrack4),
+        MapName.REPLY_NAT: len(maps.reply_nat4),
         MapName.REVERSE_SOCK: 17,
         MapName.IFACE_ADDRS: 1,
         MapName.AFFINITY: 0,
         MapName.SERVICES6: 0,
         MapName.REVERSE_SOCK6: 0,
+        MapName.CONNTRACK6: len(maps.conntrack6),
+        MapName.REPLY_NAT6: len(maps.reply_nat6),
+        MapName.IFACE_ADDRS6: 1,
     }
 
 
@@ -78,6 +86,18 @@ def synced_agent() -> tuple[Agent, FakeMapSet]:
         AddrPort(IPv4Address("10.244.1.11"), 8080), CtFlags.NONE, None, 1, 1, 0, 0, 0
     )
     maps.conntrack.put(flow, entry)
+    flow6 = Flow(
+        AddrPort(IPv6Address("2001:db8:c::1"), 4000),
+        AddrPort(IPv6Address("2001:db8::1"), 80),
+        Proto.TCP,
+    )
+    entry6 = ConntrackEntry(
+        AddrPort(IPv6Address("fd00:244::11"), 8080), CtFlags.NONE, None, 1, 1, 0, 0, 0
+    )
+    maps.conntrack.put(flow6, entry6)
+    maps.conntrack.put(
+        dataclasses.replace(flow6, source=AddrPort(flow6.source.address, 4001)), entry6
+    )
     return agent, maps
 
 
@@ -110,11 +130,16 @@ def test_an_agent_reports_every_pinned_map() -> None:
             MapName.IFACE_ADDRS,
             MapName.AFFINITY,
             MapName.REVERSE_SOCK6,
+            MapName.CONNTRACK6,
+            MapName.REPLY_NAT6,
+            MapName.IFACE_ADDRS6,
         ]
     )
     assert levels["ebpflb_affpair4"].entries == len(maps.affinity_match)  # the reconciler's
     assert levels["ebpflb_ct4"] == MapFill("ebpflb_ct4", 1, 8)
     assert levels["ebpflb_ct4"].ratio == 0.125
+    assert levels["ebpflb_ct6"] == MapFill("ebpflb_ct6", 2, 8)  # each family its own table
+    assert levels["ebpflb_srcrng6"] == MapFill("ebpflb_srcrng6", 0, 1024)
 
 
 def test_the_collector_exposes_entries_capacity_and_ratio() -> None:
@@ -144,7 +169,8 @@ def test_a_failing_read_leaves_the_scrape_working() -> None:
 def test_pins_alone_count_every_hash_map() -> None:
     _, maps = synced_agent()
     sizes = {MapName.SERVICES: 2, MapName.SERVICE_META: 2, MapName.BACKENDS: 3,
-             MapName.SOURCE_RANGES: 0, MapName.AFFINITY_MATCH: 0, **counted(maps)}  # fmt: skip
+             MapName.SOURCE_RANGES: 0, MapName.SOURCE_RANGES6: 0, MapName.AFFINITY_MATCH: 0,
+             **counted(maps)}  # fmt: skip
     levels = {lv.map: lv for lv in pins_fill(max_entries(maps), sizes.__getitem__, 509)}
     assert levels["ebpflb_slots"] == MapFill("ebpflb_slots", 509, 4096)
     assert levels["ebpflb_be4"].entries == 3

@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import ctypes as ct
 from collections.abc import Callable
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address, IPv6Network
 from typing import Any
 
 import numpy as np
 import pytest
 
 from ebpflb.datapath import contract, layout
-from ebpflb.datapath.contract import CtFlags, NatFlags
+from ebpflb.datapath.contract import SRC_RANGE_ID_PREFIXLEN, CtFlags, NatFlags
 from ebpflb.datapath.fake import FakeMap, FakeSlotPool
 from ebpflb.datapath.maps import (
     AddrPort,
@@ -19,6 +19,7 @@ from ebpflb.datapath.maps import (
     NatEntry,
     ServiceEntry,
     SlotWrite,
+    SourceRange,
     slot_pairs,
 )
 from ebpflb.errors import MapFullError
@@ -199,3 +200,61 @@ def test_a_whole_array_read_leaves_out_elements_never_written_or_cleared() -> No
     assert kept_keys == (1).to_bytes(4, "little") + (3).to_bytes(4, "little")
     assert kept_values == values[8:16] + values[24:32]
     assert layout.drop_zero_values(b"", b"", 0, 8) == (b"", b"", 0)
+
+
+FLOW6 = Flow(
+    AddrPort(IPv6Address("2001:db8:c::7"), 40001),
+    AddrPort(IPv6Address("2001:db8:1b::1"), 80),
+    Proto.UDP,
+)
+
+
+def test_ipv6_flows_conntrack_and_nat_rows_round_trip_in_network_order() -> None:
+    raw = layout.encode_flow6(FLOW6)
+    assert bytes(raw) == (
+        FLOW6.source.address.packed
+        + FLOW6.destination.address.packed
+        + (40001).to_bytes(2, "big")
+        + (80).to_bytes(2, "big")
+        + bytes([17, 0, 0, 0])
+    )
+    assert layout.decode_flow6(raw) == FLOW6
+    entry = ConntrackEntry(
+        AddrPort(IPv6Address("fd00:244::21"), 8080),
+        CtFlags.SNAT,
+        AddrPort(IPv6Address("2001:db8::10"), 40123),
+        svc_id=8,
+        backend_id=2,
+        expires_ns=2**63,
+        packets=1,
+        bytes=80,
+    )
+    ct6 = layout.encode_conntrack6(entry)
+    assert bytes(ct6)[:16] == entry.backend.address.packed
+    assert entry.snat is not None and bytes(ct6)[16:32] == entry.snat.address.packed
+    assert bytes(ct6)[32:34] == (8080).to_bytes(2, "big")
+    assert layout.decode_conntrack6(ct6) == entry
+    local = ConntrackEntry(entry.backend, CtFlags.NONE, None, 8, 2, 0, 0, 0)
+    assert layout.decode_conntrack6(layout.encode_conntrack6(local)) == local
+    nat = NatEntry(FLOW6.source, FLOW6.destination, NatFlags.SNAT, 123)
+    raw_nat = layout.encode_nat6(nat)
+    assert bytes(raw_nat)[:16] == FLOW6.source.address.packed
+    assert layout.decode_nat6(raw_nat) == nat
+    with pytest.raises(TypeError):
+        layout.encode_flow6(FLOW)  # an IPv4 flow never reaches ebpflb_ct6
+    with pytest.raises(TypeError):
+        layout.encode_flow(FLOW6)
+
+
+def test_ipv6_source_ranges_and_interface_addresses_are_laid_out_as_the_c_structs() -> None:
+    key = SourceRange(0x01020304, IPv6Network("2001:db8:c::/48"))
+    raw = layout.encode_source_range6(key)
+    assert raw.prefixlen == SRC_RANGE_ID_PREFIXLEN + 48  # service id bits, then the prefix
+    assert bytes(raw)[4:8] == bytes([1, 2, 3, 4])  # the id big-endian, for the LPM match
+    assert bytes(raw)[8:24] == IPv6Address("2001:db8:c::").packed
+    assert layout.decode_source_range6(raw) == key
+    with pytest.raises(TypeError):
+        layout.encode_source_range(key)  # an IPv6 range never reaches ebpflb_srcrng4
+    address = IPv6Address("2001:db8::10")
+    assert bytes(layout.encode_addr6(address)) == address.packed
+    assert layout.decode_addr6(layout.encode_addr6(address)) == address

@@ -247,15 +247,15 @@ def test_source_ranges_follow_the_frontend(maps: FakeMapSet) -> None:
     )
     rec.apply({WEB: {lb: want}})
     svc_id = maps.services.data[lb].svc_id
-    assert set(maps.source_ranges.data) == {SourceRange(svc_id, n) for n in ranges}
+    assert set(maps.source_ranges4.data) == {SourceRange(svc_id, n) for n in ranges}
     narrowed = DesiredFrontend(lb, want.service, want.flags, want.backends, ranges[:1])
     rec.apply({WEB: {lb: narrowed}})
-    assert set(maps.source_ranges.data) == {SourceRange(svc_id, ranges[0])}
+    assert set(maps.source_ranges4.data) == {SourceRange(svc_id, ranges[0])}
     restarted = Reconciler(maps)
     restarted.restore()
     assert restarted.apply({WEB: {lb: narrowed}}, full=True).writes == {}
     restarted.apply({WEB: {}})
-    assert not maps.source_ranges.data
+    assert not maps.source_ranges4.data
 
 
 def test_too_many_source_ranges_fail_only_that_frontend() -> None:
@@ -273,7 +273,7 @@ def test_too_many_source_ranges_fail_only_that_frontend() -> None:
     result = rec.apply({WEB: {lb: want}, **desired(API, fe("10.96.0.20"), backends(12))})
     assert "ebpflb_srcrng4 is full (limit 2)" in result.errors[0]
     assert list(maps.services.data) == [fe("10.96.0.20")]
-    assert not maps.source_ranges.data and maps.slots.array[:101].any()
+    assert not maps.source_ranges4.data and maps.slots.array[:101].any()
     assert {str(b.backend) for b in maps.backends.data.values()} == {"10.244.1.12:8080"}
 
 
@@ -375,7 +375,7 @@ def test_source_ranges_of_a_frontend_that_failed_later_are_taken_back() -> None:
     maps.services.failing = {lb}
     result = rec.apply({WEB: {lb: want}})
     assert result.failed == {WEB}
-    assert not maps.source_ranges.data and not maps.services.data and not maps.backends.data
+    assert not maps.source_ranges4.data and not maps.services.data and not maps.backends.data
 
 
 def test_restore_keeps_everything_when_the_maps_hold_what_was_written(maps: FakeMapSet) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 
 from ebpflb.datapath.contract import CtFlags, NatFlags
 from ebpflb.datapath.fake import FakeMapSet
@@ -27,10 +27,9 @@ def add_flow(maps: FakeMapSet, proto: Proto, client_port: int, backend: int) -> 
     flow = Flow(AddrPort(IPv4Address("192.168.1.100"), client_port), AddrPort(NODE, 30053), proto)
     target = AddrPort(IPv4Address(f"10.244.1.{backend}"), 5353)
     snat = AddrPort(NODE, 40000 + client_port % 100)
-    maps.conntrack.data[flow] = ConntrackEntry(target, CtFlags.SNAT, snat, svc_id, 0, 1, 1, 1)
-    maps.reply_nat.data[Flow(target, snat, proto)] = NatEntry(
-        flow.source, flow.destination, NatFlags.SNAT, 1
-    )
+    maps.conntrack.put(flow, ConntrackEntry(target, CtFlags.SNAT, snat, svc_id, 0, 1, 1, 1))
+    reply = NatEntry(flow.source, flow.destination, NatFlags.SNAT, 1)
+    maps.reply_nat.put(Flow(target, snat, proto), reply)
     return flow
 
 
@@ -42,10 +41,10 @@ def test_udp_flows_of_a_leaving_backend_are_deleted_tcp_flows_kept() -> None:
     live = add_flow(maps, Proto.UDP, 1002, 2)
     tcp = add_flow(maps, Proto.TCP, 1003, 1)
     result = rec.apply({WEB: {**want(Proto.UDP, 2), **want(Proto.TCP, 2)}})
-    assert set(maps.conntrack.data) == {live, tcp} and stale not in maps.conntrack.data
-    assert result.writes[maps.conntrack.name] == 1
+    assert set(maps.conntrack4.data) == {live, tcp} and stale not in maps.conntrack4.data
+    assert result.writes[maps.conntrack4.name] == 1
     # The stale flow's reply translation (its SNAT port) is gone too; the others stay.
-    assert {nat.client.port for nat in maps.reply_nat.data.values()} == {1002, 1003}
+    assert {nat.client.port for nat in maps.reply_nat4.data.values()} == {1002, 1003}
 
 
 def test_nothing_is_read_when_no_udp_backend_left() -> None:
@@ -54,7 +53,44 @@ def test_nothing_is_read_when_no_udp_backend_left() -> None:
     rec.apply({WEB: want(Proto.UDP, 1)}, full=True)
     add_flow(maps, Proto.UDP, 1001, 1)
     result = rec.apply({WEB: want(Proto.UDP, 1, 2)})  # a backend joins
-    assert len(maps.conntrack.data) == 1 and maps.conntrack.name not in result.writes
+    assert len(maps.conntrack) == 1 and maps.conntrack4.name not in result.writes
+
+
+NODE6 = IPv6Address("2001:db8::10")
+
+
+def test_ipv6_udp_flows_of_a_leaving_backend_are_deleted_from_the_ipv6_maps() -> None:
+    """An IPv6 NodePort frontend losing a UDP backend: its flows in ebpflb_ct6 and their
+    reply translations in ebpflb_rnat6 go; the other backend's and the IPv4 ones stay."""
+    maps = FakeMapSet()
+    rec = Reconciler(maps)
+    frontend = Frontend(NODE6, 30053, Proto.UDP)
+    name = ServicePortName(WEB, "udp6", Proto.UDP)
+
+    def want6(*lasts: int) -> dict[Frontend, DesiredFrontend]:
+        bes = tuple(
+            WeightedBackend(Backend(IPv6Address(f"fd00:244::{n}"), 5353, Proto.UDP)) for n in lasts
+        )
+        return {frontend: DesiredFrontend(frontend, name, SvcFlags.NODE_PORT, bes)}
+
+    rec.apply({WEB: {**want6(1, 2), **want(Proto.UDP, 1, 2)}}, full=True)
+    svc_id = maps.services.data[frontend].svc_id
+    flows = {}
+    for port, backend in ((1001, 1), (1002, 2)):
+        flow = Flow(AddrPort(IPv6Address("2001:db8:c::1"), port), AddrPort(NODE6, 30053), Proto.UDP)
+        target = AddrPort(IPv6Address(f"fd00:244::{backend}"), 5353)
+        snat = AddrPort(NODE6, 40000 + port % 100)
+        maps.conntrack.put(flow, ConntrackEntry(target, CtFlags.SNAT, snat, svc_id, 0, 1, 1, 1))
+        reply = NatEntry(flow.source, flow.destination, NatFlags.SNAT, 1)
+        maps.reply_nat.put(Flow(target, snat, Proto.UDP), reply)
+        flows[backend] = flow
+    four = add_flow(maps, Proto.UDP, 1003, 1)
+    assert len(maps.conntrack6) == 2 and len(maps.reply_nat6) == 2
+    result = rec.apply({WEB: {**want6(2), **want(Proto.UDP, 1, 2)}})
+    assert set(maps.conntrack6.data) == {flows[2]} and set(maps.conntrack4.data) == {four}
+    assert [n.client.port for n in maps.reply_nat6.data.values()] == [1002]
+    assert len(maps.reply_nat4) == 1
+    assert result.writes[maps.conntrack6.name] == 1 and maps.conntrack4.name not in result.writes
 
 
 def test_sockets_are_destroyed_for_the_frontends_in_node_clients_use() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import copy
 import re
-from ipaddress import IPv4Address, IPv4Network, IPv6Address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
 import pytest
@@ -71,30 +71,36 @@ def test_dual_stack_cluster_ips_are_both_programmed() -> None:
     )
     (port,) = t.ports.values()
     assert port.cluster_ips == (IPv4Address("10.96.0.10"), IPv6Address("fd00::10"))
-    assert t.ipv6_skipped == 0 and t.skipped is None
+    assert t.skipped is None
     only6 = translate_service(service(cluster_ip="fd00::10", ipFamilies=["IPv6"]))
     assert only6.skipped is None
     assert next(iter(only6.ports.values())).cluster_ips == (IPv6Address("fd00::10"),)
 
 
-def test_ipv6_tc_paths_are_counted_as_skipped() -> None:
-    """NodePort, LoadBalancer and external IPs over IPv6 are not served by tc/XDP yet:
-    every IPv6 nodePort, ingress IP and external IP is counted; the IPv4 ones are not."""
+def test_ipv6_nodeports_ingress_and_external_ips_are_all_programmed() -> None:
+    """Every IPv6 nodePort, ingress IP, external IP and source range of a dual-stack
+    Service is kept for tc/XDP, next to the IPv4 ones (nothing is left unserved)."""
     obj = service(
         type="LoadBalancer",
         clusterIPs=["10.96.0.10", "fd00::10"],
         externalIPs=["192.0.2.7", "2001:db8::7"],
+        loadBalancerSourceRanges=["203.0.113.0/24", " 2001:db8:1::5/48 "],
     )
     obj["spec"]["ports"][0]["nodePort"] = 30080
     obj["status"] = {"loadBalancer": {"ingress": [{"ip": "2001:db8::1"}, {"ip": "192.0.2.1"}]}}
     t = translate_service(obj)
-    assert t.ipv6_skipped == 3  # the IPv6 nodePort, ingress IP and external IP
     (port,) = t.ports.values()
+    assert port.node_port == 30080
     assert port.load_balancer_ips == (IPv6Address("2001:db8::1"), IPv4Address("192.0.2.1"))
+    assert port.external_ips == (IPv4Address("192.0.2.7"), IPv6Address("2001:db8::7"))
+    # Host bits cleared, spaces trimmed, as kube-proxy parses them.
+    assert port.load_balancer_source_ranges == (
+        IPv4Network("203.0.113.0/24"),
+        IPv6Network("2001:db8:1::/48"),
+    )
     # A family without a cluster IP is not this Service's (kube-proxy's per-family view).
     v4_only = translate_service(service(externalIPs=["2001:db8::7", "192.0.2.7"]))
     assert next(iter(v4_only.ports.values())).external_ips == (IPv4Address("192.0.2.7"),)
-    assert v4_only.ipv6_skipped == 0
 
 
 @pytest.mark.parametrize(
@@ -472,7 +478,11 @@ def test_sctp_slice_ports_are_left_out() -> None:
     [
         ([" 198.51.100.0/24 "], [IPv4Network("198.51.100.0/24")]),  # kube-proxy trims
         (["198.51.100.7/24"], [IPv4Network("198.51.100.0/24")]),  # host bits: tolerated
-        (["2001:db8::/32", "10.0.0.0/8"], [IPv4Network("10.0.0.0/8")]),  # IPv6: skipped
+        # Both families (each filters its own family's LoadBalancer IPs).
+        (
+            ["2001:db8::1/32", "10.0.0.0/8"],
+            [IPv6Network("2001:db8::/32"), IPv4Network("10.0.0.0/8")],
+        ),
         (["198.51.100.0"], None),  # a bare address is no CIDR to the API server
         (["198.51.100.0/255.255.255.0"], None),
         (["198.51.100.0/33"], None),
@@ -480,7 +490,9 @@ def test_sctp_slice_ports_are_left_out() -> None:
         (["/8"], None),
     ],
 )
-def test_source_ranges_are_cidrs(ranges: list[str], expected: list[IPv4Network] | None) -> None:
+def test_source_ranges_are_cidrs(
+    ranges: list[str], expected: list[IPv4Network | IPv6Network] | None
+) -> None:
     obj = service(type="LoadBalancer", loadBalancerSourceRanges=ranges)
     if expected is None:
         with pytest.raises(InvalidObjectError, match=r"spec\.loadBalancerSourceRanges"):
