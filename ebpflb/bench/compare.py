@@ -18,22 +18,18 @@ programmed from nothing, one endpoint change, their CPU seconds, the kernel memo
 rules or maps cost. Then the targets (ebpflb.bench.targets) are judged.
 
 Every address of a run is of settings.family (IPv4 or IPv6): topology, services, rules
-and clients alike. A figure a mode cannot produce in that family is recorded as not
-measured, with the reason (unserved_nodeport: ebpflb's NodePort over IPv6 until its
-tc/XDP datapath has it), never estimated.
+and clients alike.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from ipaddress import ip_address
 
 from ebpflb.bench import loadgen, scenario, targets
-from ebpflb.bench.agentrun import RunningAgent
 from ebpflb.bench.measure.cost import bpf_map_bytes, memory_cgroup
 from ebpflb.bench.measure.machine import machine_facts, wait_until_quiet
 from ebpflb.bench.measure.traffic import Client, measure_latency, measure_rates
@@ -54,7 +50,6 @@ from ebpflb.bench.topology import BenchTopology
 from ebpflb.errors import EbpflbError
 
 SERVER_CPU = 0  # with the client: see ebpflb.bench.measure.traffic.CLIENT_CPU
-IPV6_SKIPPED = "ebpflb_ipv6_skipped_total"  # the agent's count of IPv6 addresses it leaves out
 METRICS_TIMEOUT = 120.0  # /metrics of 100,000 services takes seconds
 
 
@@ -79,24 +74,6 @@ def nodeport_client(topo: BenchTopology, mode: Mode, n: int) -> tuple[Client, in
         return Client(topo.external, base, scenario.TARGET_PORT, topo.plain_cgroup), n - 1
     base = str(ip_address(topo.addresses.node) - 1)  # "service 0" is base + 1: the node
     return Client(topo.external, base, scenario.NODE_PORT, topo.plain_cgroup), 0
-
-
-def unserved_nodeport(agent: RunningAgent, family: Family) -> str | None:
-    """Why the running agent's NodePort figure cannot be measured; None: measure it.
-
-    The agent says itself what its tc/XDP datapath does not serve: a nodePort (or
-    LoadBalancer, external IP) over IPv6 it leaves unprogrammed is counted in
-    ebpflb_ipv6_skipped_total (and logged). So an IPv6 run reports ebpflb's NodePort as
-    not measured while the datapath is IPv4's, and measures it once the agent programs it.
-    An IPv4 run has nothing for it to count, and is spared the scrape (seconds at 100,000
-    services); call this before measuring, so the scrape's work is over by then."""
-    if family is Family.IPV4:
-        return None
-    endpoints = dataclasses.replace(agent.endpoints, timeout=METRICS_TIMEOUT)
-    skipped = endpoints.metric(IPV6_SKIPPED)
-    if not skipped:
-        return None
-    return f"no IPv6 NodePort in ebpflb's tc/XDP yet (the agent's {IPV6_SKIPPED}: {skipped:g})"
 
 
 # ---- phases -------------------------------------------------------------------------------
@@ -186,7 +163,6 @@ def ebpflb_phase(
             memory_cgroup(f"{topo.prefix}-ebpflb-mem") as memory,
             ebpflb_agent(topo, services, memory=memory, xdp=False) as agent,
         ):
-            unserved = unserved_nodeport(agent, settings.family)
             changes = agent.change_latencies(picks, pause=0.3)
             control = ControlPlane(
                 program_s=agent.startup.start_to_synced_s,
@@ -200,15 +176,13 @@ def ebpflb_phase(
                 agent=agent.startup,
             )
             both = _data_plane(topo, [Mode.NONE, Mode.EBPFLB], n, settings)
-            nodeport = None if unserved else _nodeport(topo, Mode.EBPFLB, n, settings)
+            nodeport = _nodeport(topo, Mode.EBPFLB, n, settings)
         none, ebpflb = both[Mode.NONE], both[Mode.EBPFLB]
-        data = DataPlane(ebpflb.latency, ebpflb.connections, nodeport, unserved)
+        data = DataPlane(ebpflb.latency, ebpflb.connections, nodeport)
         results.append(ModeResult(Mode.EBPFLB, data, control))
         if settings.xdp:
             with ebpflb_agent(topo, services, memory=None, xdp=True) as agent:
-                unserved = unserved_nodeport(agent, settings.family)
-                nodeport = None if unserved else _nodeport(topo, Mode.EBPFLB, n, settings)
-                xdp_data = DataPlane(nodeport=nodeport, nodeport_not_measured=unserved)
+                xdp_data = DataPlane(nodeport=_nodeport(topo, Mode.EBPFLB, n, settings))
                 xdp_control = ControlPlane(
                     program_s=agent.startup.start_to_synced_s, agent=agent.startup
                 )

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from ipaddress import IPv4Address, ip_address
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from pathlib import Path
 from typing import Any
 
@@ -155,10 +155,20 @@ def open_datapath(**config_overrides: Any) -> Iterator[Datapath]:
                         ifindex[link.name]: IPv4Address(link.address)
                         for link in pc.LINKS
                         if link.address
-                    }
+                    },
+                    {
+                        ifindex[link.name]: IPv6Address(link.address6)
+                        for link in pc.LINKS
+                        if link.address6
+                    },
                 )
             )
-            addresses = tuple(IPv4Address(link.address) for link in pc.LINKS if link.address)
+            addresses = tuple(
+                ip_address(address)
+                for link in pc.LINKS
+                for address in (link.address, link.address6)
+                if address
+            )
             node = NodeView(pc.NODE_NAME, addresses)
             desired = {
                 port.name.service: {d.frontend: d for d in frontends_for_port(port, eps, node)}

@@ -49,9 +49,7 @@ def test_ipv6_objects_are_single_stack_ipv6_for_the_agent() -> None:
     assert service.skipped is None
     (port,) = service.ports.values()
     assert port.cluster_ips == (IPv6Address(svc.vip),)
-    # The agent says it leaves the nodePort out while tc/XDP has no IPv6 (what the bench
-    # reads from its ebpflb_ipv6_skipped_total).
-    assert any("nodePort" in reason for reason in service.ipv6_unserved)
+    assert port.node_port == scenario.NODE_PORT  # programmed on the node's IPv6 address
     slice_ = translate_slice(scenario.slice_object(svc, not_ready=1))
     assert slice_.skipped is None and slice_.family == 6
     # The manifest file (bench sync --source manifests) carries the same objects.
