@@ -419,17 +419,24 @@ class Agent:
 
     def _health_target(self, ref: NamespacedName, state: ServiceState | None) -> None:
         """Keep one health check port per externalTrafficPolicy=Local service answering
-        with its count of ready endpoints on this node (kube-proxy's LocalReadyEndpoints)."""
+        with its count of ready endpoints on this node (kube-proxy's LocalReadyEndpoints).
+        Those of the Service's primary family (its first cluster IP's, ipFamilies[0]):
+        kube-proxy's proxier of each family counts its own, so a dual-stack pod is one
+        endpoint, not two."""
         self._health_targets.pop(ref, None)
         if self.health is None or state is None:
             return
         for port in state.ports.values():
             if port.external_traffic_policy is TrafficPolicy.LOCAL and port.health_check_node_port:
+                primary = port.cluster_ips[0].version if port.cluster_ips else 4
                 local = {
                     ep.address
                     for eps in state.endpoints.values()
                     for ep in eps
-                    if ep.ready and self.node.name and ep.node_name == self.node.name
+                    if ep.ready
+                    and self.node.name
+                    and ep.node_name == self.node.name
+                    and ep.address.version == primary
                 }
                 target = HealthTarget(ref, len(local))
                 self._health_targets[ref] = (port.health_check_node_port, target)

@@ -156,9 +156,20 @@ class NodeAgent:
     manifests: Path
     agent: AgentProcess | None = None
 
-    def dump(self) -> dict[str, object]:
+    def dump(self, *select: str) -> dict[str, object]:
+        """`maps dump --json` of this node, narrowed by `select` (e.g. --frontend ...)."""
         done = subprocess.run(
-            [sys.executable, "-m", "ebpflb", "maps", "dump", "--json", "--bpffs", str(self.bpffs)],
+            [
+                sys.executable,
+                "-m",
+                "ebpflb",
+                "maps",
+                "dump",
+                "--json",
+                "--bpffs",
+                str(self.bpffs),
+                *select,
+            ],
             capture_output=True,
             text=True,
             check=True,

@@ -134,7 +134,7 @@ def open_datapath(**config_overrides: Any) -> Iterator[Datapath]:
         config = Config(
             bpffs_dir=pin_dir,
             xdp=XdpMode.NATIVE,  # compiles the XDP program too; nothing is attached
-            slot_pool_size=4096,
+            slot_pool_size=8192,  # every frontend of SERVICES, on both families
             maglev_max_table_size=1021,
             max_services=256,
             max_backends=256,

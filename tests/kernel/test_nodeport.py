@@ -74,7 +74,7 @@ def test_ipv6_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones(env:
             assert seen_ip(r) == (NODE1_6 if remote else CLIENT6), r
     assert (xdp_tx_packets(env) - xdp_before > 50) == env.xdp
     # The flows and their reply translations, as `maps dump` shows them.
-    report = env.nodes["node1"].dump()
+    report = env.nodes["node1"].dump("--frontend", f"[{NODE1_6}]:30080/TCP")
     flows = [f for f in report["conntrack"] if f["frontend"] == f"[{NODE1_6}]:30080"]  # type: ignore[union-attr,index]
     assert flows and all(f["client"].startswith(f"[{CLIENT6}]:") for f in flows)
     snat = [f for f in flows if f["snat"]]
