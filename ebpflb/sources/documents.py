@@ -123,7 +123,9 @@ _NOT_JSON = re.compile(f"[{_PYYAML_BREAKS}]|{_REFUSED}")
 _UNQUOTED_TYPES = (
     r"[yYnN]|yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF"
     r"|~|null|Null|NULL|"
-    r"|[-+]?(?:0[bx]?[0-9a-fA-F_]+|[0-9][0-9_]*(?::[0-5]?[0-9])*)"
+    # 0o: YAML 1.2's octal, not PyYAML's; but a resolver some library adds to PyYAML at
+    # import (yamllint does) reads it, so it is never the fast path's to decide.
+    r"|[-+]?(?:0[box]?[0-9a-fA-F_]+|[0-9][0-9_]*(?::[0-5]?[0-9])*)"
     r"|[-+]?(?:[0-9][0-9_]*(?::[0-5]?[0-9])*)?\.[0-9_]*(?:[eE][-+]?[0-9]+)?"
     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
     r'|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9][0-9]?[^"]*'

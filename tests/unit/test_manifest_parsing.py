@@ -105,6 +105,7 @@ def test_generated_services_and_slices_take_the_fast_path() -> None:
         "a: yes\n",  # YAML 1.1's bool
         "a: 0x1F\n",
         "a: 010\n",  # octal 8 for PyYAML
+        "a: 0o7\n",  # YAML 1.2's octal: a string for PyYAML, 7 once yamllint is imported
         "a: 1_000\n",
         "a: 1e3\n",  # a string for PyYAML, a number for rapidyaml
         "a: 1.5\n",  # floats: PyYAML decides
