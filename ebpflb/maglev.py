@@ -85,6 +85,10 @@ _Int32Array = npt.NDArray[np.int32]
 # full sync of thousands of services) the compiled loop wins by far. Both give the same
 # slots: tests/unit/test_maglev.py checks each against the paper's pseudocode.
 COMPILED_MIN_SLOTS: Final = 65536
+# While the helper is not ready (a restart's first sync comes before it has loaded numba,
+# 1-2 s), builds up to this many slots run the Python loop here (~0.2 us a slot) instead of
+# waiting for it; it is started meanwhile for the builds after.
+FILL_HERE_WHILE_STARTING_MAX: Final = 1 << 21
 
 # The agent runs the compiled loop in a helper process (maglev_worker.py), so numba's LLVM
 # never enters its memory; None: in this process (tests, the bench's Maglev figures).
@@ -150,7 +154,7 @@ def _fill_many(
     backend_starts[s+1]) and the same range of `slot_starts` in `out`. `compiled` None
     picks by size (COMPILED_MIN_SLOTS)."""
     if compiled is None:
-        compiled = out.shape[0] >= COMPILED_MIN_SLOTS
+        compiled = out.shape[0] >= COMPILED_MIN_SLOTS and not _fill_here_meanwhile(out.shape[0])
     if compiled:
         if _worker is not None:
             try:
@@ -167,6 +171,15 @@ def _fill_many(
     for s in range(len(bounds) - 1):
         b0, b1, m0, m1 = bounds[s], bounds[s + 1], slots[s], slots[s + 1]
         out[m0:m1] = _fill_python(offs[b0:b1], sks[b0:b1], ws[b0:b1], m1 - m0)
+
+
+def _fill_here_meanwhile(slots: int) -> bool:
+    """Whether a build the helper would take runs here because the helper is not ready
+    (FILL_HERE_WHILE_STARTING_MAX); it is started if it is not running."""
+    if _worker is None or slots > FILL_HERE_WHILE_STARTING_MAX or _worker.ready():
+        return False
+    _worker.start()
+    return True
 
 
 @dataclass(frozen=True, eq=False, slots=True)

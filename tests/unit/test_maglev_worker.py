@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -64,3 +65,59 @@ def test_a_helper_that_left_is_replaced() -> None:
             assert np.array_equal(a.slots, b.slots) and np.array_equal(a.slots, c.slots)
     finally:
         worker.close()
+
+
+class Helper:
+    """A stand-in for FillWorker: ready or still loading numba; its builds run the Python
+    loop (the tables are the same either way)."""
+
+    def __init__(self, ready: bool) -> None:
+        self.is_ready = ready
+        self.starts = 0
+        self.fills = 0
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def start(self) -> None:
+        self.starts += 1
+
+    def fill_many(self, *arrays: np.ndarray) -> None:
+        self.fills += 1
+        maglev._fill_many(*arrays, compiled=False)  # type: ignore[arg-type]
+
+
+def _built_with(helper: Helper) -> list[maglev.MaglevTable]:
+    saved = maglev._worker
+    maglev._worker = helper  # type: ignore[assignment]
+    try:
+        return maglev.build_tables(SERVICES, SIZES)  # over COMPILED_MIN_SLOTS: the helper's
+    finally:
+        maglev._worker = saved
+
+
+def test_a_build_runs_here_while_the_helper_starts_and_goes_to_it_once_ready() -> None:
+    assert sum(SIZES) >= maglev.COMPILED_MIN_SLOTS
+    expected = maglev.build_tables(SERVICES, SIZES, compiled=False)
+    starting = Helper(ready=False)
+    assert _built_with(starting) == expected
+    assert (starting.fills, starting.starts) == (0, 1)  # started for the builds after
+    ready = Helper(ready=True)
+    assert _built_with(ready) == expected
+    assert (ready.fills, ready.starts) == (1, 0)
+
+
+def test_the_helper_says_ready_once_numba_is_loaded() -> None:
+    worker = FillWorker()
+    try:
+        assert not worker.ready()  # none running
+        worker.start()
+        assert worker._proc is not None
+        deadline = time.monotonic() + 120  # numba's import on a loaded machine
+        while not worker.ready():
+            assert time.monotonic() < deadline and worker._proc.poll() is None
+            time.sleep(0.05)
+        assert _fill(worker) == maglev.build_tables(SERVICES, SIZES, compiled=False)
+    finally:
+        worker.close()
+    assert not worker.ready()
