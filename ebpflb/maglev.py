@@ -153,8 +153,11 @@ def _fill_many(
     """Fill `out` for many services: service s owns backends [backend_starts[s],
     backend_starts[s+1]) and the same range of `slot_starts` in `out`. `compiled` None
     picks by size (COMPILED_MIN_SLOTS)."""
+    start_helper = False  # after this build: the helper for the large builds after it
     if compiled is None:
-        compiled = out.shape[0] >= COMPILED_MIN_SLOTS and not _fill_here_meanwhile(out.shape[0])
+        compiled = out.shape[0] >= COMPILED_MIN_SLOTS
+        start_helper = compiled and _fill_here_meanwhile(out.shape[0])
+        compiled = compiled and not start_helper
     if compiled:
         if _worker is not None:
             try:
@@ -171,15 +174,17 @@ def _fill_many(
     for s in range(len(bounds) - 1):
         b0, b1, m0, m1 = bounds[s], bounds[s + 1], slots[s], slots[s + 1]
         out[m0:m1] = _fill_python(offs[b0:b1], sks[b0:b1], ws[b0:b1], m1 - m0)
+    if start_helper and _worker is not None:
+        # Not before: its numba import would take CPU from this build (2 cores here).
+        _worker.start()
 
 
 def _fill_here_meanwhile(slots: int) -> bool:
     """Whether a build the helper would take runs here because the helper is not ready
-    (FILL_HERE_WHILE_STARTING_MAX); it is started if it is not running."""
-    if _worker is None or slots > FILL_HERE_WHILE_STARTING_MAX or _worker.ready():
-        return False
-    _worker.start()
-    return True
+    (FILL_HERE_WHILE_STARTING_MAX)."""
+    return (
+        _worker is not None and slots <= FILL_HERE_WHILE_STARTING_MAX and not _worker.ready()
+    )
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -339,9 +344,11 @@ def build_tables(
 
 
 def compiled_for(services: int) -> bool:
-    """Whether a full build for this many services (each at least the smallest table)
-    takes the compiled loop."""
-    return services * TABLE_SIZES[0] >= COMPILED_MIN_SLOTS
+    """Whether a full build for this many services (each at least the smallest table) is
+    worth starting the compiled loop for ahead of it: more slots than the Python loop fills
+    while the helper starts (FILL_HERE_WHILE_STARTING_MAX). Below that, the helper's numba
+    import would only take CPU from the start (a restart of 1,000 services: ~1 s of it)."""
+    return services * TABLE_SIZES[0] > FILL_HERE_WHILE_STARTING_MAX
 
 
 def warm_up() -> None:
