@@ -66,3 +66,17 @@ def test_an_incremental_apply_compares_against_the_pool(maps: FakeMapSet) -> Non
     reads = maps.slots.reads
     rec.apply(desired(WEB, fe(), backends(11, 12, 14)))
     assert maps.slots.reads == reads + 1
+
+
+def test_a_table_naming_ids_past_the_backend_map_is_rewritten(maps: FakeMapSet) -> None:
+    """A pool left by an agent with a larger backend map (or scribbled on) names ids this
+    one has no room for: they count for nothing, and the table is rebuilt."""
+    Reconciler(maps).apply(STATE)
+    good = table_names(maps, fe())
+    entry = maps.services.data[fe()]
+    maps.slots.array[entry.table_off : entry.table_off + 3] = [64, 1000, 70000]
+    restarted = Reconciler(maps)
+    restarted.restore()
+    result = restarted.apply(STATE, full=True)
+    assert result.errors == [] and table_names(maps, fe()) == good
+    assert len(restarted.backends) == len(maps.backends.data) == 4  # 11, 12, 13, 14
