@@ -85,10 +85,13 @@ _Int32Array = npt.NDArray[np.int32]
 # full sync of thousands of services) the compiled loop wins by far. Both give the same
 # slots: tests/unit/test_maglev.py checks each against the paper's pseudocode.
 COMPILED_MIN_SLOTS: Final = 65536
-# While the helper is not ready (a restart's first sync comes before it has loaded numba,
-# 1-2 s), builds up to this many slots run the Python loop here (~0.2 us a slot) instead of
-# waiting for it; it is started meanwhile for the builds after.
+# Without a helper running, builds up to this many slots run the Python loop here (~0.15
+# us a slot) instead of waiting 1-2 s for one to load numba (a restart of 1,000 services
+# waited 0.7 s): it is started after them, for the builds after.
 FILL_HERE_WHILE_STARTING_MAX: Final = 1 << 21
+# A full sync builds 2,048 tables at a time (reconcile.write.TABLE_CHUNK): one of more
+# builds starts the helper ahead (compiled_for) and waits for it; one build runs here.
+AHEAD_MIN_SERVICES: Final = 2048
 
 # The agent runs the compiled loop in a helper process (maglev_worker.py), so numba's LLVM
 # never enters its memory; None: in this process (tests, the bench's Maglev figures).
@@ -208,10 +211,10 @@ def _fill_many(
 
 
 def _fill_here_meanwhile(slots: int) -> bool:
-    """Whether a build the helper would take runs here because the helper is not ready
+    """Whether a build the helper would take runs here because no helper is running
     (FILL_HERE_WHILE_STARTING_MAX)."""
     return (
-        _worker is not None and slots <= FILL_HERE_WHILE_STARTING_MAX and not _worker.ready()
+        _worker is not None and slots <= FILL_HERE_WHILE_STARTING_MAX and not _worker.running()
     )
 
 
@@ -373,10 +376,10 @@ def build_tables(
 
 def compiled_for(services: int) -> bool:
     """Whether a full build for this many services (each at least the smallest table) is
-    worth starting the compiled loop for ahead of it: more slots than the Python loop fills
-    while the helper starts (FILL_HERE_WHILE_STARTING_MAX). Below that, the helper's numba
-    import would only take CPU from the start (a restart of 1,000 services: ~1 s of it)."""
-    return services * TABLE_SIZES[0] > FILL_HERE_WHILE_STARTING_MAX
+    worth starting the helper for ahead of it: more than one build (AHEAD_MIN_SERVICES) of
+    the compiled loop's size. Below that, its numba import would only take CPU from the
+    start (~1 s of it, against ~0.1 s of Python for 1,000 tables)."""
+    return services >= AHEAD_MIN_SERVICES and services * TABLE_SIZES[0] >= COMPILED_MIN_SLOTS
 
 
 def warm_up() -> None:

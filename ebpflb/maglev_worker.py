@@ -28,7 +28,6 @@ _Int32Array = npt.NDArray[np.int32]
 
 IDLE_SECONDS = 30.0
 _LENGTH = struct.Struct("<Q")
-READY = b"R"  # the helper's first byte: numba loaded, builds are answered at once
 
 
 def _write(stream: IO[bytes], array: npt.NDArray[np.integer]) -> None:
@@ -56,7 +55,6 @@ class FillWorker:
     def __init__(self, idle: float = IDLE_SECONDS) -> None:
         self.idle = idle
         self._proc: subprocess.Popen[bytes] | None = None
-        self._ready = False  # the running helper has said READY
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -64,19 +62,10 @@ class FillWorker:
         with self._lock:
             self._running()
 
-    def ready(self) -> bool:
-        """Whether a helper is running with numba loaded (False: none, or one still
-        starting), without waiting."""
+    def running(self) -> bool:
+        """Whether a helper process is running (numba loaded, or still loading)."""
         with self._lock:
-            return self._said_ready(wait=False)
-
-    def _said_ready(self, *, wait: bool) -> bool:
-        proc = self._proc
-        if proc is None or proc.stdout is None or proc.poll() is not None:
-            return False
-        if not self._ready and (wait or select.select([proc.stdout], [], [], 0)[0]):
-            self._ready = proc.stdout.read(len(READY)) == READY  # b"": it exited
-        return self._ready
+            return self._proc is not None and self._proc.poll() is None
 
     def _running(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
@@ -85,7 +74,6 @@ class FillWorker:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
             )
-            self._ready = False
         return self._proc
 
     def fill_many(
@@ -104,8 +92,6 @@ class FillWorker:
                 proc = self._running()
                 assert proc.stdin is not None and proc.stdout is not None
                 try:
-                    if not self._said_ready(wait=True):
-                        raise EOFError
                     for array in (offsets, skips, weights, backend_starts, slot_starts):
                         _write(proc.stdin, array.astype(np.int64, copy=False))
                     proc.stdin.flush()
@@ -128,7 +114,6 @@ class FillWorker:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
-            self._ready = False
 
     def close(self) -> None:
         with self._lock:
@@ -138,12 +123,10 @@ class FillWorker:
 def serve(requests: IO[bytes], answers: IO[bytes], idle: float) -> None:
     """Answer fill requests until `requests` closes or stays silent for `idle` seconds.
     Requests and answers strictly alternate, so nothing of a next request is ever buffered
-    when select() waits; READY comes first, once numba is loaded."""
+    when select() waits."""
     from ebpflb import maglev_compiled
 
     maglev_compiled.warm_up()
-    answers.write(READY)
-    answers.flush()
     while True:
         ready, _, _ = select.select([requests], [], [], idle)
         if not ready:
