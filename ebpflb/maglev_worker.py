@@ -62,6 +62,11 @@ class FillWorker:
         with self._lock:
             self._running()
 
+    def running(self) -> bool:
+        """Whether a helper process is running (numba loaded, or still loading)."""
+        with self._lock:
+            return self._proc is not None and self._proc.poll() is None
+
     def _running(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(

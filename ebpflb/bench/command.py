@@ -16,15 +16,10 @@ import dataclasses
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ebpflb.bench import scenario
 from ebpflb.bench import settings as bench_settings
-from ebpflb.bench.plot import plot
-from ebpflb.bench.records import codec
-from ebpflb.bench.records.codec import Report
-from ebpflb.bench.records.compare import CompareRun
-from ebpflb.bench.render import render
 from ebpflb.bench.settings import (
     COMPARE_QUICK,
     MAGLEV_QUICK,
@@ -34,7 +29,9 @@ from ebpflb.bench.settings import (
     SyncSettings,
 )
 from ebpflb.errors import ConfigError
-from ebpflb.testing.machinelock import machine_lock
+
+if TYPE_CHECKING:
+    from ebpflb.bench.records.codec import Report
 
 SUBCOMMANDS = ("compare", "maglev", "sync")
 COMPARE = CompareSettings()
@@ -262,6 +259,14 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: every `ebpflb` command imports this module for its parser, `ebpflb
+    # run` included (a restart's critical path), and the report modules cost it 40 ms.
+    from ebpflb.bench.plot import plot
+    from ebpflb.bench.records import codec
+    from ebpflb.bench.records.compare import CompareRun
+    from ebpflb.bench.render import render
+    from ebpflb.testing.machinelock import machine_lock
+
     if args.from_report is not None:
         report = codec.load(args.from_report)
         if args.bench_command != report.KIND:

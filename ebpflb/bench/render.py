@@ -404,9 +404,9 @@ def render_sync(run: SyncRun) -> str:
         ),
         _row("  its own (anonymous)", f"{memory.anon_mib:.0f} MiB"),
         _row(
-            "  file-backed: libraries, mapped slot pool",
-            f"{memory.file_mib:.0f} MiB, of which ~{run.slot_tables_mib:.0f} MiB slot"
-            " tables (kernel memory)",
+            "  file-backed (libraries)",
+            f"{memory.file_mib:.0f} MiB; slot tables ~{run.slot_tables_mib:.0f} MiB of kernel"
+            " memory, the pool mapped during syncs only",
         ),
         _row("  compiler libraries mapped", ", ".join(run.compiler_libraries) or "none"),
     ]

@@ -91,6 +91,8 @@ class FakeSlotPool:
         self.array: SlotArray = np.zeros(capacity, dtype=np.uint32)
         self.slots_written = 0
         self.batches = 0  # write_many calls
+        self.reads = 0
+        self.releases = 0  # release calls (one per apply)
         self.failing: set[int] = set()  # table offsets whose writes fail (tests)
 
     def write(
@@ -114,7 +116,11 @@ class FakeSlotPool:
         return failures
 
     def read(self, offset: int, count: int) -> SlotArray:
+        self.reads += 1
         return self.array[offset : offset + count].copy()
+
+    def release(self) -> None:
+        self.releases += 1
 
     def grow(self, capacity: int) -> None:
         if not self.capacity < capacity <= self.limit or capacity % SLOTS_PER_ELEMENT:

@@ -318,6 +318,10 @@ class SlotPool(Protocol):
         later writes (so read again rather than keep it across a write of the range)."""
         ...
 
+    def release(self) -> None:
+        """Let go of what the last reads and writes held (a memory mapping of the pool):
+        called after each sync. The next read or write takes what it needs again."""
+
 
 def slot_pairs(
     offset: int, table: SlotArray, changed: npt.NDArray[np.int64] | None

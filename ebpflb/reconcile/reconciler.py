@@ -53,6 +53,8 @@ class Reconciler:
         # An apply raised part-way (a bug, or an error no step expects): what is known may
         # no longer be what the maps hold, so it is relearned before the next apply.
         self._suspect = False
+        # A restore read every table's digest from the pool: the next apply may trust them.
+        self._digests_read = False
 
     @property
     def realized(self) -> dict[Frontend, Realized]:
@@ -66,12 +68,14 @@ class Reconciler:
         if not self._suspect and restore.as_written(
             contents, self.maps, self.state, self.backends, self.space, self.leftovers
         ):
+            self._digests_read = True
             return
         self.state, self.backends, self.space, self.leftovers = restore.rebuild(
             contents, self.maps, self.state, self.backends.entries, self.space.quarantined
         )
         self.affinity = AffinityMatches()  # re-read at the next apply
         self._suspect = False
+        self._digests_read = True
 
     def apply(
         self,
@@ -90,7 +94,11 @@ class Reconciler:
         if self._suspect:
             self.restore()
         self._suspect = True  # until this apply has finished
-        result = self._apply(desired, full=full)
+        try:
+            result = self._apply(desired, full=full)
+        finally:
+            self._digests_read = False
+            self.maps.slots.release()  # the pool's pages are not held between syncs
         self._suspect = False
         return result
 
@@ -133,7 +141,9 @@ class Reconciler:
             slots_map=self.maps.slots.name,
         )
         outcomes = [Outcome(plan) for plan in planner.plan_all(wanted, desired, result)]
-        writer = Writer(self.maps, self.backends, self.space, self.hash_seed)
+        writer = Writer(
+            self.maps, self.backends, self.space, self.hash_seed, verified=self._digests_read
+        )
         writer.write_all(outcomes, result)
         report.set_verbose(len(outcomes) <= LOG_EACH_MAX)
         failed = 0

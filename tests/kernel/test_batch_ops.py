@@ -6,6 +6,7 @@ element, the others being written."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import time
 import uuid
@@ -18,7 +19,7 @@ import pytest
 from bcc import BPF
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, compiler, growable, loader
+from ebpflb.datapath import bpfsys, compiler, contract, growable, loader
 from ebpflb.datapath.contract import CtFlags, MapName, NatFlags
 from ebpflb.datapath.elementio import LOOKUP_CHUNK
 from ebpflb.datapath.kernel import KernelMapSet, PinnedMap
@@ -161,6 +162,45 @@ def test_the_slot_pool_is_mapped_and_written_as_memory(maps: KernelMapSet) -> No
     assert pool._read_batch(100, 101).tolist() == changed.tolist()  # as the kernel sees it
     pool.write(100, np.zeros(102, dtype=np.uint32))
     pool.write(300, np.zeros(4, dtype=np.uint32))
+
+
+def bpf_map_mappings() -> int:
+    """Mappings of BPF maps in this process (the kernel names them anon_inode:bpf-map)."""
+    with open("/proc/self/maps") as maps:
+        return sum("bpf-map" in line for line in maps)
+
+
+def test_the_pool_is_mapped_only_while_used(pins: Path) -> None:
+    """Windows at page offsets of a many-page pool write what the kernel then reads; many
+    writes map the whole pool, and release leaves no mapping behind."""
+    pairs = 1 << 14  # 128 KiB: 32 pages
+    array = int(contract.MAPS[contract.MapName.SLOTS].type)
+    fd = bpfsys.map_create(array, 4, 8, pairs, "a pool", flags=contract.BPF_F_MMAPABLE)
+    path = pins / "windowed_slots"
+    try:
+        bpfsys.obj_pin(fd, str(path))
+    finally:
+        os.close(fd)
+    pinned = PinnedMap(path)
+    before = bpf_map_mappings()
+    try:
+        pool = KernelSlotPool(pinned)
+        table = np.arange(1, 102, dtype=np.uint32)
+        at = 5 * mmap.PAGESIZE // 4 - 40  # across a page boundary, past page 0
+        assert pool.write_many([SlotWrite(at, table)]) == {}
+        assert not pool.holds_mapping and bpf_map_mappings() == before
+        assert pool._read_batch(at, 102).tolist() == [*table.tolist(), 0]
+        assert pool.read(at, 101).tolist() == table.tolist()
+        many = [SlotWrite(k * 256, table) for k in range(pool.window_budget + 1)]
+        assert pool.write_many(many) == {}
+        assert pool.holds_mapping and bpf_map_mappings() == before + 1
+        assert pool._read_batch(pool.window_budget * 256, 101).tolist() == table.tolist()
+        pool.release()
+        assert not pool.holds_mapping and bpf_map_mappings() == before
+        pool.close()
+    finally:
+        pinned.close()
+        path.unlink()
 
 
 def test_a_pool_pinned_without_the_mmap_flag_is_written_in_batches(pins: Path) -> None:

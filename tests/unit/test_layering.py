@@ -4,6 +4,8 @@ Kubernetes source to the kubernetes client (everything else is testable without 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ebpflb"
@@ -38,3 +40,23 @@ def test_only_the_compiler_imports_bcc() -> None:
     bcc maps libbcc and LLVM into a process, so only the compile step does, in a child
     process of its own (compiler.py)."""
     assert importers_of("bcc") == {"ebpflb/datapath/compiler.py"}
+
+
+def test_the_agent_start_imports_neither_bench_reports_nor_unused_kubernetes_parts() -> None:
+    """What `ebpflb run --kubeconfig` imports before it lists anything (a restart waits for
+    it): the command line, the agent and the Kubernetes source, without the bench's report
+    modules or the kubernetes sub-packages the source does not use; its client still
+    works."""
+    code = (
+        "import sys\n"
+        "import ebpflb.cli, ebpflb.app\n"
+        "from ebpflb.sources.kubernetes import ApiConfig\n"
+        "ApiConfig.from_host('http://127.0.0.1:1')._new_client()\n"
+        "unwanted = ('ebpflb.bench.render', 'ebpflb.bench.plot', 'kubernetes.dynamic',"
+        " 'kubernetes.stream', 'jsonschema')\n"
+        "print(','.join(m for m in unwanted if m in sys.modules))\n"
+    )
+    argv = [sys.executable, "-c", code]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ""

@@ -64,3 +64,59 @@ def test_a_helper_that_left_is_replaced() -> None:
             assert np.array_equal(a.slots, b.slots) and np.array_equal(a.slots, c.slots)
     finally:
         worker.close()
+
+
+class Helper:
+    """A stand-in for FillWorker, running or not; its builds run the Python loop (the
+    tables are the same either way)."""
+
+    def __init__(self, running: bool) -> None:
+        self.is_running = running
+        self.starts = 0
+        self.fills = 0
+
+    def running(self) -> bool:
+        return self.is_running
+
+    def start(self) -> None:
+        self.starts += 1
+
+    def fill_many(self, *arrays: np.ndarray) -> None:
+        self.fills += 1
+        maglev._fill_many(*arrays, compiled=False)  # type: ignore[arg-type]
+
+
+def _built_with(helper: Helper) -> list[maglev.MaglevTable]:
+    saved = maglev._worker
+    maglev._worker = helper  # type: ignore[assignment]
+    try:
+        return maglev.build_tables(SERVICES, SIZES)  # over COMPILED_MIN_SLOTS: the helper's
+    finally:
+        maglev._worker = saved
+
+
+def test_a_build_runs_here_without_a_helper_and_goes_to_a_running_one() -> None:
+    assert sum(SIZES) >= maglev.COMPILED_MIN_SLOTS
+    expected = maglev.build_tables(SERVICES, SIZES, compiled=False)
+    idle = Helper(running=False)
+    assert _built_with(idle) == expected
+    assert (idle.fills, idle.starts) == (0, 1)  # started after it, for the builds after
+    running = Helper(running=True)  # loaded or still loading numba: waited for
+    assert _built_with(running) == expected
+    assert (running.fills, running.starts) == (1, 0)
+
+
+def test_the_helper_is_started_ahead_only_for_builds_python_could_not_do_meanwhile() -> None:
+    assert not maglev.compiled_for(1000)
+    assert maglev.compiled_for(10_000)
+
+
+def test_a_helper_runs_until_closed() -> None:
+    worker = FillWorker()
+    assert not worker.running()
+    worker.start()
+    try:
+        assert worker.running()
+    finally:
+        worker.close()
+    assert not worker.running()
