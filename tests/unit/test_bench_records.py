@@ -79,7 +79,7 @@ def test_the_json_shape_is_the_records() -> None:
     assert data["settings"]["modes"] == [m.value for m in run().settings.modes]
 
 
-@pytest.mark.parametrize("name", ["report.json", "report-with-iptables-nft-20k.json"])
+@pytest.mark.parametrize("name", ["report-2026-11-30.json", "report-with-iptables-nft-20k.json"])
 def test_saved_schema_1_reports_load(name: str) -> None:
     report = codec.load(DOCS / name)
     assert isinstance(report, CompareRun)
