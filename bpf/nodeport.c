@@ -95,22 +95,37 @@ int ebpflb_np_in(struct __sk_buff *skb)
 	return np4_in(skb, data, data_end);
 }
 
+static __always_inline int np4_out(struct __sk_buff *skb, void *data, void *data_end)
+{
+	struct xlate4 out = {};
+	struct pkt4 pkt = {};
+
+	if (pkt4_parse(data, data_end, skb->len, &pkt) == 0 && np4_egress(&pkt, &out) == NP_XLATE &&
+	    pkt4_xlate_skb(skb, &pkt, &out) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
+static __always_inline int np6_out(struct __sk_buff *skb, void *data, void *data_end)
+{
+	struct xlate6 out = {};
+	struct pkt6 pkt = {};
+
+	if (pkt6_parse(data, data_end, skb->len, &pkt) == 0 && np6_egress(&pkt, &out) == NP_XLATE &&
+	    pkt6_xlate_skb(skb, &pkt, &out) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
 int ebpflb_np_out(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct xlate4 out = {};
-	struct xlate6 out6 = {};
-	struct pkt4 pkt = {};
-	struct pkt6 pkt6 = {};
+	struct ethhdr *eth = data;
 
-	if (pkt4_parse(data, data_end, skb->len, &pkt) == 0) {
-		if (np4_egress(&pkt, &out) == NP_XLATE && pkt4_xlate_skb(skb, &pkt, &out) < 0)
-			return TC_ACT_SHOT;
+	if ((void *)(eth + 1) > data_end)
 		return TC_ACT_OK;
-	}
-	if (pkt6_parse(data, data_end, skb->len, &pkt6) == 0 &&
-	    np6_egress(&pkt6, &out6) == NP_XLATE && pkt6_xlate_skb(skb, &pkt6, &out6) < 0)
-		return TC_ACT_SHOT;
-	return TC_ACT_OK;
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return np6_out(skb, data, data_end);
+	return np4_out(skb, data, data_end);
 }

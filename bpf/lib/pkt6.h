@@ -135,20 +135,19 @@ static __always_inline int pkt6_rewrite(struct __sk_buff *skb, const struct pkt6
 	const __be32 *old_addr = is_src ? pkt->flow.saddr : pkt->flow.daddr;
 	__be16 old_port = is_src ? pkt->flow.sport : pkt->flow.dport;
 	__u64 l4_flags = pkt->flow.proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
-	__be32 from[4], to[4];
 	__u32 diff;
 
+	/* Both addresses are on the stack already (struct pkt6, struct xlate6): the helpers
+	 * read them there (casts: BCC's prototypes take non-const pointers). */
 	if (!addr6_equal(addr, old_addr)) {
-		addr6_copy(from, old_addr);
-		addr6_copy(to, addr);
 		/* A 32-bit sum, unfolded before Linux 6.12 on x86, which BCC's `int` return type
 		 * shows as negative from 2^31 on: not an error (the helper fails only for sizes
 		 * that are not multiples of 4, and these are constant). */
-		diff = (__u32)bpf_csum_diff(from, sizeof(from), to, sizeof(to), 0);
+		diff = (__u32)bpf_csum_diff((void *)old_addr, 16, (void *)addr, 16, 0);
 		/* size 0: `diff` is a checksum difference, not one old/new field */
 		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, l4_flags | BPF_F_PSEUDO_HDR) < 0)
 			return -1;
-		if (bpf_skb_store_bytes(skb, addr_off, to, sizeof(to), 0) < 0)
+		if (bpf_skb_store_bytes(skb, addr_off, (void *)addr, 16, 0) < 0)
 			return -1;
 	}
 	if (port != old_port) {
