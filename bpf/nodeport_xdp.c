@@ -47,8 +47,8 @@ static __always_inline int np4_xdp(struct xdp_md *ctx, void *data, void *data_en
 	}
 	/* The source becomes a node address: this program must forward the packet. */
 	forward = out.saddr != pkt.flow.saddr;
-	if (forward && fib4_lookup(ctx, ctx->ingress_ifindex, &pkt, out.saddr, out.daddr, &fib) !=
-			       BPF_FIB_LKUP_RET_SUCCESS)
+	if (forward && fib4_lookup(ctx, ctx->ingress_ifindex, &pkt, out.saddr, out.daddr,
+				   pkt.len - pkt.l3_off, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return XDP_PASS; /* untranslated: tc resolves the neighbour and translates */
 	if (pkt4_xlate_xdp(ctx, &out) < 0)
 		return XDP_DROP;
@@ -79,8 +79,8 @@ static __always_inline int np6_xdp(struct xdp_md *ctx, void *data, void *data_en
 		break;
 	}
 	forward = !addr6_equal(out.saddr, pkt.flow.saddr);
-	if (forward && fib6_lookup(ctx, ctx->ingress_ifindex, &pkt, out.saddr, out.daddr, &fib) !=
-			       BPF_FIB_LKUP_RET_SUCCESS)
+	if (forward && fib6_lookup(ctx, ctx->ingress_ifindex, &pkt, out.saddr, out.daddr,
+				   pkt.len - pkt.l3_off, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return XDP_PASS;
 	if (pkt6_xlate_xdp(ctx, &pkt, &out) < 0)
 		return XDP_DROP;

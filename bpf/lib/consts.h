@@ -197,6 +197,7 @@
 #define STAT_AFFINITY_HIT    18 /* new connection sent to the client's affinity backend */
 #define STAT_NP_REJECT       19 /* RST / ICMP port unreachable sent (SVC_F_REJECT) */
 #define STAT_NP6_EXT_HEADER  20 /* IPv6 extension headers not walked: passed untranslated */
+#define STAT_MTU_EXCEEDED    21 /* dropped: translated packet (or its GSO segments) too big for the next hop */
 #define STAT_MAX             24 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

@@ -23,16 +23,28 @@
 #define AF_INET6 10
 #endif
 
+/* The MTU question differs by hook. An XDP frame is one packet on the wire: its IP length
+ * is compared with the route's MTU (tot_len). An skb may be a GRO/GSO aggregate of up to
+ * 64 KB that leaves as segments, so its lookup gives no tot_len: since 5.12 a given tot_len
+ * is compared as it stands (every aggregate would come back FRAG_NEEDED, the collapse of
+ * bulk TCP through a NodePort that Calico met in projectcalico/calico#5753). Without one
+ * the kernel checks the skb against the egress device as forwarding would
+ * (is_skb_forwardable: a GSO skb passes) and reports the device's MTU in mtu_result (5.12+;
+ * 5.10 leaves it 0); tc_gso_fits() then checks the segments themselves. */
+#define FIB_TOT_LEN_SKB 0
+
 /* Route lookup for a packet leaving as saddr -> daddr, arrived on `ifindex`. `ctx` is the
- * skb or the xdp_md; *fib must be zeroed. BPF_FIB_LKUP_RET_*; fib->ifindex, smac and dmac
+ * skb or the xdp_md; *fib must be zeroed; `tot_len` the IP length to check against the
+ * route's MTU, or FIB_TOT_LEN_SKB (above). BPF_FIB_LKUP_RET_*; fib->ifindex, smac and dmac
  * say where to send it. */
 static __always_inline int fib4_lookup(void *ctx, __u32 ifindex, const struct pkt4 *pkt,
-				       __be32 saddr, __be32 daddr, struct bpf_fib_lookup *fib)
+				       __be32 saddr, __be32 daddr, __u16 tot_len,
+				       struct bpf_fib_lookup *fib)
 {
 	fib->family = AF_INET;
 	fib->ifindex = ifindex;
 	fib->l4_protocol = pkt->flow.proto;
-	fib->tot_len = pkt->len - pkt->l3_off;
+	fib->tot_len = tot_len;
 	fib->ipv4_src = saddr;
 	fib->ipv4_dst = daddr;
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
@@ -61,12 +73,12 @@ static __always_inline int tc_dec_ttl(struct __sk_buff *skb, const struct pkt4 *
 /* fib4_lookup's twin for IPv6. */
 static __always_inline int fib6_lookup(void *ctx, __u32 ifindex, const struct pkt6 *pkt,
 				       const __be32 saddr[4], const __be32 daddr[4],
-				       struct bpf_fib_lookup *fib)
+				       __u16 tot_len, struct bpf_fib_lookup *fib)
 {
 	fib->family = AF_INET6;
 	fib->ifindex = ifindex;
 	fib->l4_protocol = pkt->flow.proto;
-	fib->tot_len = pkt->len - pkt->l3_off;
+	fib->tot_len = tot_len;
 	addr6_copy(fib->ipv6_src, saddr);
 	addr6_copy(fib->ipv6_dst, daddr);
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
@@ -103,13 +115,46 @@ static __always_inline int tc_redirect_routed(struct __sk_buff *skb, int rc,
 	return bpf_redirect(fib->ifindex, 0);
 }
 
-/* A route lookup result a translated packet can be sent on (a missing neighbour is
- * resolved by bpf_redirect_neigh); anything else is counted. */
-static __always_inline bool fib_usable(int rc)
+/* Whether a GSO skb's segments fit the egress MTU the lookup reported (fib->mtu_result,
+ * 5.12+; with 0, as on 5.10, the segments are not checked here). A segment is the IP and
+ * L4 headers plus gso_size bytes of payload. `l4_hdr_len`: the TCP header's length (its
+ * data offset) or a UDP header's. */
+static __always_inline bool tc_gso_fits(const struct __sk_buff *skb, __u32 l3_off, __u32 l4_off,
+					__u32 l4_hdr_len, const struct bpf_fib_lookup *fib)
 {
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+	__u32 gso_size = skb->gso_size;
+
+	if (!gso_size || !fib->mtu_result)
 		return true;
-	stat_inc(STAT_FIB_FAIL);
+	return l4_off - l3_off + l4_hdr_len + gso_size <= fib->mtu_result;
+}
+
+/* The length of the L4 header at l4_off: TCP's data offset, or a UDP header. */
+static __always_inline __u32 tc_l4_hdr_len(struct __sk_buff *skb, __u32 l4_off, __u8 proto)
+{
+	__u8 doff_byte;
+
+	if (proto != IPPROTO_TCP)
+		return sizeof(struct udphdr);
+	/* data offset: the high nibble of byte 12, in 32-bit words */
+	if (bpf_skb_load_bytes(skb, l4_off + 12, &doff_byte, sizeof(doff_byte)) < 0)
+		return sizeof(struct tcphdr);
+	return (doff_byte >> 4) * 4;
+}
+
+/* A route lookup result a translated skb can be sent on (a missing neighbour is resolved
+ * by bpf_redirect_neigh); anything else is counted: a packet too big for the next hop as
+ * STAT_MTU_EXCEEDED, no route as STAT_FIB_FAIL. */
+static __always_inline bool tc_fib_usable(struct __sk_buff *skb, int rc, __u32 l3_off,
+					  __u32 l4_off, __u8 proto,
+					  const struct bpf_fib_lookup *fib)
+{
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		if (tc_gso_fits(skb, l3_off, l4_off, tc_l4_hdr_len(skb, l4_off, proto), fib))
+			return true;
+		rc = BPF_FIB_LKUP_RET_FRAG_NEEDED;
+	}
+	stat_inc(rc == BPF_FIB_LKUP_RET_FRAG_NEEDED ? STAT_MTU_EXCEEDED : STAT_FIB_FAIL);
 	return false;
 }
 
@@ -120,8 +165,9 @@ static __always_inline int tc_forward4(struct __sk_buff *skb, const struct pkt4 
 	struct bpf_fib_lookup fib = {};
 	int rc;
 
-	rc = fib4_lookup(skb, skb->ifindex, pkt, saddr, daddr, &fib);
-	if (!fib_usable(rc) || tc_dec_ttl(skb, pkt) < 0)
+	rc = fib4_lookup(skb, skb->ifindex, pkt, saddr, daddr, FIB_TOT_LEN_SKB, &fib);
+	if (!tc_fib_usable(skb, rc, pkt->l3_off, pkt->l4_off, pkt->flow.proto, &fib) ||
+	    tc_dec_ttl(skb, pkt) < 0)
 		return TC_ACT_SHOT;
 	return tc_redirect_routed(skb, rc, &fib);
 }
@@ -133,8 +179,9 @@ static __always_inline int tc_forward6(struct __sk_buff *skb, const struct pkt6 
 	struct bpf_fib_lookup fib = {};
 	int rc;
 
-	rc = fib6_lookup(skb, skb->ifindex, pkt, saddr, daddr, &fib);
-	if (!fib_usable(rc) || tc_dec_hop_limit(skb, pkt) < 0)
+	rc = fib6_lookup(skb, skb->ifindex, pkt, saddr, daddr, FIB_TOT_LEN_SKB, &fib);
+	if (!tc_fib_usable(skb, rc, pkt->l3_off, pkt->l4_off, pkt->flow.proto, &fib) ||
+	    tc_dec_hop_limit(skb, pkt) < 0)
 		return TC_ACT_SHOT;
 	return tc_redirect_routed(skb, rc, &fib);
 }

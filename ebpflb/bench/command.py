@@ -1,4 +1,4 @@
-"""`ebpflb bench compare|maglev|sync`: each sub-command's options, and what it runs.
+"""`ebpflb bench compare|maglev|sync|bulk`: each sub-command's options, and what it runs.
 
 Every sub-command takes --quick (its short settings), --json (print the report as JSON),
 --save FILE (also write the JSON report) and --from-report FILE (render a saved report
@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 from ebpflb.bench import scenario
 from ebpflb.bench import settings as bench_settings
 from ebpflb.bench.settings import (
+    BULK_QUICK,
     COMPARE_QUICK,
     MAGLEV_QUICK,
     SYNC_QUICK,
+    BulkSettings,
     CompareSettings,
     MaglevSettings,
     SyncSettings,
@@ -33,9 +35,10 @@ from ebpflb.errors import ConfigError
 if TYPE_CHECKING:
     from ebpflb.bench.records.codec import Report
 
-SUBCOMMANDS = ("compare", "maglev", "sync")
+SUBCOMMANDS = ("compare", "maglev", "sync", "bulk")
 COMPARE = CompareSettings()
 SYNC = SyncSettings()
+BULK = BulkSettings()
 
 
 def with_default_subcommand(argv: list[str]) -> list[str]:
@@ -76,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench = sub.add_parser(
         "bench",
         help="ebpflb vs kube-proxy's modes (compare, the default), Maglev tables (maglev),"
-        " the agent's control plane (sync)",
+        " the agent's control plane (sync), bulk TCP through a NodePort (bulk)",
         description="Without a sub-command: compare.",
     )
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -194,6 +197,39 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help=f"how long the churn lasts (default {SYNC.churn_seconds:g})",
     )
 
+    bulk = bench_sub.add_parser(
+        "bulk",
+        help="bulk TCP through a NodePort with SNAT (GRO on) per mode, against plain"
+        " forwarding (root; builds and removes its own namespaces)",
+    )
+    _common(bulk, f"{BULK_QUICK.repeats} x {BULK_QUICK.seconds} s per direction")
+    bulk.add_argument(
+        "--modes",
+        default=",".join(BULK.modes),
+        help="modes to measure, comma-separated (default %(default)s)",
+    )
+    bulk.add_argument("--seconds", type=int, help=f"per transfer (default {BULK.seconds})")
+    bulk.add_argument("--repeats", type=int, help=f"per direction (default {BULK.repeats})")
+    bulk.add_argument(
+        "--family",
+        choices=[f.value for f in scenario.Family],
+        default=BULK.family.value,
+        help="the IP family of every address (default %(default)s)",
+    )
+
+
+def bulk_settings(args: argparse.Namespace) -> BulkSettings:
+    base = BULK_QUICK if args.quick else BULK
+    given = {"seconds": args.seconds, "repeats": args.repeats}
+    settings = dataclasses.replace(
+        base,
+        modes=bench_settings.parse_bulk_modes(args.modes),
+        family=scenario.Family(args.family),
+        **{k: v for k, v in given.items() if v is not None},
+    )
+    settings.validate()
+    return settings
+
 
 def compare_settings(args: argparse.Namespace) -> CompareSettings:
     """--quick's settings (or the defaults), then the options given explicitly."""
@@ -249,6 +285,12 @@ def measure(args: argparse.Namespace) -> Report:
         from ebpflb.bench.maglev import run_maglev_bench
 
         return run_maglev_bench(MAGLEV_QUICK if args.quick else MaglevSettings())
+    if args.bench_command == "bulk":
+        from ebpflb.bench.bulk import run_bulk_bench
+
+        return run_bulk_bench(
+            bulk_settings(args), progress=lambda line: print(line, file=sys.stderr)
+        )
     from ebpflb.bench.sync import run_sync_bench
 
     return run_sync_bench(sync_settings(args))

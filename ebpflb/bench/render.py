@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 
 from ebpflb.bench import extras
 from ebpflb.bench.records.agent import AgentStartup
+from ebpflb.bench.records.bulk import BulkRun
 from ebpflb.bench.records.codec import Report
 from ebpflb.bench.records.compare import CompareRun, ModeResult, Target
 from ebpflb.bench.records.maglev import MaglevRun
@@ -24,6 +25,10 @@ def render(report: Report) -> str:
         return render_compare(report)
     if isinstance(report, MaglevRun):
         return render_maglev(report)
+    if isinstance(report, BulkRun):
+        from ebpflb.bench.render_bulk import render_bulk
+
+        return render_bulk(report)
     return render_sync(report)
 
 

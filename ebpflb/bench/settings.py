@@ -22,6 +22,9 @@ class Mode(StrEnum):
     NFTABLES = "nftables"
     EBPFLB = "ebpflb"
     EBPFLB_XDP = "ebpflb-xdp"  # measured with ebpflb (its NodePort path in XDP), not chosen
+    # bench bulk's floor for XDP: forwarding with an XDP_PASS program on the node's
+    # interfaces (a veth running XDP stops aggregating what its peer sends).
+    NONE_XDP = "none-xdp-pass"
 
 
 MODES = (Mode.NONE, Mode.IPTABLES_LEGACY, Mode.IPTABLES_NFT, Mode.NFTABLES, Mode.EBPFLB)
@@ -100,6 +103,48 @@ COMPARE_QUICK = CompareSettings(
     rate_repeats=2,
     changes=2,
 )
+
+
+BULK_MODES = (
+    Mode.NONE,
+    Mode.NONE_XDP,
+    Mode.IPTABLES_LEGACY,
+    Mode.IPTABLES_NFT,
+    Mode.NFTABLES,
+    Mode.EBPFLB,
+    Mode.EBPFLB_XDP,
+)
+"""What `bench bulk --modes` chooses from, in its table's order."""
+
+
+def parse_bulk_modes(text: str) -> tuple[Mode, ...]:
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in {m.value for m in BULK_MODES}]
+    if unknown:
+        raise ConfigError(f"unknown mode {unknown[0]!r}: one of {', '.join(BULK_MODES)}")
+    return tuple(Mode(name) for name in names)
+
+
+@dataclass(frozen=True)
+class BulkSettings:
+    """`ebpflb bench bulk`: one TCP transfer each way through a NodePort with SNAT (GRO on,
+    as on a real NIC), per mode, against forwarding over the same hops."""
+
+    modes: tuple[Mode, ...] = BULK_MODES
+    seconds: int = 3  # per transfer (iperf3 counts whole seconds)
+    repeats: int = 3  # per direction and mode: the median is the figure
+    family: scenario.Family = scenario.Family.IPV4
+    quiet_timeout: float = 120.0
+
+    def validate(self) -> None:
+        for mode in self.modes:
+            if mode not in BULK_MODES:
+                raise ConfigError(f"unknown mode {mode!r}: one of {', '.join(BULK_MODES)}")
+        if self.seconds < 1 or self.repeats < 1:
+            raise ConfigError("bulk: seconds >= 1 (whole seconds), repeats >= 1")
+
+
+BULK_QUICK = BulkSettings(seconds=1, repeats=1)
 
 
 class SyncSource(StrEnum):

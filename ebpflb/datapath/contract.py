@@ -111,6 +111,7 @@ class Counter(enum.IntEnum):
     AFFINITY_HIT = 18
     NP_REJECT = 19
     NP6_EXT_HEADER = 20
+    MTU_EXCEEDED = 21
 
     @property
     def label(self) -> str:

@@ -41,9 +41,11 @@ Verdict = TcVerdict | XdpVerdict
 
 
 class _SkbContext(ct.Structure):
-    """Leading fields of struct __sk_buff, up to ifindex: the kernel takes a prefix and
-    zero for the rest. Of these only mark, priority, ingress_ifindex and ifindex may be
-    set; ifindex names the device the skb comes from."""
+    """struct __sk_buff up to gso_size (uapi/linux/bpf.h, 5.7+): the kernel takes a
+    prefix and zero for the rest. Of these only mark, priority, ingress_ifindex, ifindex,
+    cb, tstamp, wire_len, gso_segs and gso_size may be set; ifindex names the device the
+    skb comes from, and a gso_size makes it a GSO skb (skb_is_gso) whose segments carry
+    that many payload bytes, as after GRO."""
 
     _fields_ = [
         ("len", ct.c_uint32),
@@ -57,6 +59,13 @@ class _SkbContext(ct.Structure):
         ("priority", ct.c_uint32),
         ("ingress_ifindex", ct.c_uint32),
         ("ifindex", ct.c_uint32),
+        ("_tc_index_to_data_meta", ct.c_uint32 * 25),  # tc_index .. data_meta: must be 0
+        ("_flow_keys", ct.c_uint64),
+        ("tstamp", ct.c_uint64),
+        ("wire_len", ct.c_uint32),
+        ("gso_segs", ct.c_uint32),
+        ("_sk", ct.c_uint64),
+        ("gso_size", ct.c_uint32),
     ]
 
 
@@ -90,12 +99,19 @@ def _verdict(kind: type[TcVerdict] | type[XdpVerdict], code: int) -> Verdict | i
 
 
 def run_tc(
-    prog_fd: int, frame: bytes, ifindex: int, *, repeat: int = 1, name: str = ""
+    prog_fd: int,
+    frame: bytes,
+    ifindex: int,
+    *,
+    repeat: int = 1,
+    name: str = "",
+    gso_size: int = 0,
 ) -> ProgramRun:
     """Run a tc (SCHED_CLS) program on an Ethernet frame arriving on (or, for an egress
     program, leaving through) `ifindex`. With repeat > 1 every repetition sees the frame
-    as the previous one left it."""
-    ctx = _SkbContext(ifindex=ifindex)
+    as the previous one left it. A gso_size makes the skb a GRO/GSO aggregate of segments
+    carrying that many payload bytes each."""
+    ctx = _SkbContext(ifindex=ifindex, gso_size=gso_size)
     done = bpfsys.prog_test_run(prog_fd, frame, ctx, repeat, name or f"tc program fd {prog_fd}")
     return ProgramRun(_verdict(TcVerdict, done.retval), done.data, done.duration_ns, repeat)
 

@@ -141,12 +141,15 @@ class Cluster(Namespaces):
         """Make the veths behave like physical links for native XDP on the nodes' eth0:
 
         - senders compute full checksums (a NIC never receives CHECKSUM_PARTIAL packets,
-          a veth does from a local sender, and XDP cannot see that metadata);
+          a veth does from a local sender, and XDP cannot see that metadata); the nodes
+          are senders too: what they forward of a GRO aggregate leaves their eth0 as
+          segments, and a NIC's TSO completes those segments' checksums;
         - the wire side of each veth runs an XDP program, without which a veth drops the
           frames its peer sends back with XDP_TX.
         """
         for netns in [
             *self.clients.values(),
+            *(n.netns for n in self.nodes.values()),
             *(p.netns for n in self.nodes.values() for p in n.pods.values()),
         ]:
             self.offload(netns, "eth0", False)

@@ -93,11 +93,17 @@ class Datapath:
     ifindex: dict[str, int]
     config: Config
 
-    def run(self, program: Program, frame: bytes, link: str, repeat: int = 1) -> testrun.ProgramRun:
-        fd = self.nodeport.program_fd(PROGRAM_NAMES[program])
-        run = testrun.run_xdp if program is Program.XDP else testrun.run_tc
+    def run(
+        self, program: Program, frame: bytes, link: str, repeat: int = 1, gso_size: int = 0
+    ) -> testrun.ProgramRun:
+        fd, name = self.nodeport.program_fd(PROGRAM_NAMES[program]), PROGRAM_NAMES[program]
         with inside(self.netns):
-            return run(fd, frame, self.ifindex[link], repeat=repeat, name=PROGRAM_NAMES[program])
+            if program is Program.XDP:
+                assert not gso_size, "an XDP buffer has no GSO"
+                return testrun.run_xdp(fd, frame, self.ifindex[link], repeat=repeat, name=name)
+            return testrun.run_tc(
+                fd, frame, self.ifindex[link], repeat=repeat, name=name, gso_size=gso_size
+            )
 
     def forget_flows(self) -> None:
         for table in (self.maps.conntrack, self.maps.reply_nat):
@@ -355,7 +361,7 @@ def run_case(dp: Datapath, case: Case) -> list[str]:
     flows = dp.start(case.after, case.program)
     frame = build(case.packet, flows.snat_port)
     before = dp.maps.counters()
-    run = dp.run(case.program, frame, case.link)
+    run = dp.run(case.program, frame, case.link, gso_size=case.gso_size)
     after = dp.maps.counters()
     problems = []
     if run.verdict != case.verdict:

@@ -1,6 +1,7 @@
 """The bench's records as JSON and back: the only code that knows the JSON shape.
 
-A report is one object: {"kind": "compare" | "maglev" | "sync", "schema": 2, ...fields}.
+A report is one object: {"kind": "compare" | "maglev" | "sync" | "bulk", "schema": 2,
+...fields}.
 Fields are the records' own, nested as the dataclasses nest; enums are their values,
 tuples are lists. Decoding follows the records' type hints and names the exact place of
 anything malformed (a missing field, a string where a number belongs, an unknown key).
@@ -20,14 +21,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from ebpflb.bench.records import ReportError, legacy
+from ebpflb.bench.records.bulk import BulkRun
 from ebpflb.bench.records.compare import CompareRun
 from ebpflb.bench.records.maglev import MaglevRun
 from ebpflb.bench.records.sync import SyncRun
 
 SCHEMA = 2
-Report = CompareRun | MaglevRun | SyncRun
-KINDS: dict[str, type[CompareRun] | type[MaglevRun] | type[SyncRun]] = {
-    cls.KIND: cls for cls in (CompareRun, MaglevRun, SyncRun)
+Report = CompareRun | MaglevRun | SyncRun | BulkRun
+KINDS: dict[str, type[CompareRun] | type[MaglevRun] | type[SyncRun] | type[BulkRun]] = {
+    cls.KIND: cls for cls in (CompareRun, MaglevRun, SyncRun, BulkRun)
 }
 T = TypeVar("T")
 
