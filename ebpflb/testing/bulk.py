@@ -9,16 +9,21 @@ timeout instead of reporting a small number.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import shutil
+import signal
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ebpflb.testing.netns import Namespaces, sh
 
 IPERF3 = "iperf3"
-SERVER_LIFETIME_S = 900  # `timeout` bounds a server a crashed test could leave behind
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class BulkError(RuntimeError):
@@ -47,20 +52,39 @@ def available() -> bool:
     return shutil.which(IPERF3) is not None
 
 
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when the process that started it ends (a crashed
+    test leaves no server behind; iperf3 has no lifetime option of its own)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
 def start_server(namespaces: Namespaces, netns: str, port: int) -> None:
-    """An iperf3 server on `port` (both families) in `netns`, ended by close() or after
-    SERVER_LIFETIME_S; returns once it listens."""
-    proc = namespaces.spawn(
-        netns, ["timeout", str(SERVER_LIFETIME_S), IPERF3, "-s", "-p", str(port), "--forceflush"]
+    """An iperf3 server on `port` (both families) in `netns`, ended by the namespaces'
+    close() (nsenter execs iperf3 itself, so that kill reaches it) or with this process;
+    returns once it listens. Its reports go to a log file, never to a pipe nobody reads."""
+    logdir = Path(tempfile.mkdtemp(prefix="ebpflb-iperf3-"))
+    log = logdir / "server.log"
+    argv = [IPERF3, "-s", "-p", str(port), "--logfile", str(log), "--forceflush"]
+    proc = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{netns}", *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=_die_with_parent,
     )
-    assert proc.stdout is not None
-    for _ in range(20):
-        line = proc.stdout.readline()
-        if "Server listening" in line:
-            return
-        if not line and proc.poll() is not None:
-            break
-    raise BulkError(f"iperf3 server on port {port} in {netns} did not start")
+    namespaces.processes.append(proc)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            if log.exists() and "Server listening" in log.read_text():
+                return
+            time.sleep(0.05)
+        raise BulkError(f"iperf3 server on port {port} in {netns} did not start")
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)  # iperf3 keeps writing to the open file
 
 
 def transfer(
