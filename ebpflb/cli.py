@@ -7,6 +7,7 @@ the flags read as one reference.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -14,10 +15,10 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from ebpflb import __version__, configfile, privileges
-from ebpflb.bench import command as bench_command
 from ebpflb.config import DEFAULT_BPFFS_DIR, Config, XdpMode
 from ebpflb.errors import ConfigError, EbpflbError, PinDirBusyError
 
@@ -338,8 +339,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _add_explain_parser(sub)
-    bench_command.add_parser(sub)
+    _add_bench_parser(sub)
     return parser
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`ebpflb bench ...`: its arguments go to the lab's parser as they are (no option of
+    ebpflb's own may take them: prefix_chars NUL)."""
+    bench = sub.add_parser(
+        "bench",
+        help="ebpflb vs kube-proxy's modes (compare, the default), Maglev tables (maglev),"
+        " the agent's control plane (sync), bulk TCP through a NodePort (bulk); needs the"
+        " lab (lab/, installed by make setup)",
+        add_help=False,
+        prefix_chars="\0",
+    )
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+
+
+LAB_MISSING = (
+    "`ebpflb bench` is in the lab distribution, which is not installed here (the agent's"
+    " wheel and image do not carry it): from a checkout of the repository, "
+    "`pip install -e lab/` (make setup installs it)"
+)
+
+
+def bench_command() -> ModuleType:
+    """The lab's `ebpflb bench` (lab/bench/command.py), imported only when the verb runs."""
+    try:
+        return importlib.import_module("lab.bench.command")
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (exc.name == "lab" or exc.name.startswith("lab.")):
+            raise ConfigError(LAB_MISSING) from None
+        raise
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    return int(bench_command().run(args))
 
 
 def _add_explain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -540,8 +576,12 @@ def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with a --config file's values as defaults flags override."""
     parser = build_parser()
-    argv = bench_command.with_default_subcommand(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        bench = bench_command().parse_args(args.bench_args)
+        bench.command, bench.debug = args.command, args.debug
+        return bench  # type: ignore[no-any-return]
     if getattr(args, "config", None) is not None:
         commands = _commands(parser)
         target = commands[args.command]
@@ -570,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         "maps": cmd_maps_dump,
         "status": cmd_status,
         "explain": cmd_explain,
-        "bench": bench_command.run,
+        "bench": cmd_bench,
     }[args.command]
     try:
         return handler(args)

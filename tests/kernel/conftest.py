@@ -15,10 +15,10 @@ import pytest
 
 from ebpflb.datapath import dump
 from ebpflb.datapath.kernel import KernelMapSet
-from ebpflb.testing import leftovers
-from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
-from ebpflb.testing.machinelock import machine_lock
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness import leftovers
+from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
+from lab.harness.machinelock import machine_lock
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel.nodeport_env import env  # noqa: F401 (the two-node cluster fixture)
 
 PODS = {"pod1": "10.244.1.11", "pod2": "10.244.1.12", "pod3": "10.244.1.13"}

@@ -2,7 +2,7 @@
 stack: NodePort, LoadBalancer and external IPs through the tc (or XDP) programs, between
 namespaces, for both families at once.
 
-Topology (ebpflb.testing.netns.Cluster, ipv6=True): an external client (and an
+Topology (lab.harness.netns.Cluster, ipv6=True): an external client (and an
 "outsider" outside the LoadBalancer's source ranges) and two nodes on one bridge; pods
 behind each node on their own /24 and /64, routed between the nodes. Each node runs its
 own agent (own bpffs directory and cgroup) inside its namespace, attached to its eth0.
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
-from ebpflb.testing.cluster import Cluster
-from ebpflb.testing.netns import Cgroup
+from lab.harness.agentproc import AgentProcess, cleanup_datapath
+from lab.harness.cluster import Cluster
+from lab.harness.netns import Cgroup
 
 NODE1, NODE2 = "192.168.100.1", "192.168.100.2"
 CLIENT, OUTSIDER = "192.168.100.100", "192.168.100.200"

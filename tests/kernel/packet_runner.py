@@ -37,7 +37,7 @@ from ebpflb.datapath.maps import AddrPort, InterfaceAddresses
 from ebpflb.desired import NodeView, frontends_for_port
 from ebpflb.model import Frontend, Proto
 from ebpflb.reconcile import Reconciler
-from ebpflb.testing.netns import Namespaces, sh
+from lab.harness.netns import Namespaces, sh
 from tests.kernel import packet_cases as pc
 from tests.kernel.packet_cases import Case, FlowRow, Frame, Out, Program, Ref
 

@@ -1,6 +1,6 @@
 """A two-node cluster for the Service-semantics kernel tests (tests/kernel/test_semantics_*).
 
-Topology (ebpflb.testing.netns.Cluster): an external client on the wire with two nodes;
+Topology (lab.harness.netns.Cluster): an external client on the wire with two nodes;
 pods pod11, pod12 behind node1 and pod21, pod22 behind node2, each serving TCP 8080 and
 UDP 5353. Each node runs its own agent (own bpffs directory and cgroup, --interfaces eth0,
 --node-name) on one manifests directory of its own; `write` changes both.
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
-from ebpflb.testing.cluster import Cluster
-from ebpflb.testing.netns import Cgroup
+from lab.harness.agentproc import AgentProcess, cleanup_datapath
+from lab.harness.cluster import Cluster
+from lab.harness.netns import Cgroup
 
 NODE1, NODE2 = "192.168.100.1", "192.168.100.2"
 CLIENT = "192.168.100.100"

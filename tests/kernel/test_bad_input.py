@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ebpflb.datapath import loader
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by
 
 WEB, PENDING = "10.96.0.10:80", "10.96.0.99:80"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from ebpflb.bench.bulk import run_bulk_bench
-from ebpflb.bench.render import render
-from ebpflb.bench.settings import BulkSettings, Mode
+from lab.bench.bulk import run_bulk_bench
+from lab.bench.render import render
+from lab.bench.settings import BulkSettings, Mode
 
 pytestmark = pytest.mark.kernel
 

@@ -4,17 +4,17 @@ up as connect errors), and every figure the table needs is measured, but for ebp
 NodePort over IPv6 while its tc/XDP datapath lacks it: then not measured, with the reason.
 
 The ebpflb phase reads the agent's readiness and start-up figures from its /readyz and
-/status endpoints (ebpflb.bench.agent)."""
+/status endpoints (lab.bench.agent)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ebpflb.bench.compare import run_compare
-from ebpflb.bench.records.compare import Target
-from ebpflb.bench.render import render
-from ebpflb.bench.scenario import Family
-from ebpflb.bench.settings import MODES, CompareSettings, Mode
+from lab.bench.compare import run_compare
+from lab.bench.records.compare import Target
+from lab.bench.render import render
+from lab.bench.scenario import Family
+from lab.bench.settings import MODES, CompareSettings, Mode
 
 pytestmark = pytest.mark.kernel
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from ebpflb.bench import loadgen
-from ebpflb.bench.topology import ipv6_on
 from ebpflb.errors import EbpflbError
-from ebpflb.testing.netns import Cgroup, Namespaces, sh
+from lab.bench import loadgen
+from lab.bench.topology import ipv6_on
+from lab.harness.netns import Cgroup, Namespaces, sh
 
 pytestmark = pytest.mark.kernel
 

@@ -1,4 +1,4 @@
-"""kube-proxy's rulesets from ebpflb.bench.kubeproxy, loaded into real netfilter: they work.
+"""kube-proxy's rulesets from lab.bench.kubeproxy, loaded into real netfilter: they work.
 
 Per mode (iptables-legacy, iptables-nft, nftables) and family (IPv4: iptables, table ip;
 IPv6: ip6tables, table ip6) a topology of our own namespaces (NETS):
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ebpflb.bench.kubeproxy import iptables, naming, nftables
-from ebpflb.bench.kubeproxy.naming import ServicePort
-from ebpflb.bench.scenario import NODE_PORT, PLANS, BenchService, Family, Mix, bench_services
-from ebpflb.bench.topology import ipv6_on
-from ebpflb.testing.netns import Namespaces, sh
+from lab.bench.kubeproxy import iptables, naming, nftables
+from lab.bench.kubeproxy.naming import ServicePort
+from lab.bench.scenario import NODE_PORT, PLANS, BenchService, Family, Mix, bench_services
+from lab.bench.topology import ipv6_on
+from lab.harness.netns import Namespaces, sh
 
 pytestmark = pytest.mark.kernel
 

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.testing import bulk
-from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
-from ebpflb.testing.cluster import Cluster
-from ebpflb.testing.netns import Cgroup, attach_xdp_pass, sh
+from lab.harness import bulk
+from lab.harness.agentproc import AgentProcess, cleanup_datapath
+from lab.harness.cluster import Cluster
+from lab.harness.netns import Cgroup, attach_xdp_pass, sh
 from tests.kernel.nodeport_env import (
     CLIENT,
     CLIENT6,

@@ -27,7 +27,7 @@ from typing import Any
 from ebpflb.datapath import dump
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.maps import SLOTS_PER_ELEMENT
-from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess
+from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess
 from tests.kernel.conftest import AgentFactory
 
 SERVICES = 2200

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ebpflb.datapath import loader
-from ebpflb.testing.agentproc import AgentProcess, Scrape
+from lab.harness.agentproc import AgentProcess, Scrape
 from tests.kernel.conftest import wait_until
 from tests.kernel.nodeport_env import (
     ALL_PODS,

@@ -23,8 +23,8 @@ from ebpflb.datapath import bpfsys, contract, growable
 from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.elementio import ElementIO
 from ebpflb.datapath.pins import drop_incompatible, ensure_bpffs
-from ebpflb.testing.connload import Load
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.connload import Load
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel import packet_cases as pc
 from tests.kernel.conftest import PODS, AgentFactory, served_by
 from tests.kernel.packet_cases import Program

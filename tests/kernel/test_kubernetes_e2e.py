@@ -12,9 +12,9 @@ import pytest
 
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.model import Frontend, Proto
-from ebpflb.testing.agentproc import AgentProcess
-from ebpflb.testing.fakeapi import FakeApiServer
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.agentproc import AgentProcess
+from lab.harness.fakeapi import FakeApiServer
+from lab.harness.netns import Cgroup, Topology
 from tests.factories import endpoint, endpoint_slice, service
 from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends, wait_until
 

@@ -21,7 +21,7 @@ from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.model import Backend, Frontend, NamespacedName, Proto, ServicePortName, SvcFlags
 from ebpflb.reconcile import Reconciler
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, TCP_PORT
 
 VIP = Frontend(IPv4Address("10.96.0.10"), 80, Proto.TCP)

@@ -17,8 +17,8 @@ import pytest
 from ebpflb.config import Config
 from ebpflb.datapath.contract import MapName
 from ebpflb.observe.fill import has_fill_level
-from ebpflb.testing.agentproc import AgentProcess
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.agentproc import AgentProcess
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends, wait_until
 
 pytestmark = pytest.mark.kernel

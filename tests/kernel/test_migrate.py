@@ -1,5 +1,5 @@
 """`ebpflb cleanup --kube-proxy` in a network namespace of the test's own, on the rulesets
-kube-proxy writes (ebpflb.bench.kubeproxy: its iptables mode through both backends of the
+kube-proxy writes (lab.bench.kubeproxy: its iptables mode through both backends of the
 iptables tool, its nftables mode), next to rules, tables and an interface that are not
 kube-proxy's: those must survive untouched.
 
@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from ebpflb.bench.kubeproxy import iptables, nftables
-from ebpflb.bench.scenario import bench_services
-from ebpflb.testing.netns import Namespaces, sh
+from lab.bench.kubeproxy import iptables, nftables
+from lab.bench.scenario import bench_services
+from lab.harness.netns import Namespaces, sh
 
 pytestmark = pytest.mark.kernel
 

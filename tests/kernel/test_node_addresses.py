@@ -5,7 +5,7 @@ global address added to eth0 gets the IPv6 Service's nodePort and becomes eth0's
 ebpflb_ifaddr6, a tentative one (DAD running) neither, link-local ones never (the IPv6
 packet path itself is tests/kernel/test_nodeport6.py's).
 
-Topology (ebpflb.testing.netns.Cluster, one node): a client on the wire, the node on
+Topology (lab.harness.netns.Cluster, one node): a client on the wire, the node on
 192.168.100.1/24 (eth0, the agent attached), one pod behind it serving the NodePort.
 The SNAT source is read from ebpflb_ifaddr4 (a local backend is not masqueraded, and a
 masqueraded reply from a pod on this node would not pass eth0 to be translated back).
@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from ebpflb.datapath.kernel import KernelMapSet
-from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
-from ebpflb.testing.cluster import Cluster
-from ebpflb.testing.netns import Cgroup, sh
+from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
+from lab.harness.cluster import Cluster
+from lab.harness.netns import Cgroup, sh
 
 NODE, EXTRA, CLIENT = "192.168.100.1", "192.168.100.11", "192.168.100.100"
 NODEPORT, NODEPORT6 = 30500, 30501

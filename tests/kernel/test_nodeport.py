@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
-from ebpflb.testing.cluster import Cluster
-from ebpflb.testing.netns import Cgroup
+from lab.harness.agentproc import AgentProcess, cleanup_datapath
+from lab.harness.cluster import Cluster
+from lab.harness.netns import Cgroup
 from tests.kernel.conftest import served_by, wait_backends
 from tests.kernel.nodeport_env import (
     ALL_PODS,
@@ -151,7 +151,7 @@ def test_dual_stack_nodeport_serves_both_families_at_once(env: Env) -> None:
     clients reach every pod through their own family's addresses."""
     frontends = {4: f"{NODE1}:30080", 6: f"[{NODE1_6}]:30080"}
     clients = {4: CLIENT, 6: CLIENT6}
-    echo = [sys.executable, "-m", "ebpflb.testing.echo", "tcp"]
+    echo = [sys.executable, "-m", "lab.harness.echo", "tcp"]
     procs = {
         family: env.cluster.spawn(env.client, [*echo, frontend, "--count", "80", "--timeout", "1"])
         for family, frontend in frontends.items()
@@ -174,7 +174,7 @@ def test_long_connection_keeps_its_backend_while_backends_change(env: Env) -> No
         [
             sys.executable,
             "-m",
-            "ebpflb.testing.echo",
+            "lab.harness.echo",
             "tcp-hold",
             f"{NODE1}:30080",
             "--pings",

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.testing.agentproc import AgentProcess
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.agentproc import AgentProcess
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends, wait_until
 
 pytestmark = pytest.mark.kernel

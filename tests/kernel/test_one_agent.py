@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ebpflb.datapath.maps import MapName
-from ebpflb.testing.agentproc import AgentProcess, cleanup_datapath
-from ebpflb.testing.connload import Load
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.agentproc import AgentProcess, cleanup_datapath
+from lab.harness.connload import Load
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, wait_backends
 
 WEB = "10.96.0.10:80"

@@ -11,11 +11,12 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, served_by
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,11 +32,18 @@ def sh(argv: list[str], cwd: Path, timeout: float = 600) -> str:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv outside the checkout holding the wheel and its dependencies; its bin/."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from this checkout's pyproject.toml."""
     work = tmp_path_factory.mktemp("wheel")
     sh([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(work), str(REPO)], work)
-    (wheel,) = work.glob("ebpflb-*.whl")
+    (built,) = work.glob("ebpflb-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path) -> Path:
+    """A venv outside the checkout holding the wheel and its dependencies; its bin/."""
+    work = wheel.parent
     venv = work / "venv"
     sh([DEBIAN_PYTHON, "-m", "venv", str(venv)], work)
     # Debian's bcc, and nothing else of Debian's site-packages (scripts/setup.sh).
@@ -55,6 +63,20 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Path(purelib, "debian-bcc.pth").write_text(f"{venv / 'debian-bcc'}\n")
     sh([str(venv / "bin/pip"), "install", "-q", "--disable-pip-version-check", str(wheel)], work)
     return venv / "bin"
+
+
+def test_wheel_holds_the_agent_alone(wheel: Path) -> None:
+    """The bench, the test harness, the kernel matrix and the demo are the lab's (lab/):
+    the wheel (and so the image) carries the agent's package and its C sources only."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    tops = {name.split("/", 1)[0] for name in names}
+    assert tops == {"ebpflb", wheel.name.split("-py3")[0] + ".dist-info"}, tops
+    packages = {name.rsplit("/", 1)[0] for name in names if name.endswith(".py")}
+    assert "ebpflb/datapath" in packages
+    assert not {p for p in packages if p.startswith(("ebpflb/bench", "ebpflb/testing"))}
+    assert "ebpflb/demo.py" not in names
+    assert not [n for n in names if n.endswith(".c") and not n.startswith("ebpflb/bpf/")]
 
 
 def test_wheel_carries_the_c_sources_and_finds_them_as_package_data(installed: Path) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from ebpflb.datapath import probes
-from ebpflb.testing.agentproc import TIMEOUT_SCALE
-from ebpflb.testing.netns import Cgroup
+from lab.harness.agentproc import TIMEOUT_SCALE
+from lab.harness.netns import Cgroup
 from tests.kernel.conftest import AgentFactory
 
 pytestmark = pytest.mark.kernel

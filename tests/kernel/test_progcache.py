@@ -13,8 +13,8 @@ import pytest
 
 from ebpflb.config import Config, XdpMode
 from ebpflb.datapath import bpfsys, compiler, loader, pins, progcache, programs
-from ebpflb.testing.agentproc import cleanup_datapath
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.agentproc import cleanup_datapath
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by
 
 pytestmark = pytest.mark.kernel

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from ebpflb.datapath import bpfsys, loader, pins, progcache
-from ebpflb.testing.agentproc import AgentProcess
-from ebpflb.testing.connload import Load
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.agentproc import AgentProcess
+from lab.harness.connload import Load
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory
 
 pytestmark = pytest.mark.kernel

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from ebpflb.datapath import loader
-from ebpflb.testing.netns import Pod
+from lab.harness.netns import Pod
 from tests.kernel.semantics_env import (
     CLIENT,
     HTTP,

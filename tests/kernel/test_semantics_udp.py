@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ebpflb.testing.netns import Cgroup
+from lab.harness.netns import Cgroup
 from tests.kernel.conftest import wait_backends
 from tests.kernel.semantics_env import (
     DNS,
@@ -47,7 +47,7 @@ def hold_while_removing(
 ) -> dict[str, Any]:
     """Run a udp-hold client; once it has its first answer, remove that backend; its
     result. Restores both endpoints after."""
-    argv = [sys.executable, "-m", "ebpflb.testing.echo", "udp-hold", target]
+    argv = [sys.executable, "-m", "lab.harness.echo", "udp-hold", target]
     argv += ["--pings", "40", "--interval", "0.1", "--timeout", "0.5"]
     proc = env.cluster.spawn(netns, argv, cgroup)
     try:

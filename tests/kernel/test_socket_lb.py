@@ -15,8 +15,8 @@ import pytest
 from ebpflb.datapath import loader, probes
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.maps import MapName
-from ebpflb.testing.agentproc import TIMEOUT_SCALE, cleanup_datapath
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.agentproc import TIMEOUT_SCALE, cleanup_datapath
+from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends
 
 WEB = "10.96.0.10:80"

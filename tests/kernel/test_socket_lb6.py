@@ -24,8 +24,8 @@ import pytest
 from ebpflb.datapath import loader, probes
 from ebpflb.datapath.kernel import KernelMapSet
 from ebpflb.datapath.maps import MapName
-from ebpflb.testing.agentproc import TIMEOUT_SCALE
-from ebpflb.testing.netns import Cgroup, Topology, sh
+from lab.harness.agentproc import TIMEOUT_SCALE
+from lab.harness.netns import Cgroup, Topology, sh
 from tests.kernel.conftest import PODS, TCP_PORT, UDP_PORT, AgentFactory, served_by, wait_backends
 
 NODE6 = "fd00:1::1"
@@ -92,7 +92,7 @@ def topology() -> Iterator[Topology]:
             )
             sh("ip", "-n", pod.netns, "-6", "route", "add", NODE6, "dev", "eth0")
             sh("ip", "-n", topo.node_ns, "-6", "route", "add", f"{PODS6[name]}/128", "dev", host_if)
-            argv = [sys.executable, "-m", "ebpflb.testing.echo", "serve", "--name", name]
+            argv = [sys.executable, "-m", "lab.harness.echo", "serve", "--name", name]
             argv += ["--tcp", str(TCP_PORT), "--udp", str(UDP_PORT), "--ipv6", "--lifetime", "900"]
             server = topo.spawn(pod.netns, argv)
             assert server.stdout is not None and server.stdout.readline().strip() == "ready"
@@ -307,7 +307,7 @@ def test_connected_udp_socket_recovers_when_its_backend_leaves(
     when that backend leaves, the agent aborts the socket (SOCK_DESTROY finds IPv6 sockets
     too) and the client's new socket reaches a live backend."""
     start_agent("--manifests", str(manifests6))
-    argv = [sys.executable, "-m", "ebpflb.testing.echo", "udp-hold", target]
+    argv = [sys.executable, "-m", "lab.harness.echo", "udp-hold", target]
     argv += ["--pings", "40", "--interval", "0.1", "--timeout", "0.5"]
     proc = topology.spawn(topology.node_ns, argv, cgroup)
     try:

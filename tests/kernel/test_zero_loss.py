@@ -1,5 +1,5 @@
 """Zero loss under bounded continuous load: a client in the node namespace opens new TCP
-connections to a ClusterIP at a steady rate (ebpflb.testing.connload) while the agent is
+connections to a ClusterIP at a steady rate (lab.harness.connload) while the agent is
 restarted, while a Service's endpoints roll over to new pods (each old pod stopped once
 the maps no longer name it), and while the API server is unreachable for 10 seconds.
 Every connection must be served: one failure fails the test. The counts are printed and
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess
-from ebpflb.testing.connload import Load
-from ebpflb.testing.fakeapi import FakeApiServer, Request
-from ebpflb.testing.netns import Cgroup, Topology
+from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess
+from lab.harness.connload import Load
+from lab.harness.fakeapi import FakeApiServer, Request
+from lab.harness.netns import Cgroup, Topology
 from tests.factories import endpoint, endpoint_slice, service
 from tests.kernel.conftest import PODS, AgentFactory, wait_backends
 

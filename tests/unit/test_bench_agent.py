@@ -1,4 +1,4 @@
-"""ebpflb.bench.agent against a small HTTP server serving what PLAN.md's "Shared
+"""lab.bench.agent against a small HTTP server serving what PLAN.md's "Shared
 interfaces" specify: /readyz (503, then 200), /status JSON, /metrics text. No agent, no
 kernel: this pins the bench's side of the interface."""
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ebpflb.bench.agent import AgentError, AgentStatus, Endpoints, startup
-from ebpflb.bench.records.agent import Listing
+from lab.bench.agent import AgentError, AgentStatus, Endpoints, startup
+from lab.bench.records.agent import Listing
 
 STATUS: dict[str, Any] = {
     "ready": True,

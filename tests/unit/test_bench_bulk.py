@@ -7,13 +7,14 @@ import argparse
 
 import pytest
 
-from ebpflb.bench import bulk, command
-from ebpflb.bench.records import codec
-from ebpflb.bench.records.bulk import BulkFigure, BulkResult, BulkRun
-from ebpflb.bench.records.compare import Machine
-from ebpflb.bench.render import render
-from ebpflb.bench.settings import BULK_MODES, BulkSettings, Mode
+from ebpflb.cli import parse_args
 from ebpflb.errors import ConfigError
+from lab.bench import bulk, command
+from lab.bench.records import codec
+from lab.bench.records.bulk import BulkFigure, BulkResult, BulkRun
+from lab.bench.records.compare import Machine
+from lab.bench.render import render
+from lab.bench.settings import BULK_MODES, BulkSettings, Mode
 
 
 def fig(gbit: float) -> BulkFigure:
@@ -35,9 +36,7 @@ RESULTS = (
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    command.add_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["bench", "bulk", *argv])
+    return parse_args(["bench", "bulk", *argv])
 
 
 def test_options_and_quick() -> None:

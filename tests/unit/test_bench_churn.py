@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 from ipaddress import IPv4Address
 
-from ebpflb.bench.measure import churn
-from ebpflb.bench.scenario import PORT, bench_services
 from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import ServiceEntry, SvcFlags
 from ebpflb.model import Frontend, Proto
+from lab.bench.measure import churn
+from lab.bench.scenario import PORT, bench_services
 
 
 def _entry(backends: int) -> ServiceEntry:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from ebpflb.bench import command, scenario
-from ebpflb.bench.records import codec
-from ebpflb.bench.settings import (
+from ebpflb.cli import main, parse_args
+from ebpflb.errors import ConfigError
+from lab.bench import command, scenario
+from lab.bench.records import codec
+from lab.bench.settings import (
     COMPARE_QUICK,
     SYNC_QUICK,
     CompareSettings,
@@ -19,8 +22,6 @@ from ebpflb.bench.settings import (
     SyncSettings,
     parse_modes,
 )
-from ebpflb.cli import build_parser, main
-from ebpflb.errors import ConfigError
 from tests.unit.test_bench_records import _maglev, _sync
 from tests.unit.test_bench_report import run
 
@@ -28,23 +29,35 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "bench"
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(command.with_default_subcommand(list(argv)))
+    return parse_args(list(argv))
 
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["bench"], ["bench", "compare"]),
-        (["bench", "--quick"], ["bench", "compare", "--quick"]),
-        (["--debug", "bench", "--json"], ["--debug", "bench", "compare", "--json"]),
-        (["bench", "maglev", "--quick"], ["bench", "maglev", "--quick"]),
-        (["bench", "compare"], ["bench", "compare"]),
-        (["bench", "--help"], ["bench", "--help"]),
-        (["run", "--manifests", "bench"], ["run", "--manifests", "bench"]),
+        (["bench"], ("bench", "compare", False)),
+        (["bench", "--quick"], ("bench", "compare", False)),
+        (["--debug", "bench", "--json"], ("bench", "compare", True)),
+        (["bench", "maglev", "--quick"], ("bench", "maglev", False)),
+        (["bench", "compare"], ("bench", "compare", False)),
+        (["bench", "--help"], None),  # the bench's own help
+        (["run", "--manifests", "bench"], ("run", None, False)),
     ],
 )
-def test_bench_alone_means_compare(argv: list[str], expected: list[str]) -> None:
-    assert command.with_default_subcommand(argv) == expected
+def test_bench_alone_means_compare(
+    argv: list[str],
+    expected: tuple[str, str | None, bool] | None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if expected is None:
+        with pytest.raises(SystemExit) as exit_:
+            parse(*argv)
+        assert exit_.value.code == 0
+        assert capsys.readouterr().out.startswith("usage: ebpflb bench [-h] {compare,maglev,")
+        return
+    args = parse(*argv)
+    assert (args.command, getattr(args, "bench_command", None), args.debug) == expected
+    assert ("--quick" in argv) == bool(getattr(args, "quick", False))
 
 
 @pytest.mark.parametrize("sub", command.SUBCOMMANDS)
@@ -157,3 +170,17 @@ def test_a_broken_report_is_one_line_on_stderr(
     path.write_text(json.dumps(data))
     assert main(["bench", "--from-report", str(path)]) == 1
     assert capsys.readouterr().err == f'ebpflb: {path}.total_s: expected a number, got "long"\n'
+
+
+def test_bench_without_the_lab_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where only the agent is installed (its wheel, its image), `ebpflb bench` names the
+    lab and how to install it; every other command is unaffected."""
+    for name in ("lab", "lab.bench", "lab.bench.command"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails: ModuleNotFoundError
+    assert main(["bench", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ebpflb: `ebpflb bench` is in the lab distribution")
+    assert "pip install -e lab/" in err
+    assert parse("maps", "dump").command == "maps"

@@ -1,5 +1,5 @@
 """rich and matplotlib are the `bench` extra's: only the bench's renderer and plot import
-them (lazily, behind ebpflb.bench.extras), so the agent runs without them."""
+them (lazily, behind lab.bench.extras), so the agent runs without them."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "ebpflb"
+REPO = Path(__file__).resolve().parents[2]
 EXTRA_MODULES = ("rich", "matplotlib")
 
 
 def importers_of(module: str) -> set[str]:
     found = set()
-    for path in PACKAGE.rglob("*.py"):
+    for path in [*(REPO / "ebpflb").rglob("*.py"), *(REPO / "lab").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -23,13 +23,13 @@ def importers_of(module: str) -> set[str]:
             else:
                 continue
             if any(n == module or n.startswith(f"{module}.") for n in names):
-                found.add(path.relative_to(PACKAGE.parent).as_posix())
+                found.add(path.relative_to(REPO).as_posix())
     return found
 
 
 def test_only_the_renderer_and_the_plot_import_the_extra() -> None:
-    assert importers_of("rich") == {"ebpflb/bench/render.py"}
-    assert importers_of("matplotlib") == {"ebpflb/bench/plot.py"}
+    assert importers_of("rich") == {"lab/bench/render.py"}
+    assert importers_of("matplotlib") == {"lab/bench/plot.py"}
 
 
 def test_the_agent_and_the_cli_load_without_the_extra() -> None:
@@ -38,7 +38,7 @@ def test_the_agent_and_the_cli_load_without_the_extra() -> None:
         "import sys\n"
         "sys.modules.update(rich=None, matplotlib=None)\n"
         "import ebpflb.app, ebpflb.cli\n"
-        "from ebpflb.bench import command, render, plot\n"
+        "from lab.bench import command, render, plot\n"
         "ebpflb.cli.build_parser().parse_args(['bench', 'compare', '--quick'])\n"
         "print('ok')\n"
     )

@@ -11,15 +11,15 @@ from ipaddress import IPv6Address, ip_address
 
 import pytest
 
-from ebpflb.bench import command, scenario, targets
-from ebpflb.bench.manifests import documents
-from ebpflb.bench.records import codec
-from ebpflb.bench.records.compare import CompareRun, DataPlane, SizeResult
-from ebpflb.bench.render import render
-from ebpflb.bench.scenario import PLANS, Family
-from ebpflb.bench.settings import CompareSettings, Mode
-from ebpflb.cli import build_parser
+from ebpflb.cli import parse_args
 from ebpflb.translate import translate_service, translate_slice
+from lab.bench import command, scenario, targets
+from lab.bench.manifests import documents
+from lab.bench.records import codec
+from lab.bench.records.compare import CompareRun, DataPlane, SizeResult
+from lab.bench.render import render
+from lab.bench.scenario import PLANS, Family
+from lab.bench.settings import CompareSettings, Mode
 from tests.unit.test_bench_report import MACHINE, size
 
 V6 = Family.IPV6
@@ -60,7 +60,7 @@ def test_ipv6_objects_are_single_stack_ipv6_for_the_agent() -> None:
 
 def test_family_option() -> None:
     def parse(*argv: str) -> CompareSettings:
-        args = build_parser().parse_args(command.with_default_subcommand(["bench", *argv]))
+        args = parse_args(["bench", *argv])
         return command.compare_settings(args)
 
     assert parse("--quick").family is Family.IPV4

@@ -1,4 +1,4 @@
-"""The kube-proxy rule generators (ebpflb.bench.kubeproxy), checked without a kernel.
+"""The kube-proxy rule generators (lab.bench.kubeproxy), checked without a kernel.
 
 Expected lines marked "kube-proxy" are quoted from kubernetes/kubernetes test expectations:
 pkg/proxy/iptables/proxier_test.go (TestOverallIPTablesRules, TestSyncProxyRulesRepeated)
@@ -14,10 +14,10 @@ from collections import defaultdict
 
 import pytest
 
-from ebpflb.bench import kubeproxy
-from ebpflb.bench.kubeproxy import iptables, naming, nftables
-from ebpflb.bench.kubeproxy.naming import ServicePort
-from ebpflb.bench.scenario import CLUSTER_CIDR, NODE_PORT, bench_services
+from lab.bench import kubeproxy
+from lab.bench.kubeproxy import iptables, naming, nftables
+from lab.bench.kubeproxy.naming import ServicePort
+from lab.bench.scenario import CLUSTER_CIDR, NODE_PORT, bench_services
 
 POD_CIDR, MARK = "10.0.0.0/8", "0x4000"  # the upstream fake proxiers'
 SVC1 = ServicePort("ns1", "svc1", "p80", "172.30.0.41", ("10.180.0.1",), 80, 80)

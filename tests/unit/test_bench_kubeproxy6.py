@@ -1,4 +1,4 @@
-"""kube-proxy's IPv6 rulesets (family=Family.IPV6) from ebpflb.bench.kubeproxy, checked
+"""kube-proxy's IPv6 rulesets (family=Family.IPV6) from lab.bench.kubeproxy, checked
 without a kernel, two ways:
 
 - against kube-proxy's own IPv6 expectations. iptables: TestEnableLocalhostNodePortsIPv6
@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from ebpflb.bench.kubeproxy import iptables, naming, nftables
-from ebpflb.bench.kubeproxy.naming import ServicePort
-from ebpflb.bench.scenario import PLANS, BenchService, Family, Mix, bench_services
+from lab.bench.kubeproxy import iptables, naming, nftables
+from lab.bench.kubeproxy.naming import ServicePort
+from lab.bench.scenario import PLANS, BenchService, Family, Mix, bench_services
 from tests.unit.test_bench_kubeproxy import MARK, NftState, _lines
 
 V6 = Family.IPV6

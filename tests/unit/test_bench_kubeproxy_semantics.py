@@ -15,11 +15,12 @@ from collections import defaultdict
 
 import pytest
 
-from ebpflb.bench import command, kubeproxy
-from ebpflb.bench.kubeproxy import iptables, naming, nftables
-from ebpflb.bench.kubeproxy.naming import ServicePort
-from ebpflb.bench.records import codec
-from ebpflb.bench.scenario import (
+from ebpflb.errors import ConfigError
+from lab.bench import command, kubeproxy
+from lab.bench.kubeproxy import iptables, naming, nftables
+from lab.bench.kubeproxy.naming import ServicePort
+from lab.bench.records import codec
+from lab.bench.scenario import (
     AGENT_NODE,
     BACKEND_NODE,
     NODE_PORT,
@@ -30,8 +31,7 @@ from ebpflb.bench.scenario import (
     service_object,
     slice_object,
 )
-from ebpflb.bench.settings import CompareSettings
-from ebpflb.errors import ConfigError
+from lab.bench.settings import CompareSettings
 from tests.unit.test_bench_command import parse
 from tests.unit.test_bench_kubeproxy import (
     IPTABLES_OVERALL,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.bench import loadgen
 from ebpflb.errors import ConfigError, EbpflbError
+from lab.bench import loadgen
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
 

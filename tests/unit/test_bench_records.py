@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from ebpflb.bench import extras, targets
-from ebpflb.bench.records import ReportError, codec
-from ebpflb.bench.records.agent import AgentStartup, Listing, MapSizes, ProcessMemory
-from ebpflb.bench.records.compare import CompareRun
-from ebpflb.bench.records.maglev import MaglevRun, Recompute, Reference, Scale, TableFigures
-from ebpflb.bench.records.sync import SyncRun
-from ebpflb.bench.settings import Mode, SyncSettings
 from ebpflb.errors import ConfigError
+from lab.bench import extras, targets
+from lab.bench.records import ReportError, codec
+from lab.bench.records.agent import AgentStartup, Listing, MapSizes, ProcessMemory
+from lab.bench.records.compare import CompareRun
+from lab.bench.records.maglev import MaglevRun, Recompute, Reference, Scale, TableFigures
+from lab.bench.records.sync import SyncRun
+from lab.bench.settings import Mode, SyncSettings
 from tests.unit.test_bench_report import run, size
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "bench"
@@ -172,7 +172,7 @@ def test_missing_fields_and_files_are_report_errors(tmp_path: Path) -> None:
 
 
 def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ebpflb.bench import render
+    from lab.bench import render
 
     monkeypatch.setitem(sys.modules, "rich", None)  # import rich now raises ImportError
     with pytest.raises(ConfigError, match=r"'rich', part of ebpflb's 'bench' extra.*\[bench\]"):

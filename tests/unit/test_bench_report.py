@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.bench import targets
-from ebpflb.bench.records.agent import AgentStartup
-from ebpflb.bench.records.compare import (
+from lab.bench import targets
+from lab.bench.records.agent import AgentStartup
+from lab.bench.records.compare import (
     CompareRun,
     ConnectLatency,
     ControlPlane,
@@ -22,7 +22,7 @@ from ebpflb.bench.records.compare import (
     Rate,
     SizeResult,
 )
-from ebpflb.bench.settings import CompareSettings, Mode
+from lab.bench.settings import CompareSettings, Mode
 
 MACHINE = Machine("6.x", "test", 2, 1.0, "iptables", "nft", "2026-01-01")
 
@@ -196,7 +196,7 @@ def test_targets_only_where_the_figures_exist() -> None:
 
 
 def test_render_and_plot(tmp_path: Path) -> None:
-    from ebpflb.bench import plot, render
+    from lab.bench import plot, render
 
     text = render.render(run(size(), size(100)))
     for word in ("Data plane", "Control plane", "Targets", "iptables-legacy", "20,000", "met"):
@@ -209,7 +209,7 @@ def test_render_and_plot(tmp_path: Path) -> None:
 
 
 def test_unlisted_modes_are_judged_but_not_shown() -> None:
-    from ebpflb.bench import render
+    from lab.bench import render
 
     hidden = replace_mode(size(), Mode.NONE, listed=False)
     assert "connect p50 (last) within 3% of no proxy" in verdicts(hidden)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.bench import agentrun, render, sync
 from ebpflb.config import Config
+from lab.bench import agentrun, render, sync
 from tests.unit.test_bench_records import _sync
 
 
@@ -61,7 +61,7 @@ def test_the_sync_report_as_text() -> None:
 def test_the_manifests_sync_report_judges_the_targets() -> None:
     import dataclasses
 
-    from ebpflb.bench.settings import SyncSource
+    from lab.bench.settings import SyncSource
 
     run = _sync()
     run = dataclasses.replace(
@@ -79,9 +79,9 @@ def test_the_manifests_sync_report_judges_the_targets() -> None:
 
 
 def test_a_manifest_change_edits_only_that_services_slice_document(tmp_path: Path) -> None:
-    from ebpflb.bench.manifests import ManifestFile
-    from ebpflb.bench.scenario import bench_services, objects, slice_object
     from ebpflb.sources.manifests import read_file, scan_file
+    from lab.bench.manifests import ManifestFile
+    from lab.bench.scenario import bench_services, objects, slice_object
 
     services = bench_services(20, 3)
     file = ManifestFile.write(tmp_path / "s.yaml", services)
@@ -100,11 +100,11 @@ def test_a_manifest_change_edits_only_that_services_slice_document(tmp_path: Pat
 
 
 def test_sync_source_option() -> None:
-    from ebpflb.bench import command
-    from ebpflb.bench.settings import SyncSource
-    from ebpflb.cli import build_parser
+    from ebpflb.cli import parse_args
+    from lab.bench import command
+    from lab.bench.settings import SyncSource
 
-    args = build_parser().parse_args(["bench", "sync", "--source", "manifests"])
+    args = parse_args(["bench", "sync", "--source", "manifests"])
     assert command.sync_settings(args).source is SyncSource.MANIFESTS
-    args = build_parser().parse_args(["bench", "sync"])
+    args = parse_args(["bench", "sync"])
     assert command.sync_settings(args).source is SyncSource.API

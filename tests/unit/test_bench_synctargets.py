@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from ebpflb.bench import render, synctargets
-from ebpflb.bench.records import codec
-from ebpflb.bench.records.agent import ProcessMemory
-from ebpflb.bench.records.compare import KernelMemory
-from ebpflb.bench.records.sync import Churn, SyncRun
-from ebpflb.bench.settings import SyncSettings, SyncSource
+from lab.bench import render, synctargets
+from lab.bench.records import codec
+from lab.bench.records.agent import ProcessMemory
+from lab.bench.records.compare import KernelMemory
+from lab.bench.records.sync import Churn, SyncRun
+from lab.bench.settings import SyncSettings, SyncSource
 from tests.unit.test_bench_records import _sync
 
 CHURN = Churn(

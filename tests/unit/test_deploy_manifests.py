@@ -22,7 +22,7 @@ from ebpflb import cli, privileges
 from ebpflb.model import NamespacedName
 from ebpflb.sources.base import Kind
 from ebpflb.sources.kubernetes import ApiConfig, Backoff, KubernetesSource, WatchOptions
-from ebpflb.testing.fakeapi import FakeApiServer
+from lab.harness.fakeapi import FakeApiServer
 from tests.deploy import podtemplate
 from tests.factories import endpoint_slice, service
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.testing.kernels import ci, debian, features, initramfs, junit, matrix, plan, vm
-from ebpflb.testing.kernels.guest import Plan
-from ebpflb.testing.kernels.junit import Case, KernelResult, Outcome
+from lab.kernels import ci, debian, features, initramfs, junit, matrix, plan, vm
+from lab.kernels.guest import Plan
+from lab.kernels.junit import Case, KernelResult, Outcome
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -235,7 +235,7 @@ def test_the_guest_plan_writes_nothing_into_the_checkout() -> None:
 def test_the_guest_script_quotes_the_checkout_path() -> None:
     script = plan.guest_script("/srv/my repo")
     assert "cd '/srv/my repo' ||" in script
-    assert "exec '/srv/my repo/.venv/bin/python' -m ebpflb.testing.kernels.guest" in script
+    assert "exec '/srv/my repo/.venv/bin/python' -m lab.kernels.guest" in script
 
 
 def test_kernel_lines_are_checked_before_anything_boots() -> None:

@@ -32,7 +32,7 @@ from ebpflb.sources.kubernetes import (
     WatchOptions,
     api_config,
 )
-from ebpflb.testing.fakeapi import FakeApiServer, GoneMode, Request
+from lab.harness.fakeapi import FakeApiServer, GoneMode, Request
 from tests.factories import endpoint, endpoint_slice, service
 
 SVC = Kind.SERVICE

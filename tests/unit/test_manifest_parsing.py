@@ -91,8 +91,8 @@ def test_rapidyaml_reads_dumped_values_as_pyyaml(obj: dict[str, Any], form: str)
 
 
 def test_generated_services_and_slices_take_the_fast_path() -> None:
-    from ebpflb.bench.manifests import manifest_text
-    from ebpflb.bench.scenario import bench_services, objects
+    from lab.bench.manifests import manifest_text
+    from lab.bench.scenario import bench_services, objects
 
     services = bench_services(50, 3)
     docs = split_documents(manifest_text(services))

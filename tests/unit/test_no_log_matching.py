@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # agentproc.py keeps the log for people; the bench still waits on a log line until the
 # bench worker moves it to /status: then drop this exemption and AgentProcess.wait_for.
-EXEMPT = ("ebpflb/testing/agentproc.py",)
+EXEMPT = ("lab/harness/agentproc.py",)
 
 
 def log_readers(path: Path) -> list[str]:
@@ -44,7 +44,7 @@ def _is_output_call(node: ast.expr) -> bool:
 
 def test_no_test_demo_or_helper_matches_agent_log_text() -> None:
     offenders = {}
-    for top in ("ebpflb", "tests"):
+    for top in ("ebpflb", "lab", "tests"):
         for path in sorted((ROOT / top).rglob("*.py")):
             relative = path.relative_to(ROOT).as_posix()
             if relative.startswith(EXEMPT):

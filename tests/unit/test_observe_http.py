@@ -16,7 +16,7 @@ from ebpflb.metrics import Metrics, StatusCollector
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
 from ebpflb.observe.status import AgentStatus, Phase
-from ebpflb.testing.nshttp import http_get
+from lab.harness.nshttp import http_get
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_metrics_are_prometheus_text_from_the_registry(
 
 
 def test_metrics_speak_openmetrics_when_asked(metrics_server: HttpServer) -> None:
-    from ebpflb.testing.nshttp import _Connection
+    from lab.harness.nshttp import _Connection
 
     connection = _Connection("127.0.0.1", metrics_server.port, None, 5.0)
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 from ebpflb.sources.base import Kind, ListFigures
 from ebpflb.sources.kubernetes import ApiConfig, KubernetesSource, WatchOptions
 from ebpflb.sources.manifests import ManifestSource
-from ebpflb.testing.fakeapi import FakeApiServer
+from lab.harness.fakeapi import FakeApiServer
 from tests.factories import endpoint_slice, service
 from tests.unit.test_kubernetes_source import Recorder, both_listed, wait_until
 from tests.unit.test_manifests import SERVICE, SLICE, Sink
