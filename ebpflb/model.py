@@ -55,7 +55,7 @@ class TrafficPolicy(enum.Enum):
 
 class Scope(enum.IntEnum):
     """Which backend set a frontend entry describes: LB_SCOPE_* in bpf/lib/consts.h
-    (checked against the header by tests/unit/test_contract.py, as the flags below)."""
+    (checked against the header by tests/unit/datapath/test_contract.py, as the flags below)."""
 
     EXTERNAL = 0
     INTERNAL = 1

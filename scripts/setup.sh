@@ -22,7 +22,7 @@ log() { printf 'setup: %s\n' "$*"; }
 packages=(python3-bpfcc libbpfcc bpftool linux-headers-amd64 iproute2 iptables nftables
           python3-venv util-linux procps kmod ethtool
           gcc libc6-dev conntrack nfacct  # ebpflb bench: its client, conntrack flushes, kube-proxy counters
-          iperf3)  # bulk TCP through a NodePort (tests/kernel/test_bulk.py, ebpflb bench bulk)
+          iperf3)  # bulk TCP through a NodePort (tests/kernel/nodeport/test_bulk.py, ebpflb bench bulk)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,7 +10,7 @@ LLVM goes when it exits.
 
 Request (JSON on stdin): {"source": PATH, "cflags": [...], "functions": [...],
 "pin_dir": PATH}. Exit status 0 with the entry on stdout, else 1 with the reason on stderr.
-This is the only module that imports bcc (tests/unit/test_layering.py).
+This is the only module that imports bcc (tests/unit/repo/test_layering.py).
 """
 
 from __future__ import annotations

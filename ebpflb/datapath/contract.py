@@ -12,8 +12,8 @@ and everything else in Python takes its numbers from here:
 - ``DEFINES``: the -D flags that carry the configured sizes into the C code
   (``Config.cflags()``), so a size exists once, as a Config field.
 
-tests/unit/test_contract.py parses the headers and fails on any constant, flag, counter,
-struct field or map that differs; tests/kernel/test_layout.py checks the same table against
+tests/unit/datapath/test_contract.py parses the headers and fails on any constant, flag, counter,
+struct field or map that differs; tests/kernel/datapath/test_layout.py checks the same table against
 the types BCC generates and the maps the kernel pins.
 
 Over 400 lines on purpose: it is one table, read top to bottom like the three headers it

@@ -2,7 +2,7 @@
 
 Written from a text template (what `kubectl get -o yaml` or `helm template` would give:
 block style, one document per object), since PyYAML's dumper takes longer for 20,000
-documents than the agent may take to program them. tests/unit/test_manifest_parsing.py
+documents than the agent may take to program them. tests/unit/k8s/test_manifest_parsing.py
 checks that each document reads back as scenario.py's objects.
 """
 

@@ -12,7 +12,7 @@ from lab.kernels import ci, debian, matrix
 EXAMPLES = """\
 examples:
   python -m lab.kernels run                          # 5.10 and 6.1, all kernel tests
-  python -m lab.kernels run --kernels 6.1 tests/kernel/test_socket_lb.py
+  python -m lab.kernels run --kernels 6.1 tests/kernel/socketlb/test_socket_lb.py
   python -m lab.kernels run --ci                     # CI's selection of the files
   python -m lab.kernels table --readme README.md     # the README's kernel table
 """

@@ -10,7 +10,7 @@ the API source, the CLI, the bench), on programs and maps those files already ch
 line, run in CI on the host's kernel only (`make test`), and on 5.10 and 6.1 with
 `make test-kernels`, which runs every file on every line.
 
-Every file in tests/kernel is placed (tests/unit/test_kernel_matrix.py checks), so a new
+Every file in tests/kernel is placed (tests/unit/lab/kernels/test_kernel_matrix.py checks), so a new
 file cannot silently stay out of the guests: it has to be placed with its reason.
 """
 
@@ -36,7 +36,7 @@ HOST_ONLY = "left out on every line (plan.EXCLUDED says why): runs in the host's
 class Placement:
     """One kernel test file and the kernel lines CI runs it on."""
 
-    file: str  # test_x.py, in tests/kernel
+    file: str  # area/test_x.py, under tests/kernel
     kernel_lines: frozenset[str]
     why: str
 
@@ -54,38 +54,38 @@ def _host(file: str) -> Placement:
 
 
 PLACEMENTS: Sequence[Placement] = (
-    _every("test_layout.py"),
-    _every("test_probes.py"),
-    _every("test_progcache.py"),
-    _every("test_restart_adopt.py"),
-    _every("test_batch_ops.py"),
-    _every("test_grow.py"),
-    _every("test_maglev_datapath.py"),
-    _every("test_packets.py"),
-    _every("test_socket_lb.py"),
-    _every("test_socket_lb6.py"),
-    _every("test_nodeport.py"),
-    _every("test_bulk.py"),
-    _every("test_semantics_policy.py"),
-    _every("test_semantics_affinity.py"),
-    _every("test_semantics_udp.py"),
-    _every("test_capacity.py"),
-    _host("test_bad_input.py"),
-    _host("test_bench_bulk.py"),
-    _host("test_bench_compare.py"),
-    _host("test_bench_loadgen.py"),
-    _host("test_bench_rules.py"),
-    _host("test_crash.py"),
-    _host("test_explain.py"),
-    _host("test_kubernetes_e2e.py"),
-    _host("test_metrics.py"),
-    _host("test_migrate.py"),
-    _host("test_node_addresses.py"),
-    _host("test_observe.py"),
-    _host("test_one_agent.py"),
-    _host("test_semantics_topology.py"),
-    _host("test_zero_loss.py"),
-    Placement("test_package.py", frozenset(), HOST_ONLY),
+    _every("datapath/test_layout.py"),
+    _every("datapath/test_probes.py"),
+    _every("datapath/test_progcache.py"),
+    _every("datapath/test_restart_adopt.py"),
+    _every("datapath/test_batch_ops.py"),
+    _every("datapath/test_grow.py"),
+    _every("datapath/test_maglev.py"),
+    _every("nodeport/test_packets.py"),
+    _every("socketlb/test_socket_lb.py"),
+    _every("socketlb/test_socket_lb6.py"),
+    _every("nodeport/test_nodeport.py"),
+    _every("nodeport/test_bulk.py"),
+    _every("semantics/test_policy.py"),
+    _every("semantics/test_affinity.py"),
+    _every("semantics/test_udp.py"),
+    _every("datapath/test_capacity.py"),
+    _host("agent/test_bad_input.py"),
+    _host("bench/test_bulk.py"),
+    _host("bench/test_compare.py"),
+    _host("bench/test_loadgen.py"),
+    _host("bench/test_rules.py"),
+    _host("agent/test_crash.py"),
+    _host("agent/test_explain.py"),
+    _host("agent/test_kubernetes_e2e.py"),
+    _host("agent/test_metrics.py"),
+    _host("agent/test_migrate.py"),
+    _host("nodeport/test_node_addresses.py"),
+    _host("agent/test_observe.py"),
+    _host("agent/test_one_agent.py"),
+    _host("semantics/test_topology.py"),
+    _host("agent/test_zero_loss.py"),
+    Placement("agent/test_package.py", frozenset(), HOST_ONLY),
 )
 
 
@@ -94,7 +94,9 @@ def files_on(line: str, placements: Sequence[Placement] = PLACEMENTS) -> tuple[s
     return tuple(p.path for p in placements if line in p.kernel_lines)
 
 
-def unplaced(test_files: Iterable[str], placements: Sequence[Placement] = PLACEMENTS) -> list[str]:
+def unplaced(
+    test_files: Iterable[str], placements: Sequence[Placement] = PLACEMENTS
+) -> list[str]:
     """Kernel test files (names) no placement covers."""
     placed = {p.file for p in placements}
     return sorted(f for f in test_files if f not in placed)

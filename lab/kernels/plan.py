@@ -37,7 +37,7 @@ class Exclusion:
 # BPF_PROG_TEST_RUN takes an xdp_md context (the receiving interface the XDP program reads)
 # only from 5.14 (commit 47316f4a3053): on 5.10 the kernel answers EINVAL to every XDP row of
 # the packet tables. The XDP program itself runs on 5.10 with real packets
-# (tests/kernel/test_nodeport.py's [xdp-native] cases).
+# (tests/kernel/nodeport/test_nodeport.py's [xdp-native] cases).
 _XDP_TEST_RUN = (
     "BPF_PROG_TEST_RUN with an xdp_md context needs 5.14; the XDP program is tested with "
     "real packets instead (test_nodeport [xdp-native])"
@@ -46,22 +46,23 @@ _NO_INDEX = (
     "installs the built wheel with its dependencies (kubernetes, ...) from a package index; "
     "the guest has no network and this machine's local indexes lack some of them"
 )
+_PACKETS = "tests/kernel/nodeport/test_packets.py"
 EXCLUDED: Sequence[Exclusion] = (
-    Exclusion("tests/kernel/test_package.py::", frozenset({"5.10", "6.1"}), _NO_INDEX),
-    Exclusion("tests/kernel/test_packets.py::test_packet[xdp:", frozenset({"5.10"}), _XDP_TEST_RUN),
+    Exclusion("tests/kernel/agent/test_package.py::", frozenset({"5.10", "6.1"}), _NO_INDEX),
+    Exclusion(f"{_PACKETS}::test_packet[xdp:", frozenset({"5.10"}), _XDP_TEST_RUN),
     Exclusion(
-        "tests/kernel/test_packets.py::test_packet[tc-in: after XDP passed it untranslated:"
+        f"{_PACKETS}::test_packet[tc-in: after XDP passed it untranslated:"
         " tc translates from conntrack]",
         frozenset({"5.10"}),
         _XDP_TEST_RUN + " (this row runs XDP first)",
     ),
     Exclusion(
-        "tests/kernel/test_packets.py::test_cost_per_packet",
+        f"{_PACKETS}::test_cost_per_packet",
         frozenset({"5.10"}),
         _XDP_TEST_RUN + " (it times the XDP program too)",
     ),
     Exclusion(
-        "tests/kernel/test_bench_compare.py::test_every_mode_measured_with_real_traffic",
+        "tests/kernel/bench/test_compare.py::test_every_mode_measured_with_real_traffic",
         frozenset({"5.10"}),
         "the bench's per-cgroup kernel memory figure needs memory.stat's `kernel` field (5.18) "
         "or cgroup v1's kmem counter; 5.10 under cgroup v2 has neither, so the figure is not "

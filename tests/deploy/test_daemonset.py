@@ -47,12 +47,13 @@ from lab.harness.agentproc import cleanup_datapath
 from lab.harness.cluster import Cluster
 from lab.harness.netns import Cgroup
 from lab.harness.nshttp import thread_in_netns
+from tests import REPO
 from tests.deploy import podtemplate
 from tests.factories import endpoint, endpoint_slice, service
 
 pytestmark = pytest.mark.kernel
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = REPO / "deploy"
 NODE, NODE_IP = "node1", "192.168.100.1"
 PODS = {"pod11": 11, "pod12": 12}
 WEB_VIP, NODE_PORT = "10.96.0.10", 30080
