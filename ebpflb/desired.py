@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
 
+from ebpflb.k8s.trackers import ServiceState
 from ebpflb.model import (
     Backend,
     BackendFlags,
@@ -28,7 +29,6 @@ from ebpflb.model import (
     SvcFlags,
     TrafficPolicy,
 )
-from ebpflb.tracker import ServiceState
 
 DEFAULT_WEIGHT = 1
 

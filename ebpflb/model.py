@@ -2,7 +2,7 @@
 
 Addresses are ``ipaddress`` objects (``IPAddress``: IPv4Address or IPv6Address, the family
 being the object's type) and ports host-order ints everywhere in Python; conversion to the
-kernel's byte order happens only in ``ebpflb.datapath.layout``.
+kernel's byte order happens only in ``ebpflb.datapath.maps.layout``.
 """
 
 from __future__ import annotations

@@ -778,7 +778,7 @@ MAPS: dict[MapName, MapSpec] = {
     )
 }
 
-# Growable maps (ebpflb.datapath.growable): the map -> the ref map the programs reach it
+# Growable maps (ebpflb.datapath.maps.growable): the map -> the ref map the programs reach it
 # through. Its MapSpec's max_entries is the limit it may grow to; it starts at
 # INITIAL_ENTRIES (at most the limit) and doubles when full.
 GROWABLE: dict[MapName, MapName] = {

@@ -33,7 +33,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ebpflb.datapath import bpfsys
+from ebpflb.datapath.syscall import bpfsys
 from ebpflb.errors import KernelSetupError
 
 log = logging.getLogger(__name__)

@@ -13,13 +13,14 @@ from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from ebpflb.datapath import contract, layout
+from ebpflb.datapath import contract
 from ebpflb.datapath.contract import AffClient, MapName
+from ebpflb.datapath.maps import layout
 from ebpflb.explain.flowhash import addr6_fold
 from ebpflb.model import IPAddress
 
 if TYPE_CHECKING:
-    from ebpflb.datapath.kernel import KernelMap, PinnedMap
+    from ebpflb.datapath.maps.kernel import KernelMap, PinnedMap
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -119,8 +120,8 @@ class PinnedAffinity:
     def __init__(self, bpffs_dir: Path) -> None:
         # Imported here: the datapath's kernel module loads libbcc, which unit tests of
         # explain (against the fake map set) do not need.
-        from ebpflb.datapath.codecs import Codec
-        from ebpflb.datapath.kernel import KernelMap, PinnedMap
+        from ebpflb.datapath.maps.codecs import Codec
+        from ebpflb.datapath.maps.kernel import KernelMap, PinnedMap
 
         spec = contract.MAPS[MapName.AFFINITY]
         self._pinned: PinnedMap = PinnedMap(bpffs_dir / MapName.AFFINITY.value)

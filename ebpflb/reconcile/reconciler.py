@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from ebpflb import maglev
 from ebpflb.datapath.maps import AddrPort, MapSet, SourceRange
 from ebpflb.desired import DesiredFrontend
-from ebpflb.metrics import Metrics
 from ebpflb.model import Frontend, NamespacedName, Proto, Scope, SvcFlags
+from ebpflb.observe.metrics import Metrics
 from ebpflb.reconcile import restore
 from ebpflb.reconcile.affinity import AffinityMatches
 from ebpflb.reconcile.backends import Backends

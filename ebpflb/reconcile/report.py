@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from ebpflb.datapath.maps import MapName
 from ebpflb.errors import MapFullError
 from ebpflb.maglev import MIN_SLOTS_PER_BACKEND
-from ebpflb.metrics import Metrics
 from ebpflb.model import Frontend, NamespacedName
+from ebpflb.observe.metrics import Metrics
 from ebpflb.reconcile.result import ApplyResult, Failure
 
 if TYPE_CHECKING:

@@ -133,7 +133,7 @@ def running_agent(
     `manifests`: the services come from one manifest file, not the API server. Root only.
     """
     # Imported here so that `bench --help` works without bcc and without root.
-    from ebpflb.datapath import loader
+    from ebpflb.datapath.programs import loader
     from ebpflb.maglev import table_size_for
     from lab.harness.agentproc import AgentProcess, cleanup_datapath
     from lab.harness.fakeapi import FakeApiServer

@@ -97,7 +97,7 @@ def _network(settings: BulkSettings) -> Iterator[BenchTopology]:
 
 
 def _drops(bpffs: os.PathLike[str]) -> int:
-    from ebpflb.datapath.kernel import KernelMapSet
+    from ebpflb.datapath.maps.kernel import KernelMapSet
 
     with KernelMapSet(bpffs) as maps:  # type: ignore[arg-type]
         counters = maps.counters()

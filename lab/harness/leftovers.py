@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ebpflb.datapath.mounts import cgroup2_root
+from ebpflb.datapath.syscall.mounts import cgroup2_root
 
 BPFFS = Path("/sys/fs/bpf")
 NETNS_PREFIXES = ("elb", "ebpflb-")
@@ -42,7 +42,7 @@ def find() -> dict[str, list[str]]:
 
 
 def remove() -> None:
-    from ebpflb.datapath import loader  # needs bcc: only when removing
+    from ebpflb.datapath.programs import loader  # needs bcc: only when removing
 
     for cg in cgroups():
         loader.cleanup(BPFFS / "ebpflb-unused", cg, interfaces=())

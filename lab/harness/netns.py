@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ebpflb.datapath.mounts import cgroup2_root
+from ebpflb.datapath.syscall.mounts import cgroup2_root
 
 NODE_IP = "10.240.0.1"  # the node namespace's address (on lo)
 

@@ -20,7 +20,7 @@ KERNEL_TESTS = "tests/kernel"
 # start takes ~10 s of imports, then ~25-80 s per BCC compile (socket-LB; NodePort more)
 # unless the program cache has the programs, where the host takes ~1.5 s in all.
 TIMEOUT_SCALE = 10
-# BCC's bytecode kept between agent starts within one boot (ebpflb/datapath/progcache.py):
+# BCC's bytecode kept between agent starts within one boot (ebpflb/datapath/programs/progcache.py):
 # each program is compiled once per kernel, not once per test. The guest's /tmp is its own.
 PROGRAM_CACHE = "/tmp/ebpflb-programs"
 

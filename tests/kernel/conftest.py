@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.datapath import dump
-from ebpflb.datapath.kernel import KernelMapSet
+from ebpflb.datapath.maps import dump
+from ebpflb.datapath.maps.kernel import KernelMapSet
 from lab.harness import leftovers
 from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
 from lab.harness.machinelock import machine_lock

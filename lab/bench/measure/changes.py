@@ -43,7 +43,7 @@ def change_latencies(
     how long until the pinned entry has one backend fewer, and the agent's CPU seconds.
     `pause` before each, so that each is a lone change."""
     # Imported here: the bench's other parts (and --help) work without bcc.
-    from ebpflb.datapath.kernel import KernelMapSet
+    from ebpflb.datapath.maps.kernel import KernelMapSet
     from ebpflb.model import Frontend, Proto
 
     results = []

@@ -122,7 +122,7 @@ def churn(
     """Write `rate` endpoint changes per second for `seconds`; the latency of a `sample`
     share of them (see the module's docstring). Every service starts with all endpoints
     ready, except those in `skip`, which are left alone."""
-    from ebpflb.datapath.kernel import KernelMapSet
+    from ebpflb.datapath.maps.kernel import KernelMapSet
 
     rng = random.Random(seed)
     skipped = set(skip)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ebpflb.datapath.mounts import cgroup2_root
+from ebpflb.datapath.syscall.mounts import cgroup2_root
 from ebpflb.errors import EbpflbError
 from lab.bench.records.agent import ProcessMemory
 from lab.harness.netns import remove_cgroup_dir

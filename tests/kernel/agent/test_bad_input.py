@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ebpflb.datapath import loader
+from ebpflb.datapath.programs import loader
 from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by
 

@@ -24,9 +24,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ebpflb.datapath import dump
-from ebpflb.datapath.kernel import KernelMapSet
-from ebpflb.datapath.maps import SLOTS_PER_ELEMENT
+from ebpflb.datapath.maps import SLOTS_PER_ELEMENT, dump
+from ebpflb.datapath.maps.kernel import KernelMapSet
 from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess
 from tests.kernel.conftest import AgentFactory
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ebpflb.datapath import loader
+from ebpflb.datapath.programs import loader
 from lab.harness.agentproc import AgentProcess, Scrape
 from tests.kernel.conftest import wait_until
 from tests.kernel.nodeport_env import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.datapath.kernel import KernelMapSet
+from ebpflb.datapath.maps.kernel import KernelMapSet
 from ebpflb.model import Frontend, Proto
 from lab.harness.agentproc import AgentProcess
 from lab.harness.fakeapi import FakeApiServer

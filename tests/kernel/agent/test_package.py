@@ -81,7 +81,11 @@ def test_wheel_holds_the_agent_alone(wheel: Path) -> None:
 
 def test_wheel_carries_the_c_sources_and_finds_them_as_package_data(installed: Path) -> None:
     where = sh(
-        [str(installed / "python"), "-c", "import ebpflb.datapath.loader as l; print(l.BPF_DIR)"],
+        [
+            str(installed / "python"),
+            "-c",
+            "import ebpflb.datapath.programs.loader as l; print(l.BPF_DIR)",
+        ],
         installed,
     )
     bpf_dir = Path(where.strip())

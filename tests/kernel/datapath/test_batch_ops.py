@@ -19,10 +19,8 @@ import pytest
 from bcc import BPF
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, compiler, contract, growable, loader
+from ebpflb.datapath import contract
 from ebpflb.datapath.contract import CtFlags, MapName, NatFlags
-from ebpflb.datapath.elementio import LOOKUP_CHUNK
-from ebpflb.datapath.kernel import KernelMapSet, PinnedMap
 from ebpflb.datapath.maps import (
     AddrPort,
     BackendEntry,
@@ -33,9 +31,14 @@ from ebpflb.datapath.maps import (
     ServiceEntry,
     SlotWrite,
     SourceRange,
+    growable,
 )
-from ebpflb.datapath.pins import ensure_bpffs, pinned_layout
-from ebpflb.datapath.slotpool import KernelSlotPool
+from ebpflb.datapath.maps.elementio import LOOKUP_CHUNK
+from ebpflb.datapath.maps.kernel import KernelMapSet, PinnedMap
+from ebpflb.datapath.maps.pins import ensure_bpffs, pinned_layout
+from ebpflb.datapath.maps.slotpool import KernelSlotPool
+from ebpflb.datapath.programs import compiler, loader
+from ebpflb.datapath.syscall import bpfsys
 from ebpflb.errors import DatapathError, MapError, MapFullError
 from ebpflb.model import Backend, Frontend, Proto, SvcFlags
 

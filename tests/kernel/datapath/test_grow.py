@@ -19,10 +19,12 @@ from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, contract, growable
+from ebpflb.datapath import contract
 from ebpflb.datapath.contract import MapName
-from ebpflb.datapath.elementio import ElementIO
-from ebpflb.datapath.pins import drop_incompatible, ensure_bpffs
+from ebpflb.datapath.maps import growable
+from ebpflb.datapath.maps.elementio import ElementIO
+from ebpflb.datapath.maps.pins import drop_incompatible, ensure_bpffs
+from ebpflb.datapath.syscall import bpfsys
 from lab.harness.connload import Load
 from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by

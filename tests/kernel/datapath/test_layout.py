@@ -20,17 +20,19 @@ from bcc import BPF
 from bcc.libbcc import lib
 
 from ebpflb.config import Config
-from ebpflb.datapath import bpfsys, codecs, compiler, contract, growable, loader
+from ebpflb.datapath import contract
 from ebpflb.datapath.contract import MapName
-from ebpflb.datapath.elementio import ElementIO, raw_items
-from ebpflb.datapath.kernel import BackendArray, PinnedMap
-from ebpflb.datapath.maps import BackendEntry
-from ebpflb.datapath.pins import (
+from ebpflb.datapath.maps import BackendEntry, codecs, growable
+from ebpflb.datapath.maps.elementio import ElementIO, raw_items
+from ebpflb.datapath.maps.kernel import BackendArray, PinnedMap
+from ebpflb.datapath.maps.pins import (
     drop_incompatible,
     ensure_bpffs,
     expected_map_layout,
     pinned_layout,
 )
+from ebpflb.datapath.programs import compiler, loader
+from ebpflb.datapath.syscall import bpfsys
 from ebpflb.model import Backend, BackendFlags, Proto
 
 # Every size different, so a map following the wrong size is caught.
@@ -159,7 +161,7 @@ def test_an_older_backend_hash_is_replaced_by_the_array_with_its_backends(
         io = ElementIO(old, path.name, 4, 8)
         assert io.update(codecs.address_of(keys), codecs.address_of(values), 3) == {}
         bpfsys.obj_pin(old, str(path))
-        with caplog.at_level("WARNING", logger="ebpflb.datapath.pins"):
+        with caplog.at_level("WARNING", logger="ebpflb.datapath.maps.pins"):
             assert drop_incompatible(config) == []
         assert pinned_layout(path) == spec.layout(config)
         (line,) = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]

@@ -16,8 +16,8 @@ import pytest
 
 from ebpflb import maglev
 from ebpflb.config import Config
-from ebpflb.datapath import loader
-from ebpflb.datapath.kernel import KernelMapSet
+from ebpflb.datapath.maps.kernel import KernelMapSet
+from ebpflb.datapath.programs import loader
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.model import Backend, Frontend, NamespacedName, Proto, ServicePortName, SvcFlags
 from ebpflb.reconcile import Reconciler

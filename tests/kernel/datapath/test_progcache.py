@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from ebpflb.config import Config, XdpMode
-from ebpflb.datapath import bpfsys, compiler, loader, pins, progcache, programs
+from ebpflb.datapath.maps import pins
+from ebpflb.datapath.programs import compiler, loader, progcache, programset
+from ebpflb.datapath.syscall import bpfsys
 from lab.harness.agentproc import cleanup_datapath
 from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by
@@ -60,7 +62,7 @@ def test_stored_bytecode_loads_the_compiled_programs_on_old_or_new_pins(
     compiled = {}
     for kind in (loader.SocketLB, loader.NodePortLB):
         lb = kind(first, features)
-        assert lb.origin is programs.Origin.COMPILED
+        assert lb.origin is programset.Origin.COMPILED
         compiled.update(_tags(lb))
         lb.close()
     assert len(list((tmp_path / "cache").glob("*.json"))) == 3  # sock_lb, nodeport, xdp
@@ -73,14 +75,14 @@ def test_stored_bytecode_loads_the_compiled_programs_on_old_or_new_pins(
     def no_compiler(*args: object) -> None:
         raise AssertionError(f"compiled despite the store: {args}")
 
-    monkeypatch.setattr(programs, "compile_in_child", no_compiler)
+    monkeypatch.setattr(programset, "compile_in_child", no_compiler)
     fresh = _config(pin_dirs)  # no pins yet: the store's entry creates the maps
     for config in (first, fresh):
         for kind in (loader.SocketLB, loader.NodePortLB):
             lb = kind(config, features)
             try:
                 # Never attached, so never pinned: loaded again, not adopted.
-                assert lb.origin is programs.Origin.LOADED
+                assert lb.origin is programset.Origin.LOADED
                 assert _tags(lb) == {k: compiled[k] for k in _tags(lb)}
             finally:
                 lb.close()

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from ebpflb.datapath import bpfsys, loader, pins, progcache
+from ebpflb.datapath.maps import pins
+from ebpflb.datapath.programs import loader, progcache
+from ebpflb.datapath.syscall import bpfsys
 from lab.harness.agentproc import AgentProcess
 from lab.harness.connload import Load
 from lab.harness.netns import Cgroup, Topology

@@ -45,7 +45,7 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Packet, Raw
 
 from ebpflb.datapath.contract import Counter, CtFlags
-from ebpflb.datapath.testrun import TcVerdict, Verdict, XdpVerdict
+from ebpflb.datapath.programs.testrun import TcVerdict, Verdict, XdpVerdict
 from ebpflb.model import (
     Endpoint,
     NamespacedName,

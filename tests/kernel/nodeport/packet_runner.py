@@ -30,10 +30,10 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 
 from ebpflb.config import Config, XdpMode
-from ebpflb.datapath import loader, pins, testrun
 from ebpflb.datapath.contract import Counter, CtFlags, NatFlags
-from ebpflb.datapath.kernel import KernelMapSet
-from ebpflb.datapath.maps import AddrPort, InterfaceAddresses
+from ebpflb.datapath.maps import AddrPort, InterfaceAddresses, pins
+from ebpflb.datapath.maps.kernel import KernelMapSet
+from ebpflb.datapath.programs import loader, testrun
 from ebpflb.desired import NodeView, frontends_for_port
 from ebpflb.model import Frontend, Proto
 from ebpflb.reconcile import Reconciler

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from ebpflb.datapath.kernel import KernelMapSet
+from ebpflb.datapath.maps.kernel import KernelMapSet
 from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
 from lab.harness.cluster import Cluster
 from lab.harness.netns import Cgroup, sh

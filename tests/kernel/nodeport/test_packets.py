@@ -1,5 +1,5 @@
 """The NodePort programs packet by packet: every case of tests/kernel/nodeport/packet_cases.py run
-through BPF_PROG_TEST_RUN (ebpflb.datapath.testrun) on the real programs, loaded by the
+through BPF_PROG_TEST_RUN (ebpflb.datapath.programs.testrun) on the real programs, loaded by the
 real loader into a private pin directory and programmed by the real control plane
 (tests/kernel/nodeport/packet_runner.py). One compile per module; the table runs in seconds.
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ebpflb.datapath.kernel import KernelMapSet
+from ebpflb.datapath.maps.kernel import KernelMapSet
 from tests.kernel.conftest import wait_backends, wait_until
 from tests.kernel.semantics_env import (
     NODE1,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ebpflb.datapath import loader
+from ebpflb.datapath.programs import loader
 from lab.harness.netns import Pod
 from tests.kernel.semantics_env import (
     CLIENT,

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.datapath import loader, probes
-from ebpflb.datapath.kernel import KernelMapSet
+from ebpflb.datapath import probes
 from ebpflb.datapath.maps import MapName
+from ebpflb.datapath.maps.kernel import KernelMapSet
+from ebpflb.datapath.programs import loader
 from lab.harness.agentproc import TIMEOUT_SCALE, cleanup_datapath
 from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends

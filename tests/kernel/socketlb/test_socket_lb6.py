@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 
-from ebpflb.datapath import loader, probes
-from ebpflb.datapath.kernel import KernelMapSet
+from ebpflb.datapath import probes
 from ebpflb.datapath.maps import MapName
+from ebpflb.datapath.maps.kernel import KernelMapSet
+from ebpflb.datapath.programs import loader
 from lab.harness.agentproc import TIMEOUT_SCALE
 from lab.harness.netns import Cgroup, Topology, sh
 from tests.kernel.conftest import PODS, TCP_PORT, UDP_PORT, AgentFactory, served_by, wait_backends

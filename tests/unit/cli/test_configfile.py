@@ -1,5 +1,5 @@
 """`--config FILE`: options from YAML, flags override them, bad files are refused with an
-error naming the file and the key; and the capability checks of ebpflb.privileges."""
+error naming the file and the key; and the capability checks of ebpflb.host.privileges."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb import cli, privileges
+from ebpflb import cli
 from ebpflb.config import XdpMode
 from ebpflb.errors import BpfLoadError, ConfigError, KernelSetupError
+from ebpflb.host import privileges
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -9,9 +9,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 import numpy as np
 import pytest
 
-from ebpflb.datapath import dump
 from ebpflb.datapath.contract import Counter, CtFlags, NatFlags
-from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import (
     AddrPort,
     BackendEntry,
@@ -20,7 +18,9 @@ from ebpflb.datapath.maps import (
     NatEntry,
     ServiceEntry,
     SourceRange,
+    dump,
 )
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.errors import ConfigError
 from ebpflb.model import Backend, BackendFlags, Frontend, Proto, SvcFlags
 

@@ -8,9 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ebpflb.datapath import contract, layout
+from ebpflb.datapath import contract
 from ebpflb.datapath.contract import SRC_RANGE_ID_PREFIXLEN, CtFlags, NatFlags
-from ebpflb.datapath.fake import FakeMap, FakeSlotPool
 from ebpflb.datapath.maps import (
     AddrPort,
     BackendEntry,
@@ -20,8 +19,10 @@ from ebpflb.datapath.maps import (
     ServiceEntry,
     SlotWrite,
     SourceRange,
+    layout,
     slot_pairs,
 )
+from ebpflb.datapath.maps.fake import FakeMap, FakeSlotPool
 from ebpflb.errors import MapFullError
 from ebpflb.model import Backend, BackendFlags, Frontend, Proto, Scope, SvcFlags
 

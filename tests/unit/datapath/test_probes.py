@@ -11,7 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ebpflb.cli import parse_args
-from ebpflb.datapath import bpfsys, probes
+from ebpflb.datapath import probes
+from ebpflb.datapath.syscall import bpfsys
 from ebpflb.errors import KernelSetupError
 
 ALL = {key: True for key in probes.BY_KEY}

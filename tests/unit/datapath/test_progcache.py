@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.datapath import progcache
+from ebpflb.datapath.programs import progcache
 
 
 def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
@@ -83,7 +83,7 @@ def test_the_bcc_version_is_read_without_importing_bcc() -> None:
     assert version not in {"none", "unknown"} and version[0].isdigit()
     # In a fresh interpreter: this session's collection imports bcc for the kernel tests.
     code = (
-        "import sys; from ebpflb.datapath import progcache; progcache.bcc_version();"
+        "import sys; from ebpflb.datapath.programs import progcache; progcache.bcc_version();"
         " print('bcc' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from ebpflb.datapath import contract
-from ebpflb.datapath.bpfsys import MapInfo
-from ebpflb.datapath.kernel import PinnedMap
 from ebpflb.datapath.maps import SlotWrite
-from ebpflb.datapath.slotpool import KernelSlotPool
+from ebpflb.datapath.maps.kernel import PinnedMap
+from ebpflb.datapath.maps.slotpool import KernelSlotPool
+from ebpflb.datapath.syscall.bpfsys import MapInfo
 
 SLOTS = 64 * 1024  # 256 KiB: 64 pages
 PAGE_SLOTS = mmap.PAGESIZE // 4

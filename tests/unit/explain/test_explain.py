@@ -12,7 +12,6 @@ import pytest
 
 from ebpflb.cli import parse_args
 from ebpflb.datapath.contract import CtFlags
-from ebpflb.datapath.fake import FakeMap, FakeMapSet
 from ebpflb.datapath.maps import (
     AddrPort,
     AffinityMatch,
@@ -22,6 +21,7 @@ from ebpflb.datapath.maps import (
     ServiceCounters,
     ServiceEntry,
 )
+from ebpflb.datapath.maps.fake import FakeMap, FakeMapSet
 from ebpflb.desired import DesiredFrontend, NodeView, WeightedBackend, frontends_for_port
 from ebpflb.errors import ConfigError
 from ebpflb.explain import Path, Verdict, explain

@@ -1,4 +1,4 @@
-"""The pin directory's lock (ebpflb.lock): one holder, waiting with a bound, handover when
+"""The pin directory's lock (ebpflb.host.lock): one holder, waiting with a bound, handover when
 the holder lets go, and the holder named from /proc/locks. flock works on a directory of
 any filesystem, so these run on tmp_path; the kernel test runs it on bpffs."""
 
@@ -15,7 +15,7 @@ from ebpflb.cli import parse_args
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
 from ebpflb.errors import ConfigError, PinDirBusyError
-from ebpflb.lock import Holder, PinDirLock, lock_holders
+from ebpflb.host.lock import Holder, PinDirLock, lock_holders
 
 
 def proc_locks_line(path: Path, pid: int, *, waiter: bool = False) -> str:

@@ -20,10 +20,10 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from ebpflb.errors import InvalidObjectError
+from ebpflb.k8s.sources.base import Kind
+from ebpflb.k8s.sources.documents import MAX_DEPTH
+from ebpflb.k8s.sources.manifests import ManifestSource, load
 from ebpflb.model import NamespacedName
-from ebpflb.sources.base import Kind
-from ebpflb.sources.documents import MAX_DEPTH
-from ebpflb.sources.manifests import ManifestSource, load
 from tests.unit.k8s.fuzzing import fuzz, nested
 
 KINDS = {

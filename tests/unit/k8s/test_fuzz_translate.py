@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from prometheus_client import CollectorRegistry
 
-from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
-from ebpflb.datapath.fake import FakeMapSet
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.errors import InvalidObjectError
-from ebpflb.metrics import Metrics
-from ebpflb.sources.base import Kind
-from ebpflb.translate import translate_service, translate_slice
+from ebpflb.k8s.sources.base import Kind
+from ebpflb.k8s.translate import translate_service, translate_slice
+from ebpflb.observe.metrics import Metrics
+from ebpflb.sync.agent import Agent
 from tests.factories import endpoint_slice, service
 from tests.unit.k8s import fuzzing, reference_schema
 from tests.unit.k8s.fuzzing import fuzz, json_values, services, slices

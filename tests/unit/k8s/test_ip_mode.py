@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ebpflb.errors import InvalidObjectError
-from ebpflb.translate import translate_service
+from ebpflb.k8s.translate import translate_service
 from tests.factories import service
 
 

@@ -16,22 +16,22 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from ebpflb import cli
-from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
-from ebpflb.datapath import dump
-from ebpflb.datapath.fake import FakeMapSet
+from ebpflb.datapath.maps import dump
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.errors import SourceError
-from ebpflb.metrics import Metrics
-from ebpflb.model import NamespacedName
-from ebpflb.sources.base import Kind, ObjectSink
-from ebpflb.sources.kubernetes import (
+from ebpflb.k8s.sources.base import Kind, ObjectSink
+from ebpflb.k8s.sources.kubernetes import (
     ApiConfig,
     Backoff,
     KubernetesSource,
     WatchOptions,
     api_config,
 )
+from ebpflb.model import NamespacedName
+from ebpflb.observe.metrics import Metrics
+from ebpflb.sync.agent import Agent
 from lab.harness.fakeapi import FakeApiServer, GoneMode, Request
 from tests import REPO
 from tests.factories import endpoint, endpoint_slice, service

@@ -15,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ebpflb.errors import Fault, InvalidObjectError
-from ebpflb.sources import documents
-from ebpflb.sources.base import Kind
-from ebpflb.sources.documents import PYYAML, fast_read, parse_document, split_documents
-from ebpflb.sources.manifests import ManifestSource, digest, scan_file
+from ebpflb.k8s.sources import documents
+from ebpflb.k8s.sources.base import Kind
+from ebpflb.k8s.sources.documents import PYYAML, fast_read, parse_document, split_documents
+from ebpflb.k8s.sources.manifests import ManifestSource, digest, scan_file
 from tests.unit.k8s.fuzzing import fuzz
 from tests.unit.k8s.test_fuzz_manifests import dump, plain_values, yaml_ish
 from tests.unit.k8s.test_manifests import SERVICE, SLICE, Sink, sync

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from ebpflb.errors import Fault, InvalidObjectError, ManifestError
+from ebpflb.k8s.sources.base import Kind
+from ebpflb.k8s.sources.documents import split_documents
+from ebpflb.k8s.sources.manifests import ManifestSource, load
 from ebpflb.model import NamespacedName
-from ebpflb.sources.base import Kind
-from ebpflb.sources.documents import split_documents
-from ebpflb.sources.manifests import ManifestSource, load
 
 SERVICE = """\
 apiVersion: v1

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ebpflb.sources.base import Kind, ListFigures
-from ebpflb.sources.kubernetes import ApiConfig, KubernetesSource, WatchOptions
-from ebpflb.sources.manifests import ManifestSource
+from ebpflb.k8s.sources.base import Kind, ListFigures
+from ebpflb.k8s.sources.kubernetes import ApiConfig, KubernetesSource, WatchOptions
+from ebpflb.k8s.sources.manifests import ManifestSource
 from lab.harness.fakeapi import FakeApiServer
 from tests.factories import endpoint_slice, service
 from tests.unit.k8s.test_kubernetes_source import Recorder, both_listed, wait_until

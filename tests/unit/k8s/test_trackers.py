@@ -1,8 +1,8 @@
 from __future__ import annotations
 
+from ebpflb.k8s.trackers import EndpointSliceTracker, ServiceTracker, service_state
+from ebpflb.k8s.translate import translate_service, translate_slice
 from ebpflb.model import NamespacedName, Proto, ServicePortName
-from ebpflb.tracker import EndpointSliceTracker, ServiceTracker, service_state
-from ebpflb.translate import translate_service, translate_slice
 from tests.factories import endpoint, endpoint_slice, service
 
 WEB = NamespacedName("default", "web")

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from ebpflb.errors import Fault, InvalidObjectError
-from ebpflb.fields import parse_ipv4
+from ebpflb.k8s.fields import parse_ipv4
+from ebpflb.k8s.translate import endpoints_for_port, translate_service, translate_slice
 from ebpflb.model import NamespacedName, Proto, ServicePortName, ServiceType, TrafficPolicy
-from ebpflb.translate import endpoints_for_port, translate_service, translate_slice
 from tests.factories import endpoint, endpoint_slice, service
 
 WEB = NamespacedName("default", "web")

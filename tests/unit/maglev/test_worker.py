@@ -1,4 +1,4 @@
-"""The compiled Maglev loop in a helper process (ebpflb.maglev_worker): the same tables as
+"""The compiled Maglev loop in a helper process (ebpflb.maglev.worker): the same tables as
 in this process, numba never imported here, a helper gone (idle or killed) replaced."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from ebpflb import maglev
-from ebpflb.maglev_worker import FillWorker
+from ebpflb.maglev.worker import FillWorker
 from tests import REPO
 
 SERVICES = [[f"10.0.{s % 200}.{b}:80" for b in range(1 + s % 5)] for s in range(300)]

@@ -8,13 +8,12 @@ from ipaddress import IPv4Address, IPv6Address
 
 from prometheus_client import CollectorRegistry
 
-from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
 from ebpflb.datapath.contract import MAPS, STAT_MAX, MapName, MapType
-from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import AddrPort, ConntrackEntry, CtFlags, Flow
-from ebpflb.metrics import Metrics
+from ebpflb.datapath.maps.fake import FakeMapSet
+from ebpflb.k8s.sources.base import Kind
 from ebpflb.model import Proto
 from ebpflb.observe.fill import (
     CachedCounts,
@@ -25,7 +24,8 @@ from ebpflb.observe.fill import (
     has_fill_level,
     pins_fill,
 )
-from ebpflb.sources.base import Kind
+from ebpflb.observe.metrics import Metrics
+from ebpflb.sync.agent import Agent
 from tests.factories import endpoint_slice, service
 
 

@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config, parse_bind_address
 from ebpflb.errors import ConfigError
-from ebpflb.metrics import Metrics, StatusCollector
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
+from ebpflb.observe.metrics import Metrics, StatusCollector
 from ebpflb.observe.status import AgentStatus, Phase
 from lab.harness.nshttp import http_get
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from ebpflb.metrics import Metrics
+from ebpflb.observe.metrics import Metrics
 from tests.unit.observe.kubeproxy_reference import KUBE_PROXY_METRICS, Definition
 
 

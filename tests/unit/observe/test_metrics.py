@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector
+from ebpflb.observe.metrics import DatapathCollector, Metrics, SourceCollector
 
 
 def test_collectors_read_at_scrape_time() -> None:

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
-from ebpflb.datapath.fake import FakeMapSet
-from ebpflb.metrics import Metrics
+from ebpflb.datapath.maps.fake import FakeMapSet
+from ebpflb.k8s.sources.base import Kind
+from ebpflb.k8s.translate import TRIGGER_TIME_ANNOTATION, parse_trigger_time, translate_slice
 from ebpflb.model import Frontend, Proto
-from ebpflb.sources.base import Kind
-from ebpflb.translate import TRIGGER_TIME_ANNOTATION, parse_trigger_time, translate_slice
+from ebpflb.observe.metrics import Metrics
+from ebpflb.sync.agent import Agent
 from tests.factories import endpoint, endpoint_slice, service
 
 IPV4 = {"ip_family": "IPv4"}

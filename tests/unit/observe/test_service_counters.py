@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from ebpflb.cli import parse_args
 from ebpflb.datapath import contract
-from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import ServiceCounters
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.model import Frontend
 from ebpflb.observe.svccounters import METRICS, ServiceCounterCollector
 from ebpflb.reconcile import Reconciler

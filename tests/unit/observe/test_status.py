@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
-from ebpflb.datapath.fake import FakeMapSet
-from ebpflb.metrics import Metrics, StatusCollector
+from ebpflb.datapath.maps.fake import FakeMapSet
+from ebpflb.k8s.sources.base import Kind, ListFigures, SourceProgress
 from ebpflb.observe.health import ProxyHealth
+from ebpflb.observe.metrics import Metrics, StatusCollector
 from ebpflb.observe.status import AgentStatus, Phase
-from ebpflb.sources.base import Kind, ListFigures, SourceProgress
+from ebpflb.sync.agent import Agent
 from tests.factories import endpoint, endpoint_slice, service
 
 # The keys PLAN.md promises (more may be added).

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ebpflb import statuscmd
 from ebpflb.clock import FakeClock
-from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector
+from ebpflb.observe import statusview
 from ebpflb.observe.fill import MapFill, MapFillCollector
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, metrics_routes
+from ebpflb.observe.metrics import DatapathCollector, Metrics, SourceCollector
 from ebpflb.observe.status import AgentStatus, Phase, SyncRecord, SyncRecordKind
 
 NOW = FakeClock.EPOCH + 3600.0
@@ -57,15 +57,15 @@ def closed_port() -> int:
 
 
 def test_agent_urls() -> None:
-    assert statuscmd.agent_url("127.0.0.1:10249", "/status") == "http://127.0.0.1:10249/status"
-    assert statuscmd.agent_url("0.0.0.0:10249", "/x") == "http://127.0.0.1:10249/x"
-    assert statuscmd.agent_url("[::]:10249", "/x") == "http://[::1]:10249/x"
-    assert statuscmd.agent_url(":10249", "/x") == "http://127.0.0.1:10249/x"
+    assert statusview.agent_url("127.0.0.1:10249", "/status") == "http://127.0.0.1:10249/status"
+    assert statusview.agent_url("0.0.0.0:10249", "/x") == "http://127.0.0.1:10249/x"
+    assert statusview.agent_url("[::]:10249", "/x") == "http://[::1]:10249/x"
+    assert statusview.agent_url(":10249", "/x") == "http://127.0.0.1:10249/x"
 
 
 def test_an_answering_agent_is_read_over_http(agent_server: HttpServer, tmp_path: Path) -> None:
     address = f"127.0.0.1:{agent_server.port}"
-    document = statuscmd.gather(address, tmp_path)
+    document = statusview.gather(address, tmp_path)
     assert document["agent"] == {"address": address, "answering": True, "error": None}
     assert document["status"]["frontends"] == 3 and document["status"]["ready"] is True
     assert document["maps_from"] == "agent" and "pins" not in document
@@ -74,19 +74,19 @@ def test_an_answering_agent_is_read_over_http(agent_server: HttpServer, tmp_path
     assert document["kube_proxy"]["programming_seconds"] == 4.0
     assert document["datapath"] == {"connect_xlated": 5, "fragment": 0}
     assert document["source"] == {"Service": {"lists": 1, "relists": 2}}
-    text = statuscmd.render_text(document)
+    text = statusview.render_text(document)
     assert "datapath    connect_xlated=5\n" in text
     assert "source      Service: lists=1, relists=2\n" in text
 
 
 def test_an_agent_that_does_not_answer_falls_back_to_the_pins(tmp_path: Path) -> None:
-    document = statuscmd.gather(f"127.0.0.1:{closed_port()}", tmp_path, timeout=0.5)
+    document = statusview.gather(f"127.0.0.1:{closed_port()}", tmp_path, timeout=0.5)
     assert document["agent"]["answering"] is False
     assert document["agent"]["error"] == "Connection refused"
     assert document["status"] is None and document["maps"] == {}
     assert document["pins"]["dir"] == str(tmp_path)
     assert "no ebpflb maps pinned" in document["pins"]["error"]
-    text = statuscmd.render_text(document)
+    text = statusview.render_text(document)
     assert "NOT answering" in text and "cannot be read" in text
 
 
@@ -160,7 +160,7 @@ ebpflb_ct4             8            8  100.0%  FULL"""  # noqa: E501
 
 
 def test_an_answering_agent_renders_as_a_summary_and_a_map_table() -> None:
-    assert statuscmd.render_text(status_document(), now=NOW) == EXPECTED_AGENT
+    assert statusview.render_text(status_document(), now=NOW) == EXPECTED_AGENT
 
 
 def test_a_pending_change_and_problems_are_shown() -> None:
@@ -173,7 +173,7 @@ def test_a_pending_change_and_problems_are_shown() -> None:
         invalid_object_count=1,
         invalid_objects=[{"kind": "Service", "name": "a/b", "error": "spec.ports: is empty"}],
     )
-    text = statuscmd.render_text(document, now=NOW)
+    text = statusview.render_text(document, now=NOW)
     assert "ready, NOT healthy" in text
     assert "FAILED 1 service(s)" in text and "error: default/extra: ebpflb_svc4 is full" in text
     assert "pending     a change has waited 75.0 s (/healthz turns 503 at 60.0 s)" in text
@@ -208,23 +208,23 @@ def test_the_pins_render_when_the_agent_does_not_answer() -> None:
             "counters": {"connect_xlated": 40, "fragment": 0},
         },
     }
-    assert statuscmd.render_text(document) == EXPECTED_PINS
+    assert statusview.render_text(document) == EXPECTED_PINS
 
 
 def test_a_grown_map_shows_how_often_it_grew() -> None:
-    samples = statuscmd.metric_samples(
+    samples = statusview.metric_samples(
         'ebpflb_map_entries{map="ebpflb_slots"} 7140\n'
         'ebpflb_map_capacity{map="ebpflb_slots"} 7168\n'
         'ebpflb_map_grows_total{map="ebpflb_slots"} 5\n'
         'ebpflb_map_entries{map="ebpflb_svc4"} 14\n'
         'ebpflb_map_capacity{map="ebpflb_svc4"} 65536\n'
     )
-    levels = statuscmd.fill_from_metrics(samples)
+    levels = statusview.fill_from_metrics(samples)
     assert levels["ebpflb_slots"]["grows"] == 5 and "grows" not in levels["ebpflb_svc4"]
     document = {**status_document(), "maps": levels, "maps_from": "agent"}
     lines = {
         line.split()[0]: line
-        for line in statuscmd.render_text(document, now=NOW).splitlines()
+        for line in statusview.render_text(document, now=NOW).splitlines()
         if line.startswith("ebpflb_")
     }
     assert lines["ebpflb_slots"].endswith("grew 5x") and "grew" not in lines["ebpflb_svc4"]

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import AffinityMatch
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.desired import DesiredFrontend, NodeView, WeightedBackend, frontends_for_port
 from ebpflb.errors import InvalidObjectError
+from ebpflb.k8s.translate import translate_service
 from ebpflb.model import (
     Backend,
     Endpoint,
@@ -21,7 +22,6 @@ from ebpflb.model import (
     SvcFlags,
 )
 from ebpflb.reconcile import Reconciler
-from ebpflb.translate import translate_service
 from tests.factories import service
 
 WEB = NamespacedName("default", "web")

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
-from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import SlotWrite, SourceRange
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.errors import MapError
 from ebpflb.model import Backend, Frontend, NamespacedName, Proto, ServicePortName, SvcFlags

@@ -13,11 +13,11 @@ from ipaddress import IPv4Address
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ebpflb.datapath.fake import FakeMapSet
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.errors import MapError
-from ebpflb.metrics import Metrics
 from ebpflb.model import Backend, Frontend, NamespacedName, Proto, ServicePortName, SvcFlags
+from ebpflb.observe.metrics import Metrics
 from ebpflb.reconcile import Reconciler
 from ebpflb.reconcile.alloc import SlotAllocator
 

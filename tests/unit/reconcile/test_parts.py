@@ -7,7 +7,7 @@ from ipaddress import IPv4Address
 
 import pytest
 
-from ebpflb.datapath.fake import FakeMapSet
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.errors import MapFullError
 from ebpflb.model import Backend, Proto
 from ebpflb.reconcile.backends import Backends

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ebpflb.datapath.fake import FakeMapSet
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.reconcile import Reconciler
 from tests.unit.reconcile.test_reconcile import API, WEB, backends, desired, fe, table_names
 

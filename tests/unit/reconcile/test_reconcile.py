@@ -8,11 +8,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ebpflb import maglev
-from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import SourceRange
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.desired import DesiredFrontend, WeightedBackend
-from ebpflb.metrics import Metrics
 from ebpflb.model import Backend, Frontend, NamespacedName, Proto, ServicePortName, SvcFlags
+from ebpflb.observe.metrics import Metrics
 from ebpflb.reconcile import LOG_EACH_MAX, Reconciler
 
 WEB = NamespacedName("default", "web")

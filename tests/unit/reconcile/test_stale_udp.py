@@ -5,8 +5,8 @@ from __future__ import annotations
 from ipaddress import IPv4Address, IPv6Address
 
 from ebpflb.datapath.contract import CtFlags, NatFlags
-from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import AddrPort, ConntrackEntry, Flow, NatEntry
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.desired import DesiredFrontend, WeightedBackend
 from ebpflb.model import Backend, Frontend, NamespacedName, Proto, ServicePortName, SvcFlags
 from ebpflb.reconcile import Reconciler
@@ -105,7 +105,7 @@ def test_sockets_are_destroyed_for_the_frontends_in_node_clients_use() -> None:
 
 
 def test_stale_cookies_match_backend_and_frontend() -> None:
-    from ebpflb.datapath.sockdiag import stale_cookies
+    from ebpflb.datapath.syscall.sockdiag import stale_cookies
 
     a, b, f = IPv4Address("10.244.1.1"), IPv4Address("10.244.1.2"), IPv4Address("10.96.0.53")
     entries = [(1, a, 53, f, 53), (2, b, 53, f, 53), (3, a, 53, f, 54), (4, a, 54, f, 53)]

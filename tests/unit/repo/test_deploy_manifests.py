@@ -1,7 +1,7 @@
 """deploy/: every manifest is valid Kubernetes (kubernetes-validate's schemas, strict: no
 unknown fields) and clean YAML (yamllint); the ClusterRole grants exactly what the
 Kubernetes source asks the API server for in a real run; the DaemonSet is not privileged
-and its capabilities are the ones ebpflb.privileges checks for."""
+and its capabilities are the ones ebpflb.host.privileges checks for."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import yaml
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-from ebpflb import cli, privileges
+from ebpflb import cli
+from ebpflb.host import privileges
+from ebpflb.k8s.sources.base import Kind
+from ebpflb.k8s.sources.kubernetes import ApiConfig, Backoff, KubernetesSource, WatchOptions
 from ebpflb.model import NamespacedName
-from ebpflb.sources.base import Kind
-from ebpflb.sources.kubernetes import ApiConfig, Backoff, KubernetesSource, WatchOptions
 from lab.harness.fakeapi import FakeApiServer
 from tests import REPO
 from tests.deploy import podtemplate

@@ -28,7 +28,7 @@ def importers_of(module: str) -> set[str]:
 
 
 def test_only_the_kubernetes_source_imports_kubernetes() -> None:
-    assert importers_of("kubernetes") == {"ebpflb/sources/kubernetes.py"}
+    assert importers_of("kubernetes") == {"ebpflb/k8s/sources/kubernetes.py"}
 
 
 def test_the_package_never_imports_scapy() -> None:
@@ -40,7 +40,7 @@ def test_only_the_compiler_imports_bcc() -> None:
     """The agent loads, attaches and reads maps with raw bpf(2) calls (bpfsys.py); importing
     bcc maps libbcc and LLVM into a process, so only the compile step does, in a child
     process of its own (compiler.py)."""
-    assert importers_of("bcc") == {"ebpflb/datapath/compiler.py"}
+    assert importers_of("bcc") == {"ebpflb/datapath/programs/compiler.py"}
 
 
 def test_the_agent_start_imports_neither_the_lab_nor_unused_kubernetes_parts() -> None:
@@ -51,7 +51,7 @@ def test_the_agent_start_imports_neither_the_lab_nor_unused_kubernetes_parts() -
     code = (
         "import sys\n"
         "import ebpflb.cli, ebpflb.app\n"
-        "from ebpflb.sources.kubernetes import ApiConfig\n"
+        "from ebpflb.k8s.sources.kubernetes import ApiConfig\n"
         "ApiConfig.from_host('http://127.0.0.1:1')._new_client()\n"
         "unwanted = ('lab', 'kubernetes.dynamic', 'kubernetes.stream', 'jsonschema')\n"
         "below = tuple(f'{u}.' for u in unwanted)\n"

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ebpflb import agent as agent_module
-from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
-from ebpflb.datapath import dump
-from ebpflb.datapath.fake import FakeMapSet
-from ebpflb.metrics import Metrics
-from ebpflb.sources.base import Kind
-from ebpflb.sources.manifests import ManifestSource
+from ebpflb.datapath.maps import dump
+from ebpflb.datapath.maps.fake import FakeMapSet
+from ebpflb.k8s.sources.base import Kind
+from ebpflb.k8s.sources.manifests import ManifestSource
+from ebpflb.observe.metrics import Metrics
+from ebpflb.sync import agent as agent_module
+from ebpflb.sync.agent import Agent
 from tests.factories import endpoint_slice, service
 
 

@@ -5,8 +5,8 @@ import socket
 import urllib.error
 import urllib.request
 
-from ebpflb.healthcheck import HealthCheckServers, HealthTarget
 from ebpflb.model import NamespacedName
+from ebpflb.sync.healthcheck import HealthCheckServers, HealthTarget
 
 WEB = NamespacedName("default", "web")
 

@@ -9,18 +9,17 @@ from ipaddress import IPv4Address, IPv6Address, IPv6Network
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ebpflb.agent import Agent
 from ebpflb.cli import parse_args
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
-from ebpflb.datapath import dump
 from ebpflb.datapath.addrwatch import AddressState, snat_sources
-from ebpflb.datapath.fake import FakeMapSet
-from ebpflb.datapath.maps import InterfaceAddresses
+from ebpflb.datapath.maps import InterfaceAddresses, dump
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.desired import NodeView
 from ebpflb.errors import ConfigError
-from ebpflb.metrics import Metrics
-from ebpflb.sources.base import Kind
+from ebpflb.k8s.sources.base import Kind
+from ebpflb.observe.metrics import Metrics
+from ebpflb.sync.agent import Agent
 from tests.factories import endpoint_slice, service
 
 A, B, C = IPv4Address("192.168.1.10"), IPv4Address("192.168.1.11"), IPv4Address("10.0.0.10")

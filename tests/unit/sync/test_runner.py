@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ebpflb.clock import FakeClock
-from ebpflb.runner import BoundedFrequencyRunner, SyncKind
+from ebpflb.sync.runner import BoundedFrequencyRunner, SyncKind
 
 
 class Recorder:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from ipaddress import IPv4Address
 
-from ebpflb.datapath.fake import FakeMapSet
 from ebpflb.datapath.maps import ServiceEntry, SvcFlags
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.model import Frontend, Proto
 from lab.bench.measure import churn
 from lab.bench.scenario import PORT, bench_services

@@ -12,7 +12,7 @@ from ipaddress import IPv6Address, ip_address
 import pytest
 
 from ebpflb.cli import parse_args
-from ebpflb.translate import translate_service, translate_slice
+from ebpflb.k8s.translate import translate_service, translate_slice
 from lab.bench import command, scenario, targets
 from lab.bench.manifests import documents
 from lab.bench.records import codec

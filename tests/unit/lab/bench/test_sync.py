@@ -79,7 +79,7 @@ def test_the_manifests_sync_report_judges_the_targets() -> None:
 
 
 def test_a_manifest_change_edits_only_that_services_slice_document(tmp_path: Path) -> None:
-    from ebpflb.sources.manifests import read_file, scan_file
+    from ebpflb.k8s.sources.manifests import read_file, scan_file
     from lab.bench.manifests import ManifestFile
     from lab.bench.scenario import bench_services, objects, slice_object
 
