@@ -5,6 +5,7 @@ backoff runs on an injected clock, so retries do not sleep."""
 from __future__ import annotations
 
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -607,7 +608,7 @@ def test_node_name_defaults_to_env_then_hostname(monkeypatch: pytest.MonkeyPatch
     assert cli.node_name(None) == "node-7"
     assert cli.node_name("given") == "given"
     monkeypatch.delenv("NODE_NAME")
-    monkeypatch.setattr(cli.socket, "gethostname", lambda: "Host-A")
+    monkeypatch.setattr(socket, "gethostname", lambda: "Host-A")
     assert cli.node_name(None) == "host-a"
 
 
