@@ -1,7 +1,8 @@
 """The agent's configuration: one frozen value, validated once, owning every size.
 
-The datapath's sizes live here and reach the C code as -D flags (``cflags()``, following
-``ebpflb.datapath.contract.DEFINES``); the C headers only keep ``#ifndef`` defaults.
+The datapath's sizes live here and reach the C code as -D flags
+(``ebpflb.datapath.contract.cflags(config)``, following its ``DEFINES``); the C headers
+only keep ``#ifndef`` defaults.
 Changing a size changes the pinned maps' layout, which the loader detects and handles (see
 ``ebpflb.datapath.programs.loader``).
 """
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 
-from ebpflb.datapath import contract
 from ebpflb.errors import ConfigError
 from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE, TABLE_SIZES
 
@@ -225,11 +225,6 @@ class Config:
         """32-bit seed of the datapath's 5-tuple hash, derived from the cluster-wide seed."""
         digest = hashlib.blake2b(self.hash_seed.encode(), digest_size=4, person=b"ebpflb-flow")
         return int.from_bytes(digest.digest(), "little")
-
-    def cflags(self) -> list[str]:
-        """The -D flags that size the maps and place the pins (bpf/lib/consts.h); which
-        macro each field sets is ebpflb.datapath.contract's table."""
-        return contract.cflags(self)
 
 
 def parse_bind_address(address: str, flag: str) -> tuple[str, int]:

@@ -9,6 +9,11 @@ out in the kernel is layout.py's business.
 The maps the control plane reads and writes per family come in twins (ebpflb_svc4 and
 ebpflb_svc6, ebpflb_ct4 and ebpflb_ct6, ...): a `FamilyKeyValueMap` (ebpflb.datapath.maps.family)
 joins each pair behind one interface, the key's address saying which twin holds it.
+
+The package holds the implementations next to this interface: kernel.py (with pinned.py,
+elementio.py, codecs.py, layout.py, slotpool.py, growable.py, svcstats.py), fake.py,
+family.py, pins.py (the pin directory) and dump.py (`maps dump`). Over 400 lines on
+purpose: every entry type and every map's Protocol, read as one interface.
 """
 
 from __future__ import annotations

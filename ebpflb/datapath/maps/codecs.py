@@ -1,5 +1,5 @@
 """How each map's keys and values convert between typed Python values and the bytes the
-kernel holds: one element through its ctypes mirror (contract.py), many at once through
+kernel holds: one element through its ctypes mirror (contract/), many at once through
 its numpy record where layout.py has one (the maps a sync writes and reads in bulk)."""
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ebpflb.datapath.syscall import bpfsys
+from ebpflb.datapath.syscall.uapi import BPF_ANY
 from ebpflb.errors import MapError
 
-BPF_ANY = 0
 # What a batch command answers where it does not exist: EINVAL before 5.6 (unknown
 # command), ENOTSUPP (524, kernel-internal) or EOPNOTSUPP for a map type without it.
 _BATCH_UNSUPPORTED = frozenset({errno.EINVAL, errno.EOPNOTSUPP, 524})

@@ -33,16 +33,12 @@ from ebpflb.config import Config
 from ebpflb.datapath import contract
 from ebpflb.datapath.contract import MapName, MapSpec
 from ebpflb.datapath.maps.elementio import ElementIO
-from ebpflb.datapath.syscall import bpfsys
+from ebpflb.datapath.syscall import bpfsys, uapi
 from ebpflb.errors import KernelSetupError
 
 log = logging.getLogger(__name__)
 
-_BPF_MAP_LOOKUP_ELEM = 1
-_BPF_MAP_UPDATE_ELEM = 2
-_BPF_MAP_GET_FD_BY_ID = 14
 _REF_SLOT = 0
-_BPF_NOEXIST = 1
 
 
 class _ElemAttr(ct.Structure):
@@ -64,7 +60,7 @@ def _ref_get(ref_fd: int, what: str) -> int | None:
     key, value = ct.c_uint32(_REF_SLOT), ct.c_uint32(0)
     attr = _ElemAttr(map_fd=ref_fd, key=ct.addressof(key), value=ct.addressof(value))
     try:
-        bpfsys._bpf(_BPF_MAP_LOOKUP_ELEM, attr, f"reading {what}")
+        bpfsys._bpf(uapi.BPF_MAP_LOOKUP_ELEM, attr, f"reading {what}")
     except bpfsys.BpfError as exc:
         if exc.errno == errno.ENOENT:
             return None
@@ -75,11 +71,11 @@ def _ref_get(ref_fd: int, what: str) -> int | None:
 def _ref_set(ref_fd: int, map_fd: int, what: str) -> None:
     key, value = ct.c_uint32(_REF_SLOT), ct.c_uint32(map_fd)
     attr = _ElemAttr(map_fd=ref_fd, key=ct.addressof(key), value=ct.addressof(value))
-    bpfsys._bpf(_BPF_MAP_UPDATE_ELEM, attr, f"pointing {what} at a new map")
+    bpfsys._bpf(uapi.BPF_MAP_UPDATE_ELEM, attr, f"pointing {what} at a new map")
 
 
 def _map_fd_by_id(map_id: int, what: str) -> int:
-    return bpfsys._bpf(_BPF_MAP_GET_FD_BY_ID, _MapIdAttr(map_id=map_id), f"opening {what}")
+    return bpfsys._bpf(uapi.BPF_MAP_GET_FD_BY_ID, _MapIdAttr(map_id=map_id), f"opening {what}")
 
 
 def initial_entries(spec: MapSpec, config: Config) -> int:
@@ -294,10 +290,10 @@ def _copy_new_keys(io: ElementIO, new_fd: int, first: bytes, first_count: int) -
             map_fd=new_fd,
             key=ct.addressof(key_buf),
             value=ct.addressof(value_buf),
-            flags=_BPF_NOEXIST,
+            flags=uapi.BPF_NOEXIST,
         )
         try:
-            bpfsys._bpf(_BPF_MAP_UPDATE_ELEM, attr, "copying a new flow")
+            bpfsys._bpf(uapi.BPF_MAP_UPDATE_ELEM, attr, "copying a new flow")
             added += 1
         except bpfsys.BpfError as exc:
             if exc.errno != errno.EEXIST:

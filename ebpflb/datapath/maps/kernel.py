@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import itertools
-import os
 import time
 from collections.abc import Iterator, Mapping, Sequence, Set
 from pathlib import Path
@@ -24,7 +23,6 @@ from ebpflb.datapath.contract import Counter, MapName
 from ebpflb.datapath.maps import AddrPort, InterfaceAddresses, codecs, growable, layout
 from ebpflb.datapath.maps.codecs import Codec
 from ebpflb.datapath.maps.elementio import (
-    BPF_ANY,
     LOOKUP_CHUNK,
     ElementIO,
     count_entries,
@@ -40,53 +38,15 @@ from ebpflb.datapath.maps.family import (
     frontend_family,
     range_family,
 )
+from ebpflb.datapath.maps.pinned import PinnedMap
 from ebpflb.datapath.maps.slotpool import KernelSlotPool
 from ebpflb.datapath.maps.svcstats import KernelServiceCounters
 from ebpflb.datapath.syscall import bpfsys, sockdiag
+from ebpflb.datapath.syscall.uapi import BPF_ANY
 from ebpflb.errors import MapError, MapFullError, NoPinsError
 
 K = TypeVar("K")
 V = TypeVar("V")
-
-
-class PinnedMap:
-    """An open fd on a pinned map, closed with close() (or by the owning MapSet)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.name = path.name
-        try:
-            self.fd = bpfsys.obj_get(str(path))
-        except bpfsys.BpfError as exc:
-            raise MapError(f"cannot open pinned map {path}: {os.strerror(exc.errno)}") from exc
-        try:
-            self.info = bpfsys.map_info(self.fd, self.name)
-        except bpfsys.BpfError as exc:
-            os.close(self.fd)
-            raise MapError(str(exc)) from exc
-        self.capacity = self.info.max_entries
-
-    def check(self, spec: contract.MapSpec) -> None:
-        """MapError unless the pin holds what the contract says this map holds."""
-        if self.info.type != spec.type:
-            raise MapError(
-                f"{self.path}: a map of type {self.info.type} in the kernel, "
-                f"{spec.type.c_name} expected"
-            )
-        for side, ctype, size in (
-            ("key", spec.key, self.info.key_size),
-            ("value", spec.value, self.info.value_size),
-        ):
-            if ct.sizeof(ctype) != size:
-                raise MapError(
-                    f"{self.path}: {side} size {size} in the kernel, "
-                    f"{ct.sizeof(ctype)} expected (pinned by another ebpflb version?)"
-                )
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 class KernelMap(Generic[K, V]):
@@ -280,7 +240,7 @@ class KernelMapSet:
 
     def destroy_udp_sockets(self, left: Mapping[AddrPort, Set[AddrPort]]) -> int:
         """The sockets in ebpflb_revsk4 and ebpflb_revsk6 sent to a backend that left
-        (sockdiag.py)."""
+        (syscall/sockdiag.py)."""
         wanted = {
             (f.address, f.port): {(b.address, b.port) for b in backends}
             for f, backends in left.items()

@@ -17,7 +17,6 @@ import errno
 import mmap
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -32,11 +31,9 @@ from ebpflb.datapath.maps import (
     write_one,
 )
 from ebpflb.datapath.maps.elementio import ElementIO, errno_error
+from ebpflb.datapath.maps.pinned import PinnedMap
 from ebpflb.datapath.syscall import bpfsys
 from ebpflb.errors import MapError
-
-if TYPE_CHECKING:
-    from ebpflb.datapath.maps.kernel import PinnedMap
 
 SLOT_BYTES = np.dtype(np.uint32).itemsize
 # Windows a sync may map before the whole pool is mapped instead: a window (mmap and
@@ -151,8 +148,6 @@ class KernelSlotPool:
             raise MapError(f"growing {self.name} to {capacity} slots failed: {exc}") from exc
         finally:
             os.close(fd)
-        from ebpflb.datapath.maps.kernel import PinnedMap
-
         old = self.pinned
         self.close()
         old.close()

@@ -11,421 +11,49 @@ naming it and the kernel it needs, before anything is compiled or attached; a mi
 optional one costs one log line saying what the user loses, and is shown in /status
 (`features`) and in the metric ebpflb_kernel_feature{feature}.
 
-Over 400 lines on purpose: each probe is a few hand-assembled instructions or a tiny map
-next to what its absence costs; read as one table, like the README's.
+features.py is the table (each feature, the trial finding it, what its absence costs),
+trials.py the trials (hand-assembled programs and tiny maps); this module runs them and
+judges the answers.
 """
 
 from __future__ import annotations
 
-import enum
 import errno
 import json
 import logging
-import os
 import platform
-import struct
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ebpflb.datapath.probes.features import BY_KEY, FEATURES, Feature, Need
+from ebpflb.datapath.probes.trials import Probe
 from ebpflb.datapath.syscall import bpfsys
 from ebpflb.errors import KernelSetupError
 
+__all__ = [
+    "BY_KEY",
+    "FEATURES",
+    "Assessment",
+    "Feature",
+    "FeatureCollector",
+    "KernelReport",
+    "Need",
+    "Probed",
+    "assess",
+    "check",
+    "main",
+    "minimum_kernel",
+    "probe",
+    "setup_error",
+]
+
 log = logging.getLogger(__name__)
-
-# uapi/linux/bpf.h values (stable ABI).
-PROG_TYPE_SCHED_CLS = 3
-PROG_TYPE_XDP = 6
-PROG_TYPE_CGROUP_SOCK_ADDR = 18
-ATTACH_INET4_CONNECT = 10
-ATTACH_UDP4_SENDMSG = 14
-ATTACH_UDP4_RECVMSG = 19
-ATTACH_INET4_GETPEERNAME = 29
-ATTACH_INET6_CONNECT = 11
-ATTACH_UDP6_SENDMSG = 15
-ATTACH_UDP6_RECVMSG = 20
-ATTACH_INET6_GETPEERNAME = 30
-MAP_TYPE_HASH = 1
-MAP_TYPE_ARRAY = 2
-MAP_TYPE_ARRAY_OF_MAPS = 12
-MAP_TYPE_SK_STORAGE = 24
-SOCK_ADDR_SK_OFFSET = 64  # offsetof(struct bpf_sock_addr, sk)
-F_NO_PREALLOC = 1 << 0
-F_MMAPABLE = 1 << 10
-F_INNER_MAP = 1 << 12
-FUNC_SK_STORAGE_GET = 107
-FUNC_REDIRECT_NEIGH = 152
-FUNC_SET_RETVAL = 187
-
-
-class Need(enum.Enum):
-    """When the agent cannot start without a feature."""
-
-    ALWAYS = "always"  # socket-LB, which every agent runs
-    NODEPORT = "with --interfaces"  # the tc programs
-    OPTIONAL = "optional"  # the agent works around its absence
-    UNUSED = "unused"  # reported for operators; this version does not use it
-
-
-@dataclass(frozen=True, slots=True)
-class Feature:
-    key: str  # the name in /status, the metric's label and the matrix's features.json
-    name: str
-    since: str  # first mainline kernel with it
-    need: Need
-    used_for: str  # what the agent does with it
-    fallback: str  # what a user gets without it
-
-
-# --- the probes: each returns None when the kernel has the feature, else the errno ---------
-
-_Probe = Callable[[], None]
-
-
-def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
-    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
-
-
-def _mov(dst: int, imm: int) -> bytes:
-    return _insn(0xB7, dst=dst, imm=imm)  # BPF_ALU64 | BPF_MOV | BPF_K
-
-
-def _call(helper: int) -> bytes:
-    return _insn(0x85, imm=helper)  # BPF_JMP | BPF_CALL
-
-
-_EXIT = _insn(0x95)  # BPF_JMP | BPF_EXIT
-
-
-def _load(prog_type: int, code: bytes, what: str, attach_type: int = 0) -> _Probe:
-    def probe() -> None:
-        os.close(bpfsys.prog_load(prog_type, code, what, attach_type, name="ebpflb_probe"))
-
-    return probe
-
-
-def _sock_addr(attach_type: int, what: str, code: bytes = _mov(0, 1) + _EXIT) -> _Probe:
-    return _load(PROG_TYPE_CGROUP_SOCK_ADDR, code, what, attach_type)
-
-
-def _map(map_type: int, what: str, flags: int = 0) -> _Probe:
-    def probe() -> None:
-        os.close(bpfsys.map_create(map_type, 4, 8, 1, what, flags))
-
-    return probe
-
-
-def _inner_map() -> None:
-    """An array that may sit in a map of maps whatever its size (BPF_F_INNER_MAP), held
-    by a one-slot array of maps: how the slot pool and conntrack grow (growable.py)."""
-    inner = bpfsys.map_create(
-        MAP_TYPE_ARRAY, 4, 8, 2, "a probe inner array", F_MMAPABLE | F_INNER_MAP
-    )
-    try:
-        outer = bpfsys.map_create(
-            MAP_TYPE_ARRAY_OF_MAPS, 4, 4, 1, "a probe array of maps", inner_map_fd=inner
-        )
-        os.close(outer)
-    finally:
-        os.close(inner)
-
-
-def _batch_ops() -> None:
-    fd = bpfsys.map_create(MAP_TYPE_HASH, 4, 4, 1, "a probe hash map")
-    try:
-        bpfsys.map_lookup_batch(fd, 4, 4, 1, "a probe hash map")
-    except bpfsys.BpfError as exc:
-        if exc.errno != errno.ENOENT:  # ENOENT: the command ran and found the map empty
-            raise
-    finally:
-        os.close(fd)
-
-
-def _int_btf() -> bytes:
-    """A BTF blob with one type, id 1: a 32-bit signed int (uapi/linux/btf.h)."""
-    strings = b"\0int\0"
-    types = struct.pack("<III", 1, 1 << 24, 4) + struct.pack("<I", (1 << 24) | 32)
-    header = struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strings))
-    return header + types + strings
-
-
-def _sk_storage_map() -> int:
-    """A socket storage map (int key and value, BTF-described as the kernel demands)."""
-    btf = bpfsys.btf_load(_int_btf(), "probe BTF")
-    try:
-        return bpfsys.map_create(
-            MAP_TYPE_SK_STORAGE, 4, 4, 0, "a probe socket storage", F_NO_PREALLOC, btf, 1, 1
-        )
-    finally:
-        os.close(btf)
-
-
-def _sk_storage() -> None:
-    os.close(_sk_storage_map())
-
-
-def _ld_map_fd(dst: int, fd: int) -> bytes:
-    """r`dst` = the map `fd` (BPF_LD | BPF_IMM | BPF_DW with BPF_PSEUDO_MAP_FD: two slots)."""
-    return _insn(0x18, dst=dst, src=1, imm=fd) + _insn(0)
-
-
-def _sk_storage_in_sock_addr() -> None:
-    """A connect4 program calling bpf_sk_storage_get(map, ctx->sk, NULL, 0)."""
-    fd = _sk_storage_map()
-    try:
-        code = (
-            _insn(0x79, dst=2, src=1, off=SOCK_ADDR_SK_OFFSET)  # r2 = ctx->sk (u64 load)
-            + _ld_map_fd(1, fd)
-            + _mov(3, 0)
-            + _mov(4, 0)
-            + _call(FUNC_SK_STORAGE_GET)
-            + _mov(0, 1)
-            + _EXIT
-        )
-        _sock_addr(ATTACH_INET4_CONNECT, "a probe program calling bpf_sk_storage_get", code)()
-    finally:
-        os.close(fd)
-
-
-def _links() -> None:
-    prog = bpfsys.prog_load(
-        PROG_TYPE_CGROUP_SOCK_ADDR,
-        _mov(0, 1) + _EXIT,
-        "a probe connect4 program",
-        ATTACH_INET4_CONNECT,
-        name="ebpflb_probe",
-    )
-    try:
-        # No target (fd -1): a kernel with links answers EBADF, one without EINVAL. Nothing
-        # is ever attached.
-        os.close(bpfsys.link_create(prog, -1, ATTACH_INET4_CONNECT, "a probe program"))
-    except bpfsys.BpfError as exc:
-        if exc.errno != errno.EBADF:
-            raise
-    finally:
-        os.close(prog)
-
-
-_REFUSE = "the agent does not start"
-
-FEATURES: tuple[tuple[Feature, _Probe], ...] = (
-    (
-        Feature(
-            "connect4",
-            "cgroup connect4 hook",
-            "4.17",
-            Need.ALWAYS,
-            "ClusterIP TCP (and connected UDP) translated at connect()",
-            _REFUSE,
-        ),
-        _sock_addr(ATTACH_INET4_CONNECT, "a probe connect4 program"),
-    ),
-    (
-        Feature(
-            "sendmsg4",
-            "cgroup sendmsg4 hook",
-            "4.18",
-            Need.ALWAYS,
-            "unconnected UDP to a ClusterIP translated per sendmsg()",
-            _REFUSE,
-        ),
-        _sock_addr(ATTACH_UDP4_SENDMSG, "a probe sendmsg4 program"),
-    ),
-    (
-        Feature(
-            "recvmsg4",
-            "cgroup recvmsg4 hook",
-            "5.2",
-            Need.ALWAYS,
-            "UDP replies seen from the ClusterIP",
-            _REFUSE,
-        ),
-        _sock_addr(ATTACH_UDP4_RECVMSG, "a probe recvmsg4 program"),
-    ),
-    (
-        Feature(
-            "getpeername4",
-            "cgroup getpeername4 hook",
-            "5.8",
-            Need.ALWAYS,
-            "getpeername() answers the ClusterIP",
-            _REFUSE,
-        ),
-        _sock_addr(ATTACH_INET4_GETPEERNAME, "a probe getpeername4 program"),
-    ),
-    (
-        Feature(
-            "connect6",
-            "cgroup connect6 hook",
-            "4.17",
-            Need.ALWAYS,
-            "IPv6 (and IPv4-mapped) ClusterIP TCP and connected UDP translated at connect()",
-            _REFUSE,
-        ),
-        _sock_addr(ATTACH_INET6_CONNECT, "a probe connect6 program"),
-    ),
-    (
-        Feature(
-            "sendmsg6",
-            "cgroup sendmsg6 hook",
-            "4.18",
-            Need.ALWAYS,
-            "unconnected UDP to an IPv6 ClusterIP translated per sendmsg()",
-            _REFUSE,
-        ),
-        _sock_addr(ATTACH_UDP6_SENDMSG, "a probe sendmsg6 program"),
-    ),
-    (
-        Feature(
-            "recvmsg6",
-            "cgroup recvmsg6 hook",
-            "5.2",
-            Need.ALWAYS,
-            "UDP replies seen from the IPv6 ClusterIP",
-            _REFUSE,
-        ),
-        _sock_addr(ATTACH_UDP6_RECVMSG, "a probe recvmsg6 program"),
-    ),
-    (
-        Feature(
-            "getpeername6",
-            "cgroup getpeername6 hook",
-            "5.8",
-            Need.ALWAYS,
-            "getpeername() on an IPv6 socket answers the ClusterIP",
-            _REFUSE,
-        ),
-        _sock_addr(ATTACH_INET6_GETPEERNAME, "a probe getpeername6 program"),
-    ),
-    (
-        Feature(
-            "mmapable_array",
-            "memory-mapped array (BPF_F_MMAPABLE)",
-            "5.5",
-            Need.ALWAYS,
-            "Maglev slot pool written as memory",
-            _REFUSE,
-        ),
-        _map(MAP_TYPE_ARRAY, "a probe mmapable array", F_MMAPABLE),
-    ),
-    (
-        Feature(
-            "inner_map",
-            "inner maps of any size (BPF_F_INNER_MAP)",
-            "5.10",
-            Need.ALWAYS,
-            "slot pool and conntrack that start small and grow (a larger map swapped in)",
-            _REFUSE,
-        ),
-        _inner_map,
-    ),
-    (
-        Feature(
-            "set_retval",
-            "bpf_set_retval",
-            "5.18",
-            Need.OPTIONAL,
-            "ECONNREFUSED for a Service without endpoints",
-            "connect() to a Service without endpoints fails with EPERM, not ECONNREFUSED",
-        ),
-        _sock_addr(
-            ATTACH_INET4_CONNECT,
-            "a probe program calling bpf_set_retval",
-            _mov(1, -errno.ECONNREFUSED) + _call(FUNC_SET_RETVAL) + _mov(0, 1) + _EXIT,
-        ),
-    ),
-    (
-        Feature(
-            "batch_ops",
-            "batched map operations",
-            "5.6",
-            Need.OPTIONAL,
-            "maps read and written in batches",
-            "one syscall per map entry (slower syncs)",
-        ),
-        _batch_ops,
-    ),
-    (
-        Feature(
-            "tc",
-            "tc (clsact) BPF programs",
-            "4.5",
-            Need.NODEPORT,
-            "NodePort, LoadBalancer and external IPs (--interfaces)",
-            "the agent does not start with --interfaces",
-        ),
-        _load(PROG_TYPE_SCHED_CLS, _mov(0, 0) + _EXIT, "a probe tc program"),
-    ),
-    (
-        Feature(
-            "redirect_neigh",
-            "bpf_redirect_neigh (tc)",
-            "5.10",
-            Need.NODEPORT,
-            "NodePort DNAT/SNAT forwarded to other nodes",
-            "the agent does not start with --interfaces",
-        ),
-        _load(
-            PROG_TYPE_SCHED_CLS,
-            _mov(1, 1) + _mov(2, 0) + _mov(3, 0) + _mov(4, 0) + _call(FUNC_REDIRECT_NEIGH) + _EXIT,
-            "a probe program calling bpf_redirect_neigh",
-        ),
-    ),
-    (
-        Feature(
-            "xdp",
-            "XDP programs",
-            "4.8",
-            Need.OPTIONAL,
-            "NodePort ingress in XDP (--xdp; native or generic is decided per interface)",
-            "NodePort ingress in tc",
-        ),
-        _load(PROG_TYPE_XDP, _mov(0, 2) + _EXIT, "a probe XDP program"),
-    ),
-    (
-        Feature(
-            "sk_storage",
-            "socket storage (SK_STORAGE)",
-            "5.2",
-            Need.ALWAYS,
-            "the map ebpflb_sockrev4 (pinned with the others, used where sk_storage_sock_addr"
-            " allows)",
-            _REFUSE,
-        ),
-        _sk_storage,
-    ),
-    (
-        Feature(
-            "sk_storage_sock_addr",
-            "bpf_sk_storage_get in cgroup sock_addr programs",
-            "5.3",
-            Need.OPTIONAL,
-            "a TCP socket's reverse entry (getpeername) kept in the socket: no hash insert"
-            " per connect(), gone with the socket",
-            "TCP reverse entries in the LRU ebpflb_revsk4: one hash insert per connect(), and"
-            " a closed socket's entry stays until evicted",
-        ),
-        _sk_storage_in_sock_addr,
-    ),
-    (
-        Feature(
-            "links",
-            "bpf links for cgroup programs",
-            "5.7",
-            Need.UNUSED,
-            "nothing yet (cgroup programs attach with BPF_PROG_ATTACH, multi-attach)",
-            "nothing lost",
-        ),
-        _links,
-    ),
-)
-
-BY_KEY: Mapping[str, Feature] = {feature.key: feature for feature, _ in FEATURES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,7 +96,7 @@ class KernelReport:
         }
 
 
-def probe(features: Sequence[tuple[Feature, _Probe]] = FEATURES) -> KernelReport:
+def probe(features: Sequence[tuple[Feature, Probe]] = FEATURES) -> KernelReport:
     """Try every feature on the running kernel. KernelSetupError when the probe itself is
     refused (EPERM: not root / no CAP_BPF), which no kernel feature explains."""
     results = []

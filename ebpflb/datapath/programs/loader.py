@@ -31,30 +31,26 @@ from ebpflb.datapath import contract, probes
 from ebpflb.datapath.maps import growable, pins
 from ebpflb.datapath.programs import netdev, programset
 from ebpflb.datapath.programs.programset import Function, Origin, ProgramSet
-from ebpflb.datapath.syscall import bpfsys
+from ebpflb.datapath.syscall import bpfsys, uapi
 from ebpflb.errors import AttachError, BpfLoadError
 
 log = logging.getLogger(__name__)
 
 BPF_DIR = programset.BPF_DIR
 PROGRAM_PREFIX = "ebpflb_"  # every program ebpflb loads; cleanup detaches exactly these
-BPF_F_ALLOW_MULTI = 1 << 1
-PROG_TYPE_SCHED_CLS = probes.PROG_TYPE_SCHED_CLS
-PROG_TYPE_XDP = probes.PROG_TYPE_XDP
-PROG_TYPE_CGROUP_SOCK_ADDR = probes.PROG_TYPE_CGROUP_SOCK_ADDR
 
 
 class SockHook(enum.Enum):
     """Socket-LB programs and the cgroup hook each attaches to (kernel version it needs)."""
 
-    CONNECT4 = ("ebpflb_connect4", probes.ATTACH_INET4_CONNECT, "connect4")
-    SENDMSG4 = ("ebpflb_sendmsg4", probes.ATTACH_UDP4_SENDMSG, "sendmsg4")
-    RECVMSG4 = ("ebpflb_recvmsg4", probes.ATTACH_UDP4_RECVMSG, "recvmsg4")
-    GETPEERNAME4 = ("ebpflb_getpeer4", probes.ATTACH_INET4_GETPEERNAME, "getpeername4")
-    CONNECT6 = ("ebpflb_connect6", probes.ATTACH_INET6_CONNECT, "connect6")
-    SENDMSG6 = ("ebpflb_sendmsg6", probes.ATTACH_UDP6_SENDMSG, "sendmsg6")
-    RECVMSG6 = ("ebpflb_recvmsg6", probes.ATTACH_UDP6_RECVMSG, "recvmsg6")
-    GETPEERNAME6 = ("ebpflb_getpeer6", probes.ATTACH_INET6_GETPEERNAME, "getpeername6")
+    CONNECT4 = ("ebpflb_connect4", uapi.BPF_CGROUP_INET4_CONNECT, "connect4")
+    SENDMSG4 = ("ebpflb_sendmsg4", uapi.BPF_CGROUP_UDP4_SENDMSG, "sendmsg4")
+    RECVMSG4 = ("ebpflb_recvmsg4", uapi.BPF_CGROUP_UDP4_RECVMSG, "recvmsg4")
+    GETPEERNAME4 = ("ebpflb_getpeer4", uapi.BPF_CGROUP_INET4_GETPEERNAME, "getpeername4")
+    CONNECT6 = ("ebpflb_connect6", uapi.BPF_CGROUP_INET6_CONNECT, "connect6")
+    SENDMSG6 = ("ebpflb_sendmsg6", uapi.BPF_CGROUP_UDP6_SENDMSG, "sendmsg6")
+    RECVMSG6 = ("ebpflb_recvmsg6", uapi.BPF_CGROUP_UDP6_RECVMSG, "recvmsg6")
+    GETPEERNAME6 = ("ebpflb_getpeer6", uapi.BPF_CGROUP_INET6_GETPEERNAME, "getpeername6")
 
     @property
     def function(self) -> str:
@@ -95,7 +91,7 @@ class Features:
 @cache
 def probe_features() -> Features:
     """The optional helpers the programs are compiled for, from the raw-syscall probe
-    (probes.py: a few milliseconds, nothing compiled, nothing printed)."""
+    (probes/: a few milliseconds, nothing compiled, nothing printed)."""
     return Features.from_report(probes.probe())
 
 
@@ -111,11 +107,11 @@ class SocketLB:
         started = time.monotonic()
         self.programs = ProgramSet(
             BPF_DIR / "sock_lb.c",
-            config.cflags() + self.features.cflags(),
+            contract.cflags(config) + self.features.cflags(),
             [
                 Function(
                     hook.function,
-                    PROG_TYPE_CGROUP_SOCK_ADDR,
+                    uapi.BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
                     hook.attach_type,
                     f"the {hook.name.lower()} hook, kernel {hook.since}+",
                 )
@@ -148,7 +144,7 @@ class SocketLB:
                             fd,
                             prog_fd,
                             hook.attach_type,
-                            BPF_F_ALLOW_MULTI,
+                            uapi.BPF_F_ALLOW_MULTI,
                             f"{hook.function} to cgroup {cgroup}",
                         )
                 except bpfsys.BpfError as exc:
@@ -183,13 +179,13 @@ class NodePortLB:
         self.features = features or probe_features()
         growable.ensure(config)  # usually done by SocketLB already; idempotent
         started = time.monotonic()
-        cflags = config.cflags() + self.features.cflags()
+        cflags = contract.cflags(config) + self.features.cflags()
         self.programs = ProgramSet(
             BPF_DIR / "nodeport.c",
             cflags,
             [
-                Function(self.INGRESS, PROG_TYPE_SCHED_CLS),
-                Function(self.EGRESS, PROG_TYPE_SCHED_CLS),
+                Function(self.INGRESS, uapi.BPF_PROG_TYPE_SCHED_CLS),
+                Function(self.EGRESS, uapi.BPF_PROG_TYPE_SCHED_CLS),
             ],
             config.bpffs_dir,
         )
@@ -199,7 +195,7 @@ class NodePortLB:
                 self.xdp_programs = ProgramSet(
                     BPF_DIR / "nodeport_xdp.c",
                     cflags,
-                    [Function(self.XDP, PROG_TYPE_XDP)],
+                    [Function(self.XDP, uapi.BPF_PROG_TYPE_XDP)],
                     config.bpffs_dir,
                 )
             except BaseException:

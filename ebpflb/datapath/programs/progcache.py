@@ -33,13 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from ebpflb.datapath.syscall import bpfsys
+from ebpflb.datapath.syscall.uapi import BPF_LD_IMM64, BPF_PSEUDO_MAP_FD, MapType
 
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "EBPFLB_PROGRAM_CACHE"
 DEFAULT_DIR = Path("/var/lib/ebpflb/programs")
-_LD_IMM64 = 0x18  # BPF_LD | BPF_IMM | BPF_DW: two instruction slots
-_PSEUDO_MAP_FD = 1
 _FORMAT = 1  # bump when the entry layout changes
 
 
@@ -98,10 +97,10 @@ def map_fds(code: bytes) -> list[int] | None:
     fds: list[int] = []
     for offset in range(0, len(code) - 7, 8):
         opcode, regs, _off, imm = struct.unpack_from("<BBhi", code, offset)
-        if opcode != _LD_IMM64:
+        if opcode != BPF_LD_IMM64:
             continue
         src = regs >> 4
-        if src == _PSEUDO_MAP_FD:
+        if src == BPF_PSEUDO_MAP_FD:
             if imm not in fds:
                 fds.append(imm)
         elif src != 0:
@@ -115,7 +114,7 @@ def patch_map_fds(code: bytes, new_fd: dict[int, int]) -> bytes:
     out = bytearray(code)
     for offset in range(0, len(code) - 7, 8):
         opcode, regs, off, imm = struct.unpack_from("<BBhi", code, offset)
-        if opcode == _LD_IMM64 and regs >> 4 == _PSEUDO_MAP_FD:
+        if opcode == BPF_LD_IMM64 and regs >> 4 == BPF_PSEUDO_MAP_FD:
             struct.pack_into("<BBhi", out, offset, opcode, regs, off, new_fd[imm])
     return bytes(out)
 
@@ -263,13 +262,11 @@ def close_fds(fds: Sequence[int]) -> None:
             os.close(fd)
 
 
-_MAP_TYPE_SK_STORAGE = 24
-
 
 def _create_map(m: MapRecord) -> int:
     """A new map of the recorded shape. Socket storage must be described by BTF (an int key,
     a value of its size), which BCC derives from the source: here, a value of bytes."""
-    if m.type != _MAP_TYPE_SK_STORAGE:
+    if m.type != MapType.SK_STORAGE:
         return bpfsys.map_create(
             m.type, m.key_size, m.value_size, m.max_entries, f"map {m.name}", m.flags, name=m.name
         )

@@ -4,8 +4,8 @@ BCC only compiles (programs/compiler.py, in a short-lived child process); everyt
 the long-running agent does with the kernel goes through here: opening pins, creating maps,
 loading bytecode (BPF_PROG_LOAD), attaching to cgroups, reading objects' info, listing and
 detaching what a cgroup has attached, map elements one by one or in batches, and running a
-program on a packet (BPF_PROG_TEST_RUN; typed in testrun.py). The kernel feature probe
-(probes.py) loads hand-assembled programs, maps and BTF with the same commands.
+program on a packet (BPF_PROG_TEST_RUN; typed in programs/testrun.py). The kernel feature probe
+(probes/) loads hand-assembled programs, maps and BTF with the same commands.
 
 Element commands return the errno (0 on success) instead of raising: callers on hot paths
 (batched writes falling back element by element) decide per errno.
@@ -25,31 +25,32 @@ import os
 import resource
 from dataclasses import dataclass
 
+from ebpflb.datapath.syscall.uapi import (
+    BPF_BTF_LOAD,
+    BPF_LINK_CREATE,
+    BPF_MAP_CREATE,
+    BPF_MAP_DELETE_ELEM,
+    BPF_MAP_GET_NEXT_KEY,
+    BPF_MAP_LOOKUP_BATCH,
+    BPF_MAP_LOOKUP_ELEM,
+    BPF_MAP_UPDATE_BATCH,
+    BPF_MAP_UPDATE_ELEM,
+    BPF_OBJ_GET,
+    BPF_OBJ_GET_INFO_BY_FD,
+    BPF_OBJ_PIN,
+    BPF_PROG_ATTACH,
+    BPF_PROG_DETACH,
+    BPF_PROG_GET_FD_BY_ID,
+    BPF_PROG_LOAD,
+    BPF_PROG_QUERY,
+    BPF_PROG_TEST_RUN,
+)
 from ebpflb.errors import DatapathError
 
 _libc = ct.CDLL(None, use_errno=True)
 _libc.syscall.restype = ct.c_long
 
 _NR_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
-
-BPF_MAP_CREATE = 0
-BPF_MAP_LOOKUP_ELEM = 1
-BPF_MAP_UPDATE_ELEM = 2
-BPF_MAP_DELETE_ELEM = 3
-BPF_MAP_GET_NEXT_KEY = 4
-BPF_PROG_LOAD = 5
-BPF_OBJ_PIN = 6
-BPF_OBJ_GET = 7
-BPF_PROG_ATTACH = 8
-BPF_PROG_DETACH = 9
-BPF_PROG_TEST_RUN = 10
-BPF_PROG_GET_FD_BY_ID = 13
-BPF_OBJ_GET_INFO_BY_FD = 15
-BPF_PROG_QUERY = 16
-BPF_BTF_LOAD = 18
-BPF_MAP_LOOKUP_BATCH = 24
-BPF_MAP_UPDATE_BATCH = 26
-BPF_LINK_CREATE = 28
 
 
 class BpfError(DatapathError):

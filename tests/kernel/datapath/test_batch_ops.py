@@ -34,7 +34,8 @@ from ebpflb.datapath.maps import (
     growable,
 )
 from ebpflb.datapath.maps.elementio import LOOKUP_CHUNK
-from ebpflb.datapath.maps.kernel import KernelMapSet, PinnedMap
+from ebpflb.datapath.maps.kernel import KernelMapSet
+from ebpflb.datapath.maps.pinned import PinnedMap
 from ebpflb.datapath.maps.pins import ensure_bpffs, pinned_layout
 from ebpflb.datapath.maps.slotpool import KernelSlotPool
 from ebpflb.datapath.programs import compiler, loader
@@ -62,7 +63,7 @@ def pins() -> Iterator[Path]:
     ensure_bpffs(path)
     growable.ensure(config)  # as the loader does: the programs open the pinned ref maps
     bpf = compiler.compile_program(
-        loader.BPF_DIR / "sock_lb.c", config.cflags() + loader.Features(False).cflags()
+        loader.BPF_DIR / "sock_lb.c", contract.cflags(config) + loader.Features(False).cflags()
     )
     try:
         yield path

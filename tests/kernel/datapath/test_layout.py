@@ -1,4 +1,4 @@
-"""The contract (ebpflb/datapath/contract.py) against what the kernel really gets: for every
+"""The contract (ebpflb/datapath/contract/) against what the kernel really gets: for every
 map, the key and value mirrors against the Key/Leaf types BCC generates from the C source
 (Cilium's alignchecker idea: same size, same field names, offsets and sizes), and the
 pinned map's type, sizes, max_entries and flags against the contract's table."""
@@ -24,7 +24,8 @@ from ebpflb.datapath import contract
 from ebpflb.datapath.contract import MapName
 from ebpflb.datapath.maps import BackendEntry, codecs, growable
 from ebpflb.datapath.maps.elementio import ElementIO, raw_items
-from ebpflb.datapath.maps.kernel import BackendArray, PinnedMap
+from ebpflb.datapath.maps.kernel import BackendArray
+from ebpflb.datapath.maps.pinned import PinnedMap
 from ebpflb.datapath.maps.pins import (
     drop_incompatible,
     ensure_bpffs,
@@ -80,7 +81,7 @@ def compiled() -> Iterator[tuple[Path, dict[str, object]]]:
     config = dataclasses.replace(CONFIG, bpffs_dir=pins)
     ensure_bpffs(pins)
     growable.ensure(config)  # as the loader does: BCC opens the pinned ref maps
-    flags = config.cflags() + loader.Features(False).cflags()
+    flags = contract.cflags(config) + loader.Features(False).cflags()
     programs = [
         compiler.compile_program(loader.BPF_DIR / source, flags)
         for source in ("sock_lb.c", "nodeport.c")

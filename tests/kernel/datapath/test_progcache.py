@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ebpflb.config import Config, XdpMode
+from ebpflb.datapath import contract
 from ebpflb.datapath.maps import pins
 from ebpflb.datapath.programs import compiler, loader, progcache, programset
 from ebpflb.datapath.syscall import bpfsys
@@ -67,7 +68,8 @@ def test_stored_bytecode_loads_the_compiled_programs_on_old_or_new_pins(
         lb.close()
     assert len(list((tmp_path / "cache").glob("*.json"))) == 3  # sock_lb, nodeport, xdp
     # BCC in this process, for the reference: the child's bytecode is what it compiles.
-    bpf = compiler.compile_program(loader.BPF_DIR / "sock_lb.c", first.cflags() + features.cflags())
+    flags = contract.cflags(first) + features.cflags()
+    bpf = compiler.compile_program(loader.BPF_DIR / "sock_lb.c", flags)
     reference = bpf.load_func(b"ebpflb_connect4", 18, attach_type=10)
     assert bpfsys.prog_info(reference.fd).tag == compiled["ebpflb_connect4"]
     bpf.cleanup()

@@ -1,5 +1,5 @@
 """The C<->Python contract without a kernel: bpf/lib/consts.h, structs.h and maps.h, parsed
-here, against ebpflb/datapath/contract.py. Any constant, flag, counter index, struct field
+here, against ebpflb/datapath/contract/. Any constant, flag, counter index, struct field
 (name, order, offset, size, byte order) or map (name, type, key, value, max_entries, flags)
 that differs between the two sides fails a test."""
 
@@ -154,7 +154,7 @@ CONFIG = Config(
 def compiled_macros(config: Config) -> dict[str, str]:
     """consts.h as the compiler sees it with the agent's -D flags."""
     macros = dict(DEFINES)
-    for flag in config.cflags():
+    for flag in contract.cflags(config):
         name, _, value = flag.removeprefix("-D").partition("=")
         macros[name] = value
     return macros
@@ -181,7 +181,7 @@ def test_counters_fit_the_stats_array() -> None:
 def test_the_overridable_sizes_are_exactly_the_ones_python_passes() -> None:
     passed = {define.macro for define in contract.DEFINES}
     assert set(GUARDED) == passed | set(contract.FEATURE_MACROS)
-    assert {f.removeprefix("-D").partition("=")[0] for f in Config().cflags()} == passed
+    assert {f.removeprefix("-D").partition("=")[0] for f in contract.cflags(Config())} == passed
 
 
 # The flow hash seed is derived from --hash-seed; C's default only lets a file compile alone.

@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from ebpflb.cli import parse_args
 from ebpflb.datapath import probes
-from ebpflb.datapath.syscall import bpfsys
+from ebpflb.datapath.probes import trials
+from ebpflb.datapath.syscall import bpfsys, uapi
 from ebpflb.errors import KernelSetupError
 
 ALL = {key: True for key in probes.BY_KEY}
@@ -139,9 +140,9 @@ def test_probe_turns_errors_into_findings_and_eperm_into_a_setup_error() -> None
 
 def test_hand_assembled_instructions_and_btf_are_well_formed() -> None:
     # mov64 r1, -111: opcode 0xb7, dst 1, imm -111, little-endian.
-    assert probes._mov(1, -111) == struct.pack("<BBhi", 0xB7, 1, 0, -111)
-    assert bytes([0x95, 0, 0, 0, 0, 0, 0, 0]) == probes._EXIT
-    blob = probes._int_btf()
+    assert trials.mov(1, -111) == struct.pack("<BBhi", 0xB7, 1, 0, -111)
+    assert bytes([0x95, 0, 0, 0, 0, 0, 0, 0]) == trials.EXIT
+    blob = trials.int_btf()
     magic, version, _flags, hdr_len, type_off, type_len, str_off, str_len = struct.unpack_from(
         "<HBBIIIII", blob
     )
@@ -172,12 +173,12 @@ def test_eperm_from_the_memlock_limit_is_retried_once(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(bpfsys, "_bpf", bpf)
     monkeypatch.setattr(bpfsys, "_raise_memlock_limit", lambda: True)
-    assert bpfsys.map_create(probes.MAP_TYPE_HASH, 4, 4, 1, "a map") == 42
-    assert calls == [bpfsys.BPF_MAP_CREATE] * 2
+    assert bpfsys.map_create(uapi.MapType.HASH, 4, 4, 1, "a map") == 42
+    assert calls == [uapi.BPF_MAP_CREATE] * 2
     calls.clear()
     monkeypatch.setattr(bpfsys, "_raise_memlock_limit", lambda: False)  # already unlimited
     with pytest.raises(bpfsys.BpfError):
-        bpfsys.map_create(probes.MAP_TYPE_HASH, 4, 4, 1, "a map")
+        bpfsys.map_create(uapi.MapType.HASH, 4, 4, 1, "a map")
 
 
 def test_socket_storage_is_optional_and_its_absence_names_the_fallback() -> None:
@@ -199,5 +200,5 @@ def test_the_socket_storage_flag_from_the_command_line_and_the_file(tmp_path: Pa
 
 def test_the_probe_program_passes_ctx_sk_and_a_map_to_sk_storage_get() -> None:
     # ld_imm64 with BPF_PSEUDO_MAP_FD (src 1) takes two slots; r2 = *(u64 *)(r1 + 64).
-    assert probes._ld_map_fd(1, 7) == struct.pack("<BBhi", 0x18, 0x11, 0, 7) + bytes(8)
-    assert probes.SOCK_ADDR_SK_OFFSET == 64  # offsetof(struct bpf_sock_addr, sk)
+    assert trials.ld_map_fd(1, 7) == struct.pack("<BBhi", 0x18, 0x11, 0, 7) + bytes(8)
+    assert uapi.SOCK_ADDR_SK_OFFSET == 64  # offsetof(struct bpf_sock_addr, sk)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ebpflb.datapath.programs import progcache
+from ebpflb.datapath.syscall import uapi
 
 
 def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
@@ -15,7 +16,7 @@ def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> b
 
 
 def ld_map(dst: int, fd: int) -> bytes:
-    return insn(0x18, dst, progcache._PSEUDO_MAP_FD, imm=fd) + insn(0)
+    return insn(0x18, dst, uapi.BPF_PSEUDO_MAP_FD, imm=fd) + insn(0)
 
 
 CODE = ld_map(1, 7) + insn(0xB7, 2, imm=5) + ld_map(3, 9) + ld_map(1, 7) + insn(0x95)

@@ -16,7 +16,7 @@ import pytest
 
 from ebpflb.datapath import contract
 from ebpflb.datapath.maps import SlotWrite
-from ebpflb.datapath.maps.kernel import PinnedMap
+from ebpflb.datapath.maps.pinned import PinnedMap
 from ebpflb.datapath.maps.slotpool import KernelSlotPool
 from ebpflb.datapath.syscall.bpfsys import MapInfo
 
