@@ -30,9 +30,12 @@ image:
 test-deploy: setup image
 	$(PY) -m pytest -q tests/deploy $(PYTEST_ARGS)
 
+# ruff, mypy, and the import contracts of pyproject.toml ([tool.importlinter]: the stages
+# as layers, bcc and kubernetes each behind one package).
 lint: setup
 	$(VENV)/bin/ruff check ebpflb lab tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(VENV)/bin/ebpflb bench maglev

@@ -33,7 +33,7 @@ from ebpflb.datapath.maps import InterfaceAddresses, pins
 from ebpflb.datapath.maps.kernel import KernelMapSet
 from ebpflb.datapath.programs import loader, netdev
 from ebpflb.datapath.syscall.mounts import cgroup2_root
-from ebpflb.desired import ExternalIPPolicy, NodeView
+from ebpflb.desired import NodeView
 from ebpflb.errors import ConfigError, EbpflbError
 from ebpflb.host.lock import Holder, PinDirLock
 from ebpflb.k8s.sources.base import Kind, ObjectSink, Source
@@ -211,15 +211,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     # The attached interfaces' addresses are followed while the agent runs (addrwatch).
     watched = {i.index: i.name for i in interfaces}
     addresses = addrwatch.read_state()
-    node = NodeView(
-        config.node_name,
-        addresses.node_addresses(watched),
-        ExternalIPPolicy(config.external_ip_cidrs),
-        config.zone,
-        config.nodeport_addresses,
-        config.nodeport_primary,
-        addresses.primary_addresses(),
-    )
+    node = NodeView.of(config, addresses.node_addresses(watched), addresses.primary_addresses())
     if config.nodeport_primary and not node.primary:
         log.warning(
             "--nodeport-addresses=primary: no default route (IPv4 or IPv6), so no primary"
@@ -329,7 +321,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 # Read at every scrape: a growable map's max_entries changes when it grows.
                 infos = maps.map_infos()
                 max_entries = {MapName(n): info.max_entries for n, info in infos.items()}
-                return agent_fill(agent.reconciler, max_entries, counts)
+                return agent_fill(agent.reconciler.map_entries(), max_entries, counts)
 
             registry.register(MapFillCollector(fill))
 

@@ -27,7 +27,7 @@ from typing import Any
 from ebpflb.clock import Clock, RealClock
 from ebpflb.config import Config
 from ebpflb.datapath.maps import MapSet
-from ebpflb.desired import DesiredFrontend, ExternalIPPolicy, NodeView, frontends_for_service
+from ebpflb.desired import DesiredFrontend, NodeView, external_ips, frontends_for_service
 from ebpflb.errors import Fault, InvalidObjectError
 from ebpflb.k8s.sources.base import Kind
 from ebpflb.k8s.sources.documents import MANIFEST
@@ -91,13 +91,7 @@ class Agent:
         self.housekeeping = housekeeping
         self._on_synced = on_synced
         self._health_targets: dict[NamespacedName, tuple[int, HealthTarget]] = {}
-        self.node = node or NodeView(
-            config.node_name,
-            external_ips=ExternalIPPolicy(config.external_ip_cidrs),
-            zone=config.zone,
-            nodeport_cidrs=config.nodeport_addresses,
-            nodeport_primary=config.nodeport_primary,
-        )
+        self.node = node or NodeView.of(config)
         self._node_lock = threading.Lock()
         self._node_changed = False  # every service's frontends to be recomputed
         self.metrics = metrics
@@ -195,10 +189,9 @@ class Agent:
                 ", ".join(new_ports),
             )
             self.metrics.ports_skipped.labels("protocol").inc(len(new_ports))
-        policy = self.node.external_ips
-        refused = policy.refused(_external_ips(translation))
+        refused = self._refused_external_ips(translation)
         if previous is not None:
-            refused -= policy.refused(_external_ips(previous))
+            refused -= self._refused_external_ips(previous)
         for address in sorted(refused, key=lambda a: (a.version, int(a))):
             log.warning(
                 "service %s: externalIP %s not programmed: outside --external-ip-cidrs"
@@ -210,6 +203,11 @@ class Agent:
         pending = self.services.update(translation)
         self.proxy_sync.service_event()
         return pending
+
+    def _refused_external_ips(self, translation: ServiceTranslation) -> set[IPAddress]:
+        """The externalIPs of a Service this node does not program (desired.external_ips)."""
+        ports = translation.ports.values()
+        return {ip for port in ports for ip in external_ips(port, self.node)[1]}
 
     def object_invalid(self, error: InvalidObjectError) -> None:
         """Log and count a rejected object (or manifest document); nothing else changes."""
@@ -469,8 +467,6 @@ class Agent:
         self.runner.loop(stop)
 
 
-def _external_ips(translation: ServiceTranslation) -> set[IPAddress]:
-    return {ip for port in translation.ports.values() for ip in port.external_ips}
 
 
 def _name_of(obj: Any) -> str:

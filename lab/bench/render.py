@@ -18,6 +18,7 @@ from lab.bench.records.maglev import MaglevRun
 from lab.bench.records.sync import SyncRun
 from lab.bench.settings import Mode, SyncSource
 from lab.bench.stats import spread
+from lab.bench.texttable import text_table
 
 
 def render(report: Report) -> str:
@@ -173,20 +174,6 @@ def _ok(passed: bool) -> str:
     return "ok" if passed else "MISSED"
 
 
-def _table(
-    headers: Sequence[str], rows: Sequence[Sequence[object]], *, left: bool = False
-) -> list[str]:
-    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return [
-        "  "
-        + "  ".join(
-            c.ljust(w) if left else c.rjust(w) for c, w in zip(row, widths, strict=True)
-        ).rstrip()
-        for row in cells
-    ]
-
-
 MAGLEV_HEADERS = [
     "N",
     "M",
@@ -229,7 +216,7 @@ def render_maglev(run: MaglevRun) -> str:
         ]
         for c in run.configs
     ]
-    lines += _table(MAGLEV_HEADERS, rows)
+    lines += text_table(MAGLEV_HEADERS, rows)
     lines += ["", "Entries changed when backends are removed, next to references (% of table)"]
     rows = [
         [
@@ -243,7 +230,7 @@ def render_maglev(run: MaglevRun) -> str:
         ]
         for r in run.references
     ]
-    lines += _table(
+    lines += text_table(
         ["N", "M", "removed", "ebpflb %", "minimum %", "anchors sim. %", "paper (NSDI'16)"], rows
     )
     lines += [
@@ -363,7 +350,7 @@ def sync_target_lines(run: SyncRun) -> list[str]:
     return [
         "",
         "Targets",
-        *_table(
+        *text_table(
             ["target", "", "measured"],
             [[v.target, v.outcome, v.detail] for v in verdicts],
             left=True,

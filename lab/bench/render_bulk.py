@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lab.bench.records.bulk import BulkFigure, BulkRun
-from lab.bench.render import _table
+from lab.bench.texttable import text_table
 
 FLOOR_NOTE = {
     "none": "plain forwarding (the floor of tc and the kube-proxy modes)",
@@ -37,9 +37,9 @@ def render_bulk(run: BulkRun) -> str:
         for r in run.results
     ]
     headers = ["mode", "up Gbit/s", "down Gbit/s", "up runs", "down runs", "retrans", "dropped", ""]
-    lines += _table(headers, rows, left=True)
+    lines += text_table(headers, rows, left=True)
     lines += ["", "Targets"]
-    lines += _table(
+    lines += text_table(
         ["target", "", "measured"],
         [[v.target, v.outcome, v.detail] for v in run.targets],
         left=True,

@@ -140,7 +140,9 @@ def test_reconciler_writes_both_families_with_a_table_each() -> None:
         assert {b.address.version for b in named} == {frontend.address.version}
     levels = {
         fill.map: fill.entries
-        for fill in agent_fill(rec, {MapName.SERVICES: 8, MapName.SERVICES6: 8}, lambda _: 0)
+        for fill in agent_fill(
+            rec.map_entries(), {MapName.SERVICES: 8, MapName.SERVICES6: 8}, lambda _: 0
+        )
     }
     assert levels == {"ebpflb_svc4": 1, "ebpflb_svc6": 1}  # each family's map its own
     four = maps.services.data[Frontend(V4, 80, Proto.TCP)]

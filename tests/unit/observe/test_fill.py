@@ -109,7 +109,8 @@ def test_an_agent_reports_every_pinned_map() -> None:
         asked.append(name)
         return counted(maps)[name]
 
-    levels = {level.map: level for level in agent_fill(agent.reconciler, max_entries(maps), count)}
+    known = agent.reconciler.map_entries()
+    levels = {level.map: level for level in agent_fill(known, max_entries(maps), count)}
     # Every map but the counter arrays (indexed, so never "full").
     assert set(levels) == {name.value for name in MapName if has_fill_level(name)}
     assert {"ebpflb_svc4", "ebpflb_slots", "ebpflb_ct4"} <= set(levels)
