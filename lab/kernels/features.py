@@ -28,6 +28,10 @@ NODEPORT = "tests/kernel/nodeport/test_nodeport.py"
 BATCH = "tests/kernel/datapath/test_batch_ops.py"
 PROBES = "tests/kernel/datapath/test_probes.py"
 GROW = "tests/kernel/datapath/test_grow.py"
+# test_socket_lb.py runs each socket-LB test that holds for both families once per family.
+TCP_SPREADS = f"{SOCKET_LB}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip"
+UDP_REPLY = f"{SOCKET_LB}::test_udp_reply_comes_from_the_clusterip"
+REVERSE_ENTRIES = f"{SOCKET_LB}::test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,29 +53,27 @@ PROBE_TESTS = (
 # found and reported).
 TESTS: Mapping[str, tuple[str, ...]] = {
     "connect4": (
-        f"{SOCKET_LB}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",
+        f"{TCP_SPREADS}[ipv4]",
         f"{SOCKET_LB}::test_restart_keeps_traffic_flowing_and_rewrites_nothing",
         "tests/kernel/datapath/test_maglev.py::test_traffic_follows_the_slots",
     ),
-    "sendmsg4": (f"{SOCKET_LB}::test_udp_reply_comes_from_the_clusterip",),
-    "recvmsg4": (f"{SOCKET_LB}::test_udp_reply_comes_from_the_clusterip",),
-    "getpeername4": (f"{SOCKET_LB}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",),
+    "sendmsg4": (f"{UDP_REPLY}[ipv4]",),
+    "recvmsg4": (f"{UDP_REPLY}[ipv4]",),
+    "getpeername4": (f"{TCP_SPREADS}[ipv4]",),
     "connect6": (
-        f"{SOCKET_LB6}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",
+        f"{TCP_SPREADS}[ipv6]",
         f"{SOCKET_LB6}::test_v4_mapped_clusterip_is_translated_like_the_ipv4_one",
         f"{SOCKET_LB6}::test_dual_stack_service_serves_both_families_at_once",
     ),
-    "sendmsg6": (f"{SOCKET_LB6}::test_udp_reply_comes_from_the_clusterip",),
-    "recvmsg6": (f"{SOCKET_LB6}::test_udp_reply_comes_from_the_clusterip",),
-    "getpeername6": (
-        f"{SOCKET_LB6}::test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip",
-    ),
+    "sendmsg6": (f"{UDP_REPLY}[ipv6]",),
+    "recvmsg6": (f"{UDP_REPLY}[ipv6]",),
+    "getpeername6": (f"{TCP_SPREADS}[ipv6]",),
     "mmapable_array": (f"{BATCH}::test_the_slot_pool_is_mapped_and_written_as_memory",),
     "inner_map": (
         f"{GROW}::test_the_pool_grows_under_traffic_and_a_restart_adopts_it",
         f"{GROW}::test_conntrack_grows_and_every_flow_keeps_its_translation",
     ),
-    "set_retval": (f"{SOCKET_LB}::test_service_without_endpoints_refuses_tcp_and_udp",),
+    "set_retval": (f"{SOCKET_LB}::test_service_without_endpoints_refuses_tcp_and_udp[ipv4]",),
     "batch_ops": (
         f"{BATCH}::test_many_entries_written_and_read_back[batched]",
         f"{BATCH}::test_a_trie_is_read_back_in_batches_too",
@@ -90,10 +92,7 @@ TESTS: Mapping[str, tuple[str, ...]] = {
         f"{NODEPORT}::test_checksums_with_and_without_offload[xdp-native-no-offload]",
     ),
     "sk_storage": (),
-    "sk_storage_sock_addr": (
-        f"{SOCKET_LB}::test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru",
-        f"{SOCKET_LB6}::test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru",
-    ),
+    "sk_storage_sock_addr": (f"{REVERSE_ENTRIES}[ipv4-", f"{REVERSE_ENTRIES}[ipv6-"),
     "links": (),
 }
 

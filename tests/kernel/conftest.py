@@ -20,7 +20,7 @@ from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
 from lab.harness.machinelock import machine_lock
 from lab.harness.netns import Cgroup, Topology
 from tests import REPO
-from tests.kernel.nodeport_env import env  # noqa: F401 (the two-node cluster fixture)
+from tests.kernel.twonode import env  # noqa: F401 (the two-node cluster fixture)
 
 PODS = {"pod1": "10.244.1.11", "pod2": "10.244.1.12", "pod3": "10.244.1.13"}
 TCP_PORT, UDP_PORT = 8080, 5353

@@ -1,5 +1,5 @@
 """Per-frontend datapath counters over /metrics, and `ebpflb explain` checked against where
-real traffic goes, on nodeport_env's two-node cluster (tc, and native XDP).
+real traffic goes, on twonode.py's two-node cluster (tc, and native XDP).
 
 Traffic is chosen so the counters' deltas are exact: one UDP datagram per request (so one
 packet and one flow each, of a known size), one connect() per TCP request.
@@ -20,7 +20,7 @@ import pytest
 from ebpflb.datapath.programs import loader
 from lab.harness.agentproc import AgentProcess, Scrape
 from tests.kernel.conftest import wait_until
-from tests.kernel.nodeport_env import (
+from tests.kernel.twonode import (
     ALL_PODS,
     CLIENT,
     NODE1,

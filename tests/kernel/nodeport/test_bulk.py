@@ -29,7 +29,7 @@ from lab.harness import bulk
 from lab.harness.agentproc import AgentProcess, cleanup_datapath
 from lab.harness.cluster import Cluster
 from lab.harness.netns import Cgroup, attach_xdp_pass, sh
-from tests.kernel.nodeport_env import (
+from tests.kernel.twonode import (
     CLIENT,
     CLIENT6,
     DUAL_STACK,

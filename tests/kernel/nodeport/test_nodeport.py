@@ -1,5 +1,5 @@
 """NodePort, LoadBalancer and external IPs through the tc programs, between namespaces,
-on nodeport_env's dual-stack two-node cluster (once in tc, once in native XDP): each IPv4
+on twonode.py's dual-stack two-node cluster (once in tc, once in native XDP): each IPv4
 test, and its IPv6 twin where IPv6 gives it a meaning; a dual-stack Service serving both
 families at once.
 """
@@ -20,7 +20,7 @@ from lab.harness.agentproc import AgentProcess, cleanup_datapath
 from lab.harness.cluster import Cluster
 from lab.harness.netns import Cgroup
 from tests.kernel.conftest import served_by, wait_backends
-from tests.kernel.nodeport_env import (
+from tests.kernel.twonode import (
     ALL_PODS,
     CLIENT,
     CLIENT6,

@@ -7,8 +7,9 @@ The programs look routes up (bpf_fib_lookup) in the network namespace of the thr
 runs them, so each run happens inside a namespace built as packet_cases describes the
 node (setns on this thread for the syscall, then back).
 
-test_cost_per_packet measures what a packet costs each program (reported, not asserted;
-see its docstring for why most figures come from single runs).
+test_cost_per_packet measures what a packet costs each program: the figures are reported,
+not asserted; that each run took the path it is named for and was timed is (see its
+docstring for why most figures come from single runs).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ebpflb.datapath.contract import Counter
 from tests.kernel.nodeport import packet_cases as pc
 from tests.kernel.nodeport.packet_cases import Case, Frame, Program
 from tests.kernel.nodeport.packet_runner import (
+    REPEAT,
     RUNS,
     Datapath,
     Flows,
@@ -119,10 +121,25 @@ def test_cost_per_packet(
     a TTL per run. So every path is timed as RUNS single runs on fresh copies (the median
     includes the timer's own cost, about the difference between the two figures of the
     paths that leave the frame unchanged, which are also timed with REPEAT in one call).
-    Tiny maps, hot caches: best-case figures, and this machine is shared.
+    Tiny maps, hot caches: best-case figures, and this machine is shared: the figures are
+    reported, not asserted. What is asserted is that they measure what they say: every run
+    took the path named (its verdict, its counter moved once per run and no other did)
+    and the kernel timed every run.
     """
-    rows = [measure(datapath, m) for m in _measurements()]
+    timed = [measure(datapath, m) for m in _measurements()]
     datapath.forget_flows()
+    for t in timed:
+        m = t.measurement
+        assert len(t.single) == RUNS, m.name
+        assert {r.verdict for r in t.single} == {m.verdict}, (m.name, t.single[0].verdict)
+        assert t.moved == t.expected_moves(), (m.name, t.moved)
+        assert all(r.duration_ns > 0 for r in t.single), (m.name, [r.duration_ns for r in t.single])
+        if m.repeatable:
+            assert t.repeated is not None and t.repeated.repeat == REPEAT, m.name
+            assert t.repeated.verdict == m.verdict and t.repeated.duration_ns > 0, m.name
+        else:
+            assert t.repeated is None, m.name
+    rows = [t.figures() for t in timed]
     record_property("cost_per_packet", json.dumps(rows))
     for row in rows:
         repeat = f"  repeat {row['repeat_mean_ns']:>4} ns" if "repeat_mean_ns" in row else ""

@@ -11,13 +11,13 @@ import pytest
 
 from ebpflb.datapath.maps.kernel import KernelMapSet
 from tests.kernel.conftest import wait_backends, wait_until
-from tests.kernel.semantics_env import (
+from tests.kernel.twonode import (
     NODE1,
     POD_IPS,
-    SemanticsEnv,
-    semantics_cluster,
+    Env,
+    pods_slice,
     servers,
-    slice_yaml,
+    two_node_cluster,
 )
 
 ALL = ["pod11", "pod12", "pod21", "pod22"]
@@ -41,13 +41,13 @@ spec:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SemanticsEnv]:
-    documents = {"services.yaml": service(), "slices.yaml": slice_yaml("sticky", PORTS, ALL)}
-    with semantics_cluster(tmp_path_factory.mktemp("affinity"), documents) as environment:
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    documents = {"services.yaml": service(), "slices.yaml": pods_slice("sticky", PORTS, ALL)}
+    with two_node_cluster(tmp_path_factory.mktemp("affinity"), documents) as environment:
         yield environment
 
 
-def wait_matches(env: SemanticsEnv, want: Callable[[dict[int, int]], bool], what: str) -> None:
+def wait_matches(env: Env, want: Callable[[dict[int, int]], bool], what: str) -> None:
     """Until node1's ebpflb_affpair4 (backend id -> timeout) satisfies `want`."""
     with KernelMapSet(env.nodes["node1"].bpffs) as maps:
         wait_until(
@@ -55,7 +55,7 @@ def wait_matches(env: SemanticsEnv, want: Callable[[dict[int, int]], bool], what
         )
 
 
-def test_in_node_clients_keep_their_backend(env: SemanticsEnv) -> None:
+def test_in_node_clients_keep_their_backend(env: Env) -> None:
     assert len(servers(env.requests("node1", "tcp", "10.96.3.1:80", 20))) == 1
     # Datagrams of new UDP sockets (sendmsg), each a flow of its own: one backend too
     # (affinity is per service port, as kube-proxy's).
@@ -69,16 +69,16 @@ def test_in_node_clients_keep_their_backend(env: SemanticsEnv) -> None:
     )  # every connection but the first of each client
 
 
-def test_external_clients_keep_their_backend_through_the_nodeport(env: SemanticsEnv) -> None:
+def test_external_clients_keep_their_backend_through_the_nodeport(env: Env) -> None:
     results = env.cluster.requests(env.client, "tcp", f"{NODE1}:30200", 20, None)
     assert len(servers(results)) == 1  # 20 connections, 20 source ports, one backend
 
 
-def test_backend_leaving_timeout_and_switching_off_apply_at_once(env: SemanticsEnv) -> None:
+def test_backend_leaving_timeout_and_switching_off_apply_at_once(env: Env) -> None:
     (first,) = servers(env.requests("node1", "tcp", "10.96.3.1:80", 5))
     # Its backend leaves: the next connections stick to one other backend.
     rest = [pod for pod in ALL if pod != first]
-    env.write({"slices.yaml": slice_yaml("sticky", PORTS, rest)})
+    env.write({"slices.yaml": pods_slice("sticky", PORTS, rest)})
     wait_backends(
         env.nodes["node1"].bpffs, "10.96.3.1:80/TCP", {f"{POD_IPS[p]}:8080" for p in rest}
     )

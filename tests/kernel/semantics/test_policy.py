@@ -15,16 +15,16 @@ import pytest
 
 from ebpflb.datapath.programs import loader
 from lab.harness.netns import Pod
-from tests.kernel.semantics_env import (
+from tests.kernel.twonode import (
     CLIENT,
     HTTP,
     LB_IP,
     NODE1,
     NODE2,
-    SemanticsEnv,
-    semantics_cluster,
+    Env,
+    pods_slice,
     servers,
-    slice_yaml,
+    two_node_cluster,
 )
 
 PROXY_LB_IP = "192.168.100.51"  # a load balancer in proxy mode: the client namespace
@@ -80,17 +80,17 @@ status:
 """
 SLICES = "---\n".join(
     [
-        slice_yaml("itp", HTTP, ["pod11", "pod21"]),
-        slice_yaml("itp-remote", HTTP, ["pod22"]),
-        slice_yaml("etp", HTTP, ["pod11"]),
-        slice_yaml("proxied", HTTP, ["pod11"]),
+        pods_slice("itp", HTTP, ["pod11", "pod21"]),
+        pods_slice("itp-remote", HTTP, ["pod22"]),
+        pods_slice("etp", HTTP, ["pod11"]),
+        pods_slice("proxied", HTTP, ["pod11"]),
     ]
 )
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SemanticsEnv]:
-    with semantics_cluster(
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with two_node_cluster(
         tmp_path_factory.mktemp("policy"), {"services.yaml": SERVICES, "slices.yaml": SLICES}
     ) as environment:
         # The proxy-mode load balancer: an address of the client namespace, answering as "lb".
@@ -100,7 +100,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SemanticsEnv]:
         yield environment
 
 
-def test_internal_local_reaches_only_this_nodes_endpoints(env: SemanticsEnv) -> None:
+def test_internal_local_reaches_only_this_nodes_endpoints(env: Env) -> None:
     assert servers(env.requests("node1", "tcp", "10.96.2.1:80", 20)) == {"pod11"}
     assert servers(env.requests("node2", "tcp", "10.96.2.1:80", 20)) == {"pod21"}
     # A pod's client (its own network namespace, the node's cgroup) too.
@@ -108,7 +108,7 @@ def test_internal_local_reaches_only_this_nodes_endpoints(env: SemanticsEnv) -> 
     assert servers(env.requests("node1", "tcp", "10.96.2.1:80", 10, netns=pod12)) == {"pod11"}
 
 
-def test_internal_local_without_a_local_endpoint_refuses_at_once(env: SemanticsEnv) -> None:
+def test_internal_local_without_a_local_endpoint_refuses_at_once(env: Env) -> None:
     expected = "ECONNREFUSED" if loader.probe_features().set_retval else "EPERM"
     started = time.monotonic()
     results = env.requests("node1", "tcp", "10.96.2.2:80", 3)
@@ -117,7 +117,7 @@ def test_internal_local_without_a_local_endpoint_refuses_at_once(env: SemanticsE
     assert servers(env.requests("node2", "tcp", "10.96.2.2:80", 5)) == {"pod22"}
 
 
-def test_external_local_from_inside_reaches_every_endpoint(env: SemanticsEnv) -> None:
+def test_external_local_from_inside_reaches_every_endpoint(env: Env) -> None:
     """node2 has no endpoint of `etp`: its host processes still reach pod11 through its
     nodePort (on its address and 127.0.0.1) and the LoadBalancer IP."""
     for target in (f"{NODE2}:30100", "127.0.0.1:30100", f"{LB_IP}:80"):
@@ -126,7 +126,7 @@ def test_external_local_from_inside_reaches_every_endpoint(env: SemanticsEnv) ->
         assert {r["peer"] for r in results} == {target}
 
 
-def test_external_local_from_outside_uses_local_endpoints_only(env: SemanticsEnv) -> None:
+def test_external_local_from_outside_uses_local_endpoints_only(env: Env) -> None:
     via_node1 = env.cluster.requests(env.client, "tcp", f"{NODE1}:30100", 5, None)
     assert servers(via_node1) == {"pod11"}
     assert {str(r["seen_as"]).split(":")[0] for r in via_node1} == {CLIENT}  # no SNAT
@@ -136,7 +136,7 @@ def test_external_local_from_outside_uses_local_endpoints_only(env: SemanticsEnv
     assert [r.get("error") for r in via_node2] == ["TimeoutError"] * 2
 
 
-def test_no_endpoint_anywhere_is_rejected_at_once(env: SemanticsEnv) -> None:
+def test_no_endpoint_anywhere_is_rejected_at_once(env: Env) -> None:
     """kube-proxy's REJECT: a TCP RST or an ICMP port unreachable, not a drop."""
     before = env.nodes["node1"].counter("np_reject")
     started = time.monotonic()
@@ -151,7 +151,7 @@ def test_no_endpoint_anywhere_is_rejected_at_once(env: SemanticsEnv) -> None:
     assert env.nodes["node1"].counter("np_reject") - before == 6
 
 
-def test_maps_hold_both_scopes(env: SemanticsEnv) -> None:
+def test_maps_hold_both_scopes(env: Env) -> None:
     services = {s["frontend"]: s for s in env.nodes["node2"].dump()["services"]}
     outside = services[f"{NODE2}:30100/TCP"]
     inside = services[f"{NODE2}:30100/TCP/internal"]
@@ -160,7 +160,7 @@ def test_maps_hold_both_scopes(env: SemanticsEnv) -> None:
     assert "itp_local" in services["10.96.2.1:80/TCP"]["flags"]
 
 
-def test_proxy_mode_load_balancer_ip_is_not_short_circuited(env: SemanticsEnv) -> None:
+def test_proxy_mode_load_balancer_ip_is_not_short_circuited(env: Env) -> None:
     """ipMode Proxy: in-node clients of the LoadBalancer IP reach the load balancer."""
     results = env.requests("node1", "tcp", f"{PROXY_LB_IP}:80", 3)
     assert servers(results) == {"lb"}

@@ -10,15 +10,15 @@ from collections.abc import Iterator
 import pytest
 
 from tests.kernel.conftest import wait_backends
-from tests.kernel.semantics_env import (
+from tests.kernel.twonode import (
     HTTP,
     NODE1,
     NODE2,
     POD_IPS,
     POD_NODE,
-    SemanticsEnv,
-    semantics_cluster,
+    Env,
     servers,
+    two_node_cluster,
 )
 
 SERVICE = """\
@@ -51,9 +51,9 @@ def hinted_slice(hinted: set[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SemanticsEnv]:
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     documents = {"services.yaml": SERVICE, "slices.yaml": hinted_slice(set(ZONES))}
-    with semantics_cluster(
+    with two_node_cluster(
         tmp_path_factory.mktemp("topology"),
         documents,
         node_args={
@@ -65,7 +65,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SemanticsEnv]:
 
 
 def test_zone_hints_keep_traffic_in_the_zone_and_fall_back_when_incomplete(
-    env: SemanticsEnv,
+    env: Env,
 ) -> None:
     assert servers(env.requests("node1", "tcp", "10.96.5.1:80", 20)) == {"pod11", "pod12"}
     assert servers(env.requests("node2", "tcp", "10.96.5.1:80", 20)) == {"pod21", "pod22"}
@@ -76,7 +76,7 @@ def test_zone_hints_keep_traffic_in_the_zone_and_fall_back_when_incomplete(
     assert len(servers(env.requests("node1", "tcp", "10.96.5.1:80", 40))) >= 3
 
 
-def test_nodeport_addresses_restrict_where_nodeports_answer(env: SemanticsEnv) -> None:
+def test_nodeport_addresses_restrict_where_nodeports_answer(env: Env) -> None:
     assert len(servers(env.cluster.requests(env.client, "tcp", f"{NODE1}:30400", 3, None))) >= 1
     refused = env.cluster.requests(env.client, "tcp", f"{NODE2}:30400", 2, None)
     assert [r.get("error") for r in refused] == ["ECONNREFUSED"] * 2  # node2's own stack

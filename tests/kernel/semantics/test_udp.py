@@ -14,13 +14,13 @@ import pytest
 
 from lab.harness.netns import Cgroup
 from tests.kernel.conftest import wait_backends
-from tests.kernel.semantics_env import (
+from tests.kernel.twonode import (
     DNS,
     NODE1,
     POD_IPS,
-    SemanticsEnv,
-    semantics_cluster,
-    slice_yaml,
+    Env,
+    pods_slice,
+    two_node_cluster,
 )
 
 SERVICE = """\
@@ -36,14 +36,14 @@ PODS = ["pod21", "pod22"]  # on node2: the flow is SNATed by node1
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SemanticsEnv]:
-    documents = {"services.yaml": SERVICE, "slices.yaml": slice_yaml("dns", DNS, PODS)}
-    with semantics_cluster(tmp_path_factory.mktemp("udp"), documents) as environment:
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    documents = {"services.yaml": SERVICE, "slices.yaml": pods_slice("dns", DNS, PODS)}
+    with two_node_cluster(tmp_path_factory.mktemp("udp"), documents) as environment:
         yield environment
 
 
 def hold_while_removing(
-    env: SemanticsEnv, netns: str, target: str, frontend: str, cgroup: Cgroup | None
+    env: Env, netns: str, target: str, frontend: str, cgroup: Cgroup | None
 ) -> dict[str, Any]:
     """Run a udp-hold client; once it has its first answer, remove that backend; its
     result. Restores both endpoints after."""
@@ -55,20 +55,20 @@ def hold_while_removing(
         first = json.loads(proc.stdout.readline())["connected"]
         assert first in PODS
         other = next(pod for pod in PODS if pod != first)
-        env.write({"slices.yaml": slice_yaml("dns", DNS, [other])})
+        env.write({"slices.yaml": pods_slice("dns", DNS, [other])})
         wait_backends(env.nodes["node1"].bpffs, frontend, {f"{POD_IPS[other]}:5353"})
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-        env.write({"slices.yaml": slice_yaml("dns", DNS, PODS)})
+        env.write({"slices.yaml": pods_slice("dns", DNS, PODS)})
         wait_backends(env.nodes["node1"].bpffs, frontend, {f"{POD_IPS[pod]}:5353" for pod in PODS})
     result: dict[str, Any] = json.loads(out.splitlines()[-1])
     result.update(first=first, other=other)
     return result
 
 
-def test_nodeport_udp_flow_leaves_a_removed_backend(env: SemanticsEnv) -> None:
+def test_nodeport_udp_flow_leaves_a_removed_backend(env: Env) -> None:
     result = hold_while_removing(env, env.client, f"{NODE1}:30300", f"{NODE1}:30300/UDP", None)
     answers, first, other = result["answers"], result["first"], result["other"]
     switched = answers.index(other)  # it moved ...
@@ -77,7 +77,7 @@ def test_nodeport_udp_flow_leaves_a_removed_backend(env: SemanticsEnv) -> None:
     assert len(answers[switched:]) >= 5
 
 
-def test_connected_udp_socket_of_an_in_node_client_recovers(env: SemanticsEnv) -> None:
+def test_connected_udp_socket_of_an_in_node_client_recovers(env: Env) -> None:
     """connect() was translated once; the agent aborts the socket (SOCK_DESTROY), and the
     client's new socket is translated to the live backend."""
     node1 = env.nodes["node1"]

@@ -1,4 +1,7 @@
-"""Socket-LB on the real kernel: real programs, real sockets, real namespaces."""
+"""Socket-LB on the real kernel: real programs, real sockets, real namespaces. What holds
+for both IP families runs for each (`family`: the addresses, topology and maps of one,
+conftest.py); what only IPv4 shows follows, and test_socket_lb6.py has what only IPv6 has
+(IPv4-mapped destinations, dual-stack Services, upgrades from IPv4-only pins)."""
 
 from __future__ import annotations
 
@@ -19,64 +22,127 @@ from ebpflb.datapath.programs import loader
 from lab.harness.agentproc import TIMEOUT_SCALE, cleanup_datapath
 from lab.harness.netns import Cgroup, Topology
 from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends
+from tests.kernel.socketlb.conftest import FAMILIES, IPV4, Family, host_of
 
 WEB = "10.96.0.10:80"
 DNS = "10.96.0.53:53"
-PENDING = "10.96.0.99:80"
 
 
+def family_setup(request: pytest.FixtureRequest, family: Family) -> tuple[Topology, Path]:
+    """The family's topology (module-scoped) and this test's manifests directory."""
+    return request.getfixturevalue(family.topology), request.getfixturevalue(family.manifests)
+
+
+@FAMILIES
 def test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip(
-    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+    family: Family, request: pytest.FixtureRequest, cgroup: Cgroup, start_agent: AgentFactory
 ) -> None:
-    start_agent("--manifests", str(manifests))
-    results = topology.requests(topology.node_ns, "tcp", WEB, 300, cgroup)
+    topology, manifests = family_setup(request, family)
+    agent = start_agent("--manifests", str(manifests))
+    results = topology.requests(topology.node_ns, "tcp", family.web, 300, cgroup)
     counts = served_by(results)
-    assert set(counts) == set(PODS)
+    assert set(counts) == set(family.pods)
     assert min(counts.values()) >= 60  # uniform would be 100 each; 60 is > 5 sigma away
-    assert {r["peer"] for r in results} == {WEB}  # getpeername() shows the ClusterIP
-    # The backends saw the node's own address: socket-LB needs no SNAT.
-    assert {str(r["seen_as"]).split(":")[0] for r in results} == {topology.node_ip}
+    assert {r["peer"] for r in results} == {family.web}  # getpeername() shows the ClusterIP
+    # The backends saw the node's own address of the family: socket-LB needs no SNAT.
+    assert {host_of(str(r["seen_as"])) for r in results} == {family.node_address(topology)}
+    # Per-frontend metrics name the frontend (an IPv6 one as [address]:port).
+    service, port, frontend = family.metric_frontend
+    translated = agent.metrics().value(
+        "ebpflb_service_socket_translations_total",
+        service=service,
+        port=port,
+        frontend=frontend,
+        protocol="TCP",
+    )
+    assert translated == 300
 
 
+@FAMILIES
 def test_udp_reply_comes_from_the_clusterip(
-    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+    family: Family, request: pytest.FixtureRequest, cgroup: Cgroup, start_agent: AgentFactory
 ) -> None:
+    topology, manifests = family_setup(request, family)
     start_agent("--manifests", str(manifests))
-    unconnected = topology.requests(topology.node_ns, "udp", DNS, 90, cgroup)
-    assert set(served_by(unconnected)) == set(PODS)
-    assert {r["peer"] for r in unconnected} == {DNS}  # recvmsg() source rewritten back
-    connected = topology.requests(topology.node_ns, "udp", DNS, 30, cgroup, "--connected")
+    unconnected = topology.requests(topology.node_ns, "udp", family.dns, 90, cgroup)
+    assert set(served_by(unconnected)) == set(family.pods)
+    assert {r["peer"] for r in unconnected} == {family.dns}  # recvmsg() source rewritten back
+    connected = topology.requests(topology.node_ns, "udp", family.dns, 30, cgroup, "--connected")
     assert len(served_by(connected)) >= 2
-    assert {r["peer"] for r in connected} == {DNS}  # getpeername() on connected UDP
+    assert {r["peer"] for r in connected} == {family.dns}  # getpeername() on connected UDP
 
 
+@FAMILIES
 def test_service_without_endpoints_refuses_tcp_and_udp(
-    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+    family: Family, request: pytest.FixtureRequest, cgroup: Cgroup, start_agent: AgentFactory
 ) -> None:
+    topology, manifests = family_setup(request, family)
     start_agent("--manifests", str(manifests))
     features = loader.probe_features()
     expected = "ECONNREFUSED" if features.set_retval else "EPERM"
     started = time.monotonic()
-    tcp = topology.requests(topology.node_ns, "tcp", PENDING, 3, cgroup, timeout=5.0)
+    tcp = topology.requests(topology.node_ns, "tcp", family.pending, 3, cgroup, timeout=5.0)
     assert [r.get("error") for r in tcp] == [expected] * 3
-    (manifests / "udp-pending.yaml").write_text(
-        "apiVersion: v1\nkind: Service\nmetadata: {name: udp-pending}\n"
-        "spec: {clusterIP: 10.96.0.98, ports: [{name: d, protocol: UDP, port: 53}]}\n"
-    )
-    time.sleep(1.0)
-    udp = topology.requests(topology.node_ns, "udp", "10.96.0.98:53", 2, cgroup, timeout=5.0)
+    if family is IPV4:  # examples/ has no UDP Service without endpoints (manifests6 has)
+        (manifests / "udp-pending.yaml").write_text(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: udp-pending}\n"
+            "spec: {clusterIP: 10.96.0.98, ports: [{name: d, protocol: UDP, port: 53}]}\n"
+        )
+        time.sleep(1.0)
+    udp = topology.requests(topology.node_ns, "udp", family.udp_pending, 2, cgroup, timeout=5.0)
     assert [r.get("error") for r in udp] == [expected] * 2
     # Refused at once, not after a timeout (5 requests of 5 s each); an emulated kernel
     # (the kernel matrix) takes ~6 s for what takes well under 2 s here.
     assert time.monotonic() - started < 5.0 * min(TIMEOUT_SCALE, 2.0)
 
 
+@FAMILIES
 def test_uncovered_clusterip_is_not_translated(
-    topology: Topology, cgroup: Cgroup, manifests: Path, start_agent: AgentFactory
+    family: Family, request: pytest.FixtureRequest, cgroup: Cgroup, start_agent: AgentFactory
 ) -> None:
+    topology, manifests = family_setup(request, family)
     start_agent("--manifests", str(manifests))
-    (result,) = topology.requests(topology.node_ns, "tcp", "10.96.0.10:81", 1, cgroup)
+    (result,) = topology.requests(topology.node_ns, "tcp", family.uncovered, 1, cgroup)
     assert result["error"] == "ENETUNREACH"  # left alone: dies in the namespace, no route out
+
+
+@pytest.mark.parametrize("storage", ["socket-storage", "lru"])
+@FAMILIES
+def test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru(
+    family: Family,
+    request: pytest.FixtureRequest,
+    cgroup: Cgroup,
+    start_agent: AgentFactory,
+    bpffs: Path,
+    storage: str,
+) -> None:
+    """getpeername() shows the ClusterIP either way; with --socket-storage=true (where the
+    kernel allows it) a TCP connect() inserts nothing into the family's LRU (ebpflb_revsk4,
+    ebpflb_revsk6: the entry lives in the socket, ebpflb_sockrev4/6), and a closed socket
+    leaves nothing behind; without it (the default, and the fallback of kernels without
+    bpf_sk_storage_get in sock_addr programs) one entry per socket is there."""
+    in_socket = storage == "socket-storage"
+    if in_socket and not probes.probe().has("sk_storage_sock_addr"):
+        pytest.skip("this kernel has no bpf_sk_storage_get in sock_addr programs")
+    topology, manifests = family_setup(request, family)
+    start_agent("--manifests", str(manifests), f"--socket-storage={str(in_socket).lower()}")
+    with KernelMapSet(bpffs) as maps:
+        before = maps.counters()
+        results = topology.requests(topology.node_ns, "tcp", family.web, 40, cgroup)
+        assert len(served_by(results)) == 3
+        assert {r["peer"] for r in results} == {family.web}
+        after = maps.counters()
+        assert after["peer_xlated"] - before["peer_xlated"] >= 40
+        assert after["revsk_update_fail"] == before["revsk_update_fail"]
+        lingering = maps.count_entries(family.reverse_sock)
+        assert lingering == 0 if in_socket else lingering >= 40
+        # UDP keeps the LRU in both modes (one socket may send to many services).
+        udp = topology.requests(topology.node_ns, "udp", family.dns, 6, cgroup, "--connected")
+        assert {r["peer"] for r in udp} == {family.dns}
+        assert maps.count_entries(family.reverse_sock) >= lingering + 6
+
+
+# ---- IPv4 only ---------------------------------------------------------------------------
 
 
 def test_manifest_edit_moves_traffic_within_a_second(
@@ -242,40 +308,6 @@ def test_cleanup_leaves_nothing_attached_or_pinned(
     assert attached(cgroup.path) == ""
     assert not bpffs.exists()
     assert os.path.isdir(cgroup.path)  # our cgroup itself stays until the fixture removes it
-
-
-@pytest.mark.parametrize("storage", ["socket-storage", "lru"])
-def test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru(
-    topology: Topology,
-    cgroup: Cgroup,
-    manifests: Path,
-    start_agent: AgentFactory,
-    bpffs: Path,
-    storage: str,
-) -> None:
-    """getpeername() shows the ClusterIP either way; with --socket-storage=true (where the
-    kernel allows it) a TCP connect() inserts nothing into the LRU ebpflb_revsk4, and a
-    closed socket leaves nothing behind; without it (the default, and the fallback of
-    kernels without bpf_sk_storage_get in sock_addr programs) one entry per socket is
-    there."""
-    in_socket = storage == "socket-storage"
-    if in_socket and not probes.probe().has("sk_storage_sock_addr"):
-        pytest.skip("this kernel has no bpf_sk_storage_get in sock_addr programs")
-    start_agent("--manifests", str(manifests), f"--socket-storage={str(in_socket).lower()}")
-    with KernelMapSet(bpffs) as maps:
-        before = maps.counters()
-        results = topology.requests(topology.node_ns, "tcp", WEB, 40, cgroup)
-        assert len(served_by(results)) == 3
-        assert {r["peer"] for r in results} == {WEB}
-        after = maps.counters()
-        assert after["peer_xlated"] - before["peer_xlated"] >= 40
-        assert after["revsk_update_fail"] == before["revsk_update_fail"]
-        lingering = maps.count_entries(MapName.REVERSE_SOCK)
-        assert lingering == 0 if in_socket else lingering >= 40
-        # UDP keeps the LRU in both modes (one socket may send to many services).
-        udp = topology.requests(topology.node_ns, "udp", DNS, 6, cgroup, "--connected")
-        assert {r["peer"] for r in udp} == {DNS}
-        assert maps.count_entries(MapName.REVERSE_SOCK) >= lingering + 6
 
 
 def test_a_removed_backend_is_an_empty_array_element_the_datapath_never_uses(

@@ -1,11 +1,10 @@
-"""Socket-LB for IPv6 on the real kernel: the IPv6 twins of test_socket_lb.py, IPv4-mapped
-destinations of dual-stack sockets, and one dual-stack Service serving both families at
-once. Real programs, real sockets, namespaces with IPv6 addresses (fd00::/8, unique local)
-this module creates; the client's (node) namespace has no route out: an address left
-untranslated dies there.
-
-Over 400 lines: a twin of every test_socket_lb.py test with an IPv6 meaning, and the
-topology and manifests they need."""
+"""Socket-LB for IPv6 on the real kernel, where it has no IPv4 twin (test_socket_lb.py
+runs the twins for both families): IPv4-mapped destinations of dual-stack sockets, one
+dual-stack Service serving both families at once, IPv6 entries adopted on restart and
+added to IPv4-only pins, connected UDP recovering, affinity and externalIPs over IPv6.
+Real programs, real sockets, namespaces with IPv6 addresses (fd00::/8, unique local)
+conftest.py creates; the client's (node) namespace has no route out: an address left
+untranslated dies there."""
 
 from __future__ import annotations
 
@@ -14,195 +13,34 @@ import re
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ebpflb.datapath import probes
-from ebpflb.datapath.maps import MapName
-from ebpflb.datapath.maps.kernel import KernelMapSet
 from ebpflb.datapath.programs import loader
-from lab.harness.agentproc import TIMEOUT_SCALE
-from lab.harness.netns import Cgroup, Topology, sh
-from tests.kernel.conftest import PODS, TCP_PORT, UDP_PORT, AgentFactory, served_by, wait_backends
-
-NODE6 = "fd00:1::1"
-PODS6 = {"pod1": "fd00:244::11", "pod2": "fd00:244::12", "pod3": "fd00:244::13"}
-WEB6 = "[fd00:96::10]:80"
-DNS6 = "[fd00:96::53]:53"
-PENDING6 = "[fd00:96::99]:80"
-UDP_PENDING6 = "[fd00:96::98]:53"
-# The IPv4 Services of examples/ as a dual-stack socket addresses them.
-WEB_MAPPED = "[::ffff:10.96.0.10]:80"
-DNS_MAPPED = "[::ffff:10.96.0.53]:53"
-PENDING_MAPPED = "[::ffff:10.96.0.99]:80"
-DUAL4, DUAL6 = "10.96.0.20:80", "[fd00:96::20]:80"
-
-
-def _ipv6_on(netns: str, *interfaces: str) -> None:
-    """IPv6 on, without duplicate address detection (an address is usable at once)."""
-    settings = [
-        f"net.ipv6.conf.{name}.{key}={value}"
-        for name in ("all", "default", *interfaces)
-        for key, value in (("disable_ipv6", 0), ("accept_dad", 0))
-    ]
-    sh("ip", "netns", "exec", netns, "sysctl", "-qw", *settings)
+from lab.harness.netns import Cgroup, Topology
+from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends
+from tests.kernel.socketlb.conftest import (
+    DNS6,
+    DNS_MAPPED,
+    DUAL4,
+    DUAL6,
+    NODE6,
+    PENDING_MAPPED,
+    PODS6,
+    WEB6,
+    WEB_MAPPED,
+    host_of,
+    service_yaml,
+    slice_yaml,
+)
 
 
 @pytest.fixture(scope="module")
-def topology() -> Iterator[Topology]:
-    """test_socket_lb's topology with IPv6 too: the node holds NODE6, each pod its PODS6
-    address next to its IPv4 one, routes on-link both ways and no route anywhere else;
-    every pod serves TCP 8080 and UDP 5353 on both families."""
-    topo = Topology.create()
-    try:
-        _ipv6_on(topo.node_ns)
-        for index, (name, ip) in enumerate(PODS.items()):
-            pod = topo.add_pod(name, ip)
-            host_if = f"v{topo.prefix[-6:]}{index}"[:15]  # as Topology.add_pod names it
-            _ipv6_on(topo.node_ns, host_if)
-            _ipv6_on(pod.netns, "eth0")
-            # The node's address on every pod link, so each pod finds it by neighbour
-            # discovery on its own link.
-            sh(
-                "ip",
-                "-n",
-                topo.node_ns,
-                "-6",
-                "addr",
-                "add",
-                f"{NODE6}/128",
-                "dev",
-                host_if,
-                "nodad",
-            )
-            sh(
-                "ip",
-                "-n",
-                pod.netns,
-                "-6",
-                "addr",
-                "add",
-                f"{PODS6[name]}/128",
-                "dev",
-                "eth0",
-                "nodad",
-            )
-            sh("ip", "-n", pod.netns, "-6", "route", "add", NODE6, "dev", "eth0")
-            sh("ip", "-n", topo.node_ns, "-6", "route", "add", f"{PODS6[name]}/128", "dev", host_if)
-            argv = [sys.executable, "-m", "lab.harness.echo", "serve", "--name", name]
-            argv += ["--tcp", str(TCP_PORT), "--udp", str(UDP_PORT), "--ipv6", "--lifetime", "900"]
-            server = topo.spawn(pod.netns, argv)
-            assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        yield topo
-    finally:
-        topo.close()
-
-
-def _slice(
-    name: str, service: str, family: str, port: str, protocol: str, addresses: list[str]
-) -> str:
-    endpoints = "".join(
-        f'  - addresses: ["{a}"]\n    conditions: {{ready: true}}\n    nodeName: node-1\n'
-        for a in addresses
-    )
-    return (
-        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
-        f"metadata: {{name: {name}, labels: {{kubernetes.io/service-name: {service}}}}}\n"
-        f"addressType: {family}\n"
-        f"ports: [{{name: {port}, protocol: {protocol}, port: "
-        f"{TCP_PORT if protocol == 'TCP' else UDP_PORT}}}]\n"
-        + (f"endpoints:\n{endpoints}" if endpoints else "endpoints: []\n")
-    )
-
-
-def _service(name: str, ips: list[str], port: int, protocol: str) -> str:
-    families = ", ".join("IPv6" if ":" in ip else "IPv4" for ip in ips)
-    policy = "RequireDualStack" if len(ips) > 1 else "SingleStack"
-    return (
-        f"---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\n"
-        f"spec: {{clusterIP: '{ips[0]}', clusterIPs: [{', '.join(repr(ip) for ip in ips)}],"
-        f" ipFamilies: [{families}], ipFamilyPolicy: {policy},"
-        f" ports: [{{name: p, protocol: {protocol}, port: {port}}}]}}\n"
-    )
-
-
-@pytest.fixture
-def manifests6(manifests: Path) -> Path:
-    """examples/ (IPv4 web, dns, pending) plus IPv6 web6, dns6, pending6, udp-pending6 and
-    the dual-stack `dual` (IPv4 endpoints pod1, pod2; IPv6 endpoints pod2, pod3)."""
-    pods6 = list(PODS6.values())
-    (manifests / "ipv6.yaml").write_text(
-        _service("web6", ["fd00:96::10"], 80, "TCP")
-        + _slice("web6-a", "web6", "IPv6", "p", "TCP", pods6)
-        + _service("dns6", ["fd00:96::53"], 53, "UDP")
-        + _slice("dns6-a", "dns6", "IPv6", "p", "UDP", pods6)
-        + _service("pending6", ["fd00:96::99"], 80, "TCP")
-        + _service("udp-pending6", ["fd00:96::98"], 53, "UDP")
-        + _service("dual", ["10.96.0.20", "fd00:96::20"], 80, "TCP")
-        + _slice("dual-v4", "dual", "IPv4", "p", "TCP", [PODS["pod1"], PODS["pod2"]])
-        + _slice("dual-v6", "dual", "IPv6", "p", "TCP", [PODS6["pod2"], PODS6["pod3"]])
-    )
-    return manifests
-
-
-def _host(address: str) -> str:
-    """The address of "IP:PORT" or "[IPv6]:PORT"."""
-    return address.rpartition(":")[0].removeprefix("[").removesuffix("]")
-
-
-def test_tcp_spreads_over_all_backends_and_peer_is_the_clusterip(
-    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
-) -> None:
-    agent = start_agent("--manifests", str(manifests6))
-    results = topology.requests(topology.node_ns, "tcp", WEB6, 300, cgroup)
-    counts = served_by(results)
-    assert set(counts) == set(PODS6)
-    assert min(counts.values()) >= 60  # uniform would be 100 each; 60 is > 5 sigma away
-    assert {r["peer"] for r in results} == {WEB6}  # getpeername6 shows the ClusterIP
-    # The backends saw the node's own IPv6 address: no SNAT, no IPv4 anywhere.
-    assert {_host(str(r["seen_as"])) for r in results} == {NODE6}
-    # Per-frontend metrics name the IPv6 frontend as [address]:port.
-    translated = agent.metrics().value(
-        "ebpflb_service_socket_translations_total",
-        service="default/web6",
-        port="p",
-        frontend="[fd00:96::10]:80",
-        protocol="TCP",
-    )
-    assert translated == 300
-
-
-def test_udp_reply_comes_from_the_clusterip(
-    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
-) -> None:
-    start_agent("--manifests", str(manifests6))
-    unconnected = topology.requests(topology.node_ns, "udp", DNS6, 90, cgroup)
-    assert set(served_by(unconnected)) == set(PODS6)
-    assert {r["peer"] for r in unconnected} == {DNS6}  # recvmsg6 source rewritten back
-    connected = topology.requests(topology.node_ns, "udp", DNS6, 30, cgroup, "--connected")
-    assert len(served_by(connected)) >= 2
-    assert {r["peer"] for r in connected} == {DNS6}  # getpeername6 on connected UDP
-
-
-def test_service_without_endpoints_refuses_tcp_and_udp(
-    topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
-) -> None:
-    start_agent("--manifests", str(manifests6))
-    expected = "ECONNREFUSED" if loader.probe_features().set_retval else "EPERM"
-    started = time.monotonic()
-    tcp = topology.requests(topology.node_ns, "tcp", PENDING6, 3, cgroup, timeout=5.0)
-    assert [r.get("error") for r in tcp] == [expected] * 3
-    udp = topology.requests(topology.node_ns, "udp", UDP_PENDING6, 2, cgroup, timeout=5.0)
-    assert [r.get("error") for r in udp] == [expected] * 2
-    # Refused at once, not after a timeout (5 requests of 5 s each).
-    assert time.monotonic() - started < 5.0 * min(TIMEOUT_SCALE, 2.0)
-    # An IPv6 address that is no frontend is left alone: no route out of the namespace.
-    (result,) = topology.requests(topology.node_ns, "tcp", "[fd00:96::10]:81", 1, cgroup)
-    assert result["error"] == "ENETUNREACH"
+def topology(topology6: Topology) -> Topology:
+    """Every test here runs on the topology with IPv6 (conftest.py's topology6)."""
+    return topology6
 
 
 def test_v4_mapped_clusterip_is_translated_like_the_ipv4_one(
@@ -215,7 +53,7 @@ def test_v4_mapped_clusterip_is_translated_like_the_ipv4_one(
     assert set(served_by(results)) == set(PODS)
     assert {r["peer"] for r in results} == {WEB_MAPPED}
     # The backends saw IPv4: the connection went out over IPv4 to an IPv4 backend.
-    assert {_host(str(r["seen_as"])) for r in results} == {topology.node_ip}
+    assert {host_of(str(r["seen_as"])) for r in results} == {topology.node_ip}
     connected = topology.requests(topology.node_ns, "udp", DNS_MAPPED, 30, cgroup, "--connected")
     assert len(served_by(connected)) >= 2
     assert {r["peer"] for r in connected} == {DNS_MAPPED}
@@ -256,7 +94,7 @@ def test_dual_stack_service_serves_both_families_at_once(
     assert set(served_by(results[DUAL6])) == {"pod2", "pod3"}
     assert {r["peer"] for r in results[DUAL4]} == {DUAL4}
     assert {r["peer"] for r in results[DUAL6]} == {DUAL6}
-    assert {_host(str(r["seen_as"])) for r in results[DUAL6]} == {NODE6}
+    assert {host_of(str(r["seen_as"])) for r in results[DUAL6]} == {NODE6}
     # `ebpflb explain` reads the same pinned IPv6 maps: the IPv6 frontend's candidates.
     argv = [sys.executable, "-m", "ebpflb", "explain", "--json", "--bpffs", str(bpffs)]
     done = subprocess.run([*argv, NODE6, DUAL6], capture_output=True, text=True, timeout=60)
@@ -367,11 +205,11 @@ def test_session_affinity_holds_over_ipv6(
     node's network namespace) reaches one backend (the affinity maps are shared by both
     families, keyed by service id)."""
     (manifests6 / "sticky6.yaml").write_text(
-        _service("sticky6", ["fd00:96::30"], 80, "TCP").replace(
+        service_yaml("sticky6", ["fd00:96::30"], 80, "TCP").replace(
             "ipFamilyPolicy: SingleStack,",
             "ipFamilyPolicy: SingleStack, sessionAffinity: ClientIP,",
         )
-        + _slice("sticky6-a", "sticky6", "IPv6", "p", "TCP", list(PODS6.values()))
+        + slice_yaml("sticky6-a", "sticky6", "IPv6", "p", "TCP", list(PODS6.values()))
     )
     agent = start_agent("--manifests", str(manifests6))
     results = topology.requests(topology.node_ns, "tcp", "[fd00:96::30]:80", 60, cgroup)
@@ -380,48 +218,17 @@ def test_session_affinity_holds_over_ipv6(
     assert (agent.metrics().value("ebpflb_datapath_events_total", event="affinity_hit") or 0) >= 59
 
 
-@pytest.mark.parametrize("storage", ["socket-storage", "lru"])
-def test_tcp_reverse_entries_live_in_the_socket_or_in_the_lru(
-    topology: Topology,
-    cgroup: Cgroup,
-    manifests6: Path,
-    start_agent: AgentFactory,
-    bpffs: Path,
-    storage: str,
-) -> None:
-    """test_socket_lb's twin: with socket storage an IPv6 TCP connect() inserts nothing
-    into ebpflb_revsk6 (the entry lives in the socket, ebpflb_sockrev6); without it, one
-    entry per socket. getpeername6 shows the ClusterIP either way; UDP keeps the LRU."""
-    in_socket = storage == "socket-storage"
-    if in_socket and not probes.probe().has("sk_storage_sock_addr"):
-        pytest.skip("this kernel has no bpf_sk_storage_get in sock_addr programs")
-    start_agent("--manifests", str(manifests6), f"--socket-storage={str(in_socket).lower()}")
-    with KernelMapSet(bpffs) as maps:
-        before = maps.counters()
-        results = topology.requests(topology.node_ns, "tcp", WEB6, 40, cgroup)
-        assert len(served_by(results)) == 3
-        assert {r["peer"] for r in results} == {WEB6}
-        after = maps.counters()
-        assert after["peer_xlated"] - before["peer_xlated"] >= 40
-        assert after["revsk_update_fail"] == before["revsk_update_fail"]
-        lingering = maps.count_entries(MapName.REVERSE_SOCK6)
-        assert lingering == 0 if in_socket else lingering >= 40
-        udp = topology.requests(topology.node_ns, "udp", DNS6, 6, cgroup, "--connected")
-        assert {r["peer"] for r in udp} == {DNS6}
-        assert maps.count_entries(MapName.REVERSE_SOCK6) >= lingering + 6
-
-
 def test_ipv6_external_ip_reaches_in_node_clients_through_socket_lb(
     topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
 ) -> None:
     """An IPv6 externalIP (inside --external-ip-cidrs) is translated for in-node clients by
     connect6 (its tc/XDP path is tests/kernel/test_nodeport6.py's)."""
     (manifests6 / "ext6.yaml").write_text(
-        _service("ext6", ["fd00:96::40"], 80, "TCP").replace(
+        service_yaml("ext6", ["fd00:96::40"], 80, "TCP").replace(
             "ipFamilyPolicy: SingleStack,",
             "ipFamilyPolicy: SingleStack, externalIPs: ['2001:db8::40'],",
         )
-        + _slice("ext6-a", "ext6", "IPv6", "p", "TCP", list(PODS6.values()))
+        + slice_yaml("ext6-a", "ext6", "IPv6", "p", "TCP", list(PODS6.values()))
     )
     agent = start_agent("--manifests", str(manifests6), "--external-ip-cidrs", "2001:db8::/32")
     results = topology.requests(topology.node_ns, "tcp", "[2001:db8::40]:80", 30, cgroup)

@@ -342,7 +342,7 @@ def test_a_kernel_without_cases_or_with_a_problem_is_not_ok() -> None:
 
 REFUSE = (
     "tests/kernel/socketlb/test_socket_lb.py::"
-    "test_service_without_endpoints_refuses_tcp_and_udp"
+    "test_service_without_endpoints_refuses_tcp_and_udp[ipv4]"
 )
 
 

@@ -1,24 +1,28 @@
-"""The two-node cluster of the NodePort tests (test_nodeport.py, test_explain.py), dual
-stack: NodePort, LoadBalancer and external IPs through the tc (or XDP) programs, between
-namespaces, for both families at once.
+"""The two-node cluster of the kernel tests that need a node's outside: NodePort,
+LoadBalancer and external IPs through the tc (or XDP) programs (nodeport/, agent's
+test_explain.py: the dual-stack `env` fixture, once with tc and once with native XDP) and
+the Service semantics across two nodes (semantics/: `two_node_cluster` with each module's
+manifests).
 
-Topology (lab.harness.netns.Cluster, ipv6=True): an external client (and an
+Topology (lab.harness.cluster.Cluster): an external client (and, for NodePort, an
 "outsider" outside the LoadBalancer's source ranges) and two nodes on one bridge; pods
-behind each node on their own /24 and /64, routed between the nodes. Each node runs its
-own agent (own bpffs directory and cgroup) inside its namespace, attached to its eth0.
-The Services are dual-stack (one IPv4-only, one IPv6-only without endpoints); each
-family's EndpointSlice names the pods' addresses of that family.
+pod11, pod12 behind node1 and pod21, pod22 behind node2, on their own /24 (and /64 with
+IPv6), routed between the nodes, each serving TCP 8080 and UDP 5353 (NodePort: and 5354).
+Each node runs its own agent (own bpffs directory and cgroup, --interfaces eth0,
+--node-name) inside its namespace, on a manifests directory of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,6 +38,12 @@ CLIENT6, OUTSIDER6 = "fd00:100::100", "fd00:100::200"
 LB_IP6, EXTERNAL_IP6 = "fd00:100::50", "fd00:100::60"
 PODS = {"node1": {"pod11": 11, "pod12": 12}, "node2": {"pod21": 21, "pod22": 22}}
 SNAT_RANGE = "61000-61063"  # node1: 64 ports per backend (exhaustion test), above ephemeral
+POD_IPS = {
+    name: f"10.244.{node[-1]}.{host}" for node, pods in PODS.items() for name, host in pods.items()
+}
+POD_NODE = {name: node for node, pods in PODS.items() for name in pods}
+HTTP = "[{name: http, protocol: TCP, port: 8080}]"
+DNS = "[{name: dns, protocol: UDP, port: 5353}]"
 
 
 def slice_yaml(
@@ -47,7 +57,14 @@ def slice_yaml(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
         f"metadata: {{name: {name}, namespace: default, "
         f"labels: {{kubernetes.io/service-name: {service}}}}}\n"
-        f"addressType: IPv{family}\nports: {ports}\nendpoints:\n{endpoints}"
+        f"addressType: IPv{family}\nports: {ports}\nendpoints:\n{endpoints or '  []'}"
+    )
+
+
+def pods_slice(service: str, ports: str, pods: Sequence[str], suffix: str = "1") -> str:
+    """An EndpointSlice of `service` with these pods (by name), ready, on their nodes."""
+    return slice_yaml(
+        f"{service}-{suffix}", service, ports, [(p, POD_IPS[p], POD_NODE[p]) for p in pods]
     )
 
 
@@ -156,7 +173,7 @@ class NodeAgent:
     manifests: Path
     agent: AgentProcess | None = None
 
-    def dump(self, *select: str) -> dict[str, object]:
+    def dump(self, *select: str) -> dict[str, Any]:
         """`maps dump --json` of this node, narrowed by `select` (e.g. --frontend ...)."""
         done = subprocess.run(
             [
@@ -177,7 +194,7 @@ class NodeAgent:
         return json.loads(done.stdout)  # type: ignore[no-any-return]
 
     def counter(self, name: str) -> int:
-        return int(self.dump()["counters"][name])  # type: ignore[index]
+        return int(self.dump()["counters"][name])
 
 
 @dataclass
@@ -194,53 +211,76 @@ class Env:
     def outsider(self) -> str:
         return self.cluster.clients["outsider"]
 
+    def write(self, documents: Mapping[str, str]) -> None:
+        """Replace the manifests of every node: file name -> YAML text."""
+        for node in self.nodes.values():
+            for name, text in documents.items():
+                (node.manifests / name).write_text(text)
 
-def write_manifests(path: Path, slices: dict[str, str] | None = None) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "services.yaml").write_text(SERVICES)
-    (path / "slices.yaml").write_text("---\n".join((slices or SLICES).values()))
+    def requests(
+        self, node: str, mode: str, target: str, count: int, *extra: str, netns: str = ""
+    ) -> list[dict[str, Any]]:
+        """`count` requests from an in-node client of `node` (its cgroup; the node's network
+        namespace unless `netns` names a pod's)."""
+        agent = self.nodes[node]
+        return self.cluster.requests(
+            netns or agent.netns, mode, target, count, agent.cgroup, *extra
+        )
 
 
-@pytest.fixture(scope="module", params=["tc", "xdp-native"])
-def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    """The whole cluster, once with the ingress path in tc and once in native XDP."""
-    xdp = ["--xdp", "native"] if request.param == "xdp-native" else []
+@contextlib.contextmanager
+def two_node_cluster(
+    tmp: Path,
+    documents: Mapping[str, str],
+    *agent_args: str,
+    node_args: Mapping[str, Sequence[str]] | None = None,
+    xdp: bool = False,
+    ipv6: bool = False,
+    outsider: bool = False,
+    udp: Sequence[int] = (5353,),
+    routes: Sequence[tuple[str, str]] = ((f"{LB_IP}/32", NODE1),),
+) -> Iterator[Env]:
+    """The cluster with every node's agent running on `documents` (file name -> YAML)
+    with `agent_args` (and `node_args[node]`); removed again on exit, also on failure.
+    `xdp`: the ingress path in native XDP (the wire made veth-native for it); `ipv6`:
+    both families everywhere; `outsider`: a second client; `routes`: (prefix, via) the
+    upstream router sends from every client to a node."""
+    clients = {"client": CLIENT, **({"outsider": OUTSIDER} if outsider else {})}
+    clients6 = {"client": CLIENT6, **({"outsider": OUTSIDER6} if outsider else {})}
     cluster = Cluster.create(
-        clients={"client": CLIENT, "outsider": OUTSIDER},
-        ipv6=True,
-        clients6={"client": CLIENT6, "outsider": OUTSIDER6},
+        clients=clients, **({"ipv6": True, "clients6": clients6} if ipv6 else {})
     )
-    environment = Env(cluster, bool(xdp))
+    env = Env(cluster, xdp)
     try:
         for node_name, pods in PODS.items():
             for pod_name, host in pods.items():
                 pod = cluster.add_pod(node_name, pod_name, host)
-                cluster.start_server(pod, tcp=[8080], udp=[5353, 5354], lifetime=900, ipv6=True)
+                cluster.start_server(
+                    pod, tcp=[8080], udp=list(udp), lifetime=900, **({"ipv6": True} if ipv6 else {})
+                )
         if xdp:
             cluster.wire_like()
         for client in cluster.clients.values():
-            cluster.route(client, f"{LB_IP}/32", NODE1)  # the upstream router's choice
-            cluster.route(client, f"{EXTERNAL_IP}/32", NODE1)
-            cluster.route(client, f"{LB_IP6}/128", NODE1_6)
-            cluster.route(client, f"{EXTERNAL_IP6}/128", NODE1_6)
+            for prefix, via in routes:
+                cluster.route(client, prefix, via)
         for node_name, node in cluster.nodes.items():
             tag = uuid.uuid4().hex[:6]
+            manifests = tmp / node_name
+            manifests.mkdir(parents=True)
             agent = NodeAgent(
                 node_name,
                 node.netns,
                 Path(f"/sys/fs/bpf/ebpflb-test-{tag}"),
                 Cgroup.create(f"ebpflb-test-{tag}"),
-                tmp_path_factory.mktemp(node_name),
+                manifests,
             )
-            environment.nodes[node_name] = agent
-            write_manifests(agent.manifests)
-            extra = ["--snat-port-range", SNAT_RANGE] if node_name == "node1" else []
-            # none by default
-            extra += ["--external-ip-cidrs", f"{EXTERNAL_IP}/32,{EXTERNAL_IP6}/128"]
+            env.nodes[node_name] = agent
+            for name, text in documents.items():
+                (manifests / name).write_text(text)
             agent.agent = AgentProcess(
                 [
                     "--manifests",
-                    str(agent.manifests),
+                    str(manifests),
                     "--bpffs",
                     str(agent.bpffs),
                     "--cgroup",
@@ -251,25 +291,64 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                     node_name,
                     "--min-sync-period",
                     "0.1",
-                    *xdp,
-                    *extra,
+                    *(["--xdp", "native"] if xdp else []),
+                    *agent_args,
+                    *(node_args or {}).get(node_name, []),
                 ],
                 netns=node.netns,
-                log_file=agent.manifests / "agent.log",
+                log_file=tmp / f"{node_name}-agent.log",
             )
-        for agent in environment.nodes.values():
+        for agent in env.nodes.values():
             assert agent.agent is not None
             agent.agent.wait_ready()
             interfaces = agent.agent.status()["interfaces"]
             assert interfaces == {"eth0": {"xdp": "native" if xdp else "off"}}
-        yield environment
+        yield env
     finally:
-        for agent in environment.nodes.values():
+        for agent in env.nodes.values():
             if agent.agent is not None:
                 agent.agent.stop()
             cleanup_datapath(agent.bpffs, agent.cgroup.path, ["eth0"], agent.netns)
             agent.cgroup.close()
         cluster.close()
+
+
+def write_manifests(path: Path, slices: dict[str, str] | None = None) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "services.yaml").write_text(SERVICES)
+    (path / "slices.yaml").write_text("---\n".join((slices or SLICES).values()))
+
+
+@pytest.fixture(scope="module", params=["tc", "xdp-native"])
+def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """The NodePort cluster, once with the ingress path in tc and once in native XDP:
+    dual stack, the outsider, SNAT ports of their own on node1, the external IPs allowed."""
+    with two_node_cluster(
+        tmp_path_factory.mktemp("nodeport"),
+        {"services.yaml": SERVICES, "slices.yaml": "---\n".join(SLICES.values())},
+        # none by default
+        "--external-ip-cidrs",
+        f"{EXTERNAL_IP}/32,{EXTERNAL_IP6}/128",
+        node_args={"node1": ["--snat-port-range", SNAT_RANGE]},
+        xdp=request.param == "xdp-native",
+        ipv6=True,
+        outsider=True,
+        udp=(5353, 5354),
+        routes=(  # the upstream router's choice
+            (f"{LB_IP}/32", NODE1),
+            (f"{EXTERNAL_IP}/32", NODE1),
+            (f"{LB_IP6}/128", NODE1_6),
+            (f"{EXTERNAL_IP6}/128", NODE1_6),
+        ),
+    ) as environment:
+        yield environment
+
+
+def servers(results: list[dict[str, Any]]) -> set[str]:
+    """Which backends answered (every request must have succeeded)."""
+    failed = [r for r in results if not r["ok"]]
+    assert not failed, failed[:3]
+    return {str(r["server"]) for r in results}
 
 
 def seen_ip(result: dict[str, object]) -> str:
