@@ -9,7 +9,7 @@ setup:
 	@./scripts/setup.sh
 
 demo: setup
-	$(PY) -m ebpflb.demo
+	$(PY) -m lab.demo
 
 # The whole suite: static checks, unit tests (no kernel), kernel tests (root, real programs).
 test: setup lint
@@ -30,16 +30,19 @@ image:
 test-deploy: setup image
 	$(PY) -m pytest -q tests/deploy $(PYTEST_ARGS)
 
+# ruff, mypy, and the import contracts of pyproject.toml ([tool.importlinter]: the stages
+# as layers, bcc and kubernetes each behind one package).
 lint: setup
-	$(VENV)/bin/ruff check ebpflb tests
+	$(VENV)/bin/ruff check ebpflb lab tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(VENV)/bin/ebpflb bench maglev
 
 # Removes anything a crashed test run may have left (namespaces, cgroups, pins named ebpflb*).
 clean-kernel:
-	$(PY) -m ebpflb.testing.leftovers --remove
+	$(PY) -m lab.harness.leftovers --remove
 
 # The kernel tests on other kernels: Debian's 5.10 and 6.1 (cached in /var/cache/ebpflb/kernels),
 # each booted once under qemu with this machine's root shared read-only; JUnit and the logs in
@@ -51,15 +54,15 @@ setup-kernels: setup
 	@./scripts/kernels/install.sh
 
 test-kernels: setup-kernels
-	nice -n 10 $(PY) -m ebpflb.testing.kernels run --kernels "$(KERNELS)" $(KERNEL_TESTS)
+	nice -n 10 $(PY) -m lab.kernels run --kernels "$(KERNELS)" $(KERNEL_TESTS)
 
-# CI's selection (ebpflb/testing/kernels/ci.py): the files testing what differs between
+# CI's selection (lab/kernels/ci.py): the files testing what differs between
 # kernels, on every line; the whole suite under emulation does not fit CI's 90 minutes.
 test-kernels-ci: setup-kernels
-	nice -n 10 $(PY) -m ebpflb.testing.kernels run --kernels "$(KERNELS)" --ci --vm-timeout 70
+	nice -n 10 $(PY) -m lab.kernels run --kernels "$(KERNELS)" --ci --vm-timeout 70
 
 # The README's kernel table from the last test-kernels run (and this machine's `make test`
 # JUnit, .ci/out/junit.xml, when there is one).
 kernel-table: setup
-	$(PY) -m ebpflb.testing.kernels table --readme README.md \
+	$(PY) -m lab.kernels table --readme README.md \
 		$(if $(wildcard .ci/out/junit.xml),--host-junit .ci/out/junit.xml)

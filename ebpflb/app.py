@@ -25,26 +25,27 @@ from types import FrameType
 from prometheus_client import CollectorRegistry
 
 from ebpflb import maglev
-from ebpflb.agent import Agent
 from ebpflb.clock import RealClock
 from ebpflb.config import Config, XdpMode, place_snat_ports
-from ebpflb.datapath import addrwatch, loader, netdev, pins, probes
+from ebpflb.datapath import addrwatch, probes
 from ebpflb.datapath.contract import MapName
-from ebpflb.datapath.kernel import KernelMapSet
-from ebpflb.datapath.maps import InterfaceAddresses
-from ebpflb.datapath.mounts import cgroup2_root
-from ebpflb.desired import ExternalIPPolicy, NodeView
+from ebpflb.datapath.maps import InterfaceAddresses, pins
+from ebpflb.datapath.maps.kernel import KernelMapSet
+from ebpflb.datapath.programs import loader, netdev
+from ebpflb.datapath.syscall.mounts import cgroup2_root
+from ebpflb.desired import NodeView
 from ebpflb.errors import ConfigError, EbpflbError
-from ebpflb.healthcheck import HealthCheckServers
-from ebpflb.lock import Holder, PinDirLock
-from ebpflb.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
+from ebpflb.host.lock import Holder, PinDirLock
+from ebpflb.k8s.sources.base import Kind, ObjectSink, Source
+from ebpflb.k8s.sources.manifests import ManifestSource
 from ebpflb.observe.fill import CachedCounts, MapFill, MapFillCollector, agent_fill
 from ebpflb.observe.health import ProxyHealth
 from ebpflb.observe.http import HttpServer, health_routes, metrics_routes
+from ebpflb.observe.metrics import DatapathCollector, Metrics, SourceCollector, StatusCollector
 from ebpflb.observe.status import AgentStatus, Phase, process_start_time
 from ebpflb.observe.svccounters import ServiceCounterCollector
-from ebpflb.sources.base import Kind, ObjectSink, Source
-from ebpflb.sources.manifests import ManifestSource
+from ebpflb.sync.agent import Agent
+from ebpflb.sync.healthcheck import HealthCheckServers
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def kubernetes_source(kubeconfig: Path | None = None) -> SourceFactory:
     """The API server from `kubeconfig`, else in-cluster. The configuration is read now, so
     a bad one fails before the datapath is compiled."""
     # Imported here: `kubernetes` is a heavy import that --manifests runs do not need.
-    from ebpflb.sources.kubernetes import KubernetesSource, api_config
+    from ebpflb.k8s.sources.kubernetes import KubernetesSource, api_config
 
     api = api_config(kubeconfig=kubeconfig)
     return lambda sink: KubernetesSource(sink, api)
@@ -153,7 +154,7 @@ def _lock_pin_dir(
     config: Config, lock: PinDirLock, status: AgentStatus, stop: threading.Event
 ) -> bool:
     """Make this agent the only one on its pin directory, waiting up to --lock-timeout for
-    another to exit (ebpflb.lock); False if stopped while waiting."""
+    another to exit (ebpflb.host.lock); False if stopped while waiting."""
     pin_dir = config.bpffs_dir
     pins.ensure_bpffs(pin_dir)
     waited: list[Holder] = []
@@ -210,15 +211,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     # The attached interfaces' addresses are followed while the agent runs (addrwatch).
     watched = {i.index: i.name for i in interfaces}
     addresses = addrwatch.read_state()
-    node = NodeView(
-        config.node_name,
-        addresses.node_addresses(watched),
-        ExternalIPPolicy(config.external_ip_cidrs),
-        config.zone,
-        config.nodeport_addresses,
-        config.nodeport_primary,
-        addresses.primary_addresses(),
-    )
+    node = NodeView.of(config, addresses.node_addresses(watched), addresses.primary_addresses())
     if config.nodeport_primary and not node.primary:
         log.warning(
             "--nodeport-addresses=primary: no default route (IPv4 or IPv6), so no primary"
@@ -328,7 +321,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 # Read at every scrape: a growable map's max_entries changes when it grows.
                 infos = maps.map_infos()
                 max_entries = {MapName(n): info.max_entries for n, info in infos.items()}
-                return agent_fill(agent.reconciler, max_entries, counts)
+                return agent_fill(agent.reconciler.map_entries(), max_entries, counts)
 
             registry.register(MapFillCollector(fill))
 

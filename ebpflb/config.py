@@ -1,9 +1,10 @@
 """The agent's configuration: one frozen value, validated once, owning every size.
 
-The datapath's sizes live here and reach the C code as -D flags (``cflags()``, following
-``ebpflb.datapath.contract.DEFINES``); the C headers only keep ``#ifndef`` defaults.
+The datapath's sizes live here and reach the C code as -D flags
+(``ebpflb.datapath.contract.cflags(config)``, following its ``DEFINES``); the C headers
+only keep ``#ifndef`` defaults.
 Changing a size changes the pinned maps' layout, which the loader detects and handles (see
-``ebpflb.datapath.loader``).
+``ebpflb.datapath.programs.loader``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 
-from ebpflb.datapath import contract
 from ebpflb.errors import ConfigError
 from ebpflb.maglev import DEFAULT_HASH_SEED, DEFAULT_MAX_TABLE_SIZE, TABLE_SIZES
 
@@ -52,7 +52,7 @@ class Config:
     max_backends: int = 65536
     slot_pool_size: int = 8 * 1024 * 1024  # slots; 4 bytes each in the kernel; the limit
     # Slots the pool starts with (1 MiB); it doubles when a table does not fit, up to
-    # slot_pool_size (ebpflb.datapath.growable). A pool already pinned keeps its size.
+    # slot_pool_size (ebpflb.datapath.maps.growable). A pool already pinned keeps its size.
     slot_pool_initial: int = 256 * 1024
     rev_sk_max: int = 262144
     # Interfaces the NodePort/LoadBalancer programs attach to; None: those holding the
@@ -61,7 +61,7 @@ class Config:
     xdp: XdpMode = XdpMode.OFF
     ct_max: int = 262144  # the limit conntrack grows to
     # Conntrack entries at start (1 MiB); doubled at a full resync that finds the table
-    # half full, up to ct_max (ebpflb.datapath.growable).
+    # half full, up to ct_max (ebpflb.datapath.maps.growable).
     ct_initial: int = 8192
     rnat_max: int = 262144
     src_range_max: int = 16384
@@ -225,11 +225,6 @@ class Config:
         """32-bit seed of the datapath's 5-tuple hash, derived from the cluster-wide seed."""
         digest = hashlib.blake2b(self.hash_seed.encode(), digest_size=4, person=b"ebpflb-flow")
         return int.from_bytes(digest.digest(), "little")
-
-    def cflags(self) -> list[str]:
-        """The -D flags that size the maps and place the pins (bpf/lib/consts.h); which
-        macro each field sets is ebpflb.datapath.contract's table."""
-        return contract.cflags(self)
 
 
 def parse_bind_address(address: str, flag: str) -> tuple[str, int]:

@@ -6,6 +6,9 @@ Deployment does not refuse connections); with neither, the frontend refuses.
 
 A Service's externalIPs are programmed only inside the node's allow-list
 (`ExternalIPPolicy`, --external-ip-cidrs; empty by default): CVE-2020-8554.
+
+About 400 lines: the node's view (NodeView, the externalIP policy) and the frontends it
+yields share kube-proxy's categorization; split, each half would import the other's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
 
+from ebpflb.config import Config
+from ebpflb.k8s.trackers import ServiceState
 from ebpflb.model import (
     Backend,
     BackendFlags,
@@ -28,7 +33,6 @@ from ebpflb.model import (
     SvcFlags,
     TrafficPolicy,
 )
-from ebpflb.tracker import ServiceState
 
 DEFAULT_WEIGHT = 1
 
@@ -66,16 +70,14 @@ class ExternalIPPolicy:
     a tenant intercepts traffic meant for, say, a public DNS server. Kubernetes' answer is
     an admission plugin (DenyServiceExternalIPs) that clusters may not run; the filter
     sits here so that no path to the maps bypasses it (the desired state is the only
-    thing written), whatever the source. The agent reports each refusal once.
+    thing written), whatever the source: `external_ips` applies it, for the frontends and
+    for the agent, which reports each refusal once.
     """
 
     cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
 
     def allows(self, address: IPAddress) -> bool:
         return any(address in network for network in self.cidrs)
-
-    def refused(self, addresses: Iterable[IPAddress]) -> set[IPAddress]:
-        return {address for address in addresses if not self.allows(address)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,25 @@ class NodeView:
     # value.
     nodeport_primary: bool = False
     primary: tuple[IPAddress, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        config: Config,
+        addresses: tuple[IPAddress, ...] = (),
+        primary: tuple[IPAddress, ...] = (),
+    ) -> NodeView:
+        """This node's view from the agent's configuration (its name and zone, the
+        externalIP allow-list, where NodePorts answer) and its addresses now."""
+        return cls(
+            config.node_name,
+            addresses,
+            ExternalIPPolicy(config.external_ip_cidrs),
+            config.zone,
+            config.nodeport_addresses,
+            config.nodeport_primary,
+            primary,
+        )
 
     def with_addresses(
         self, addresses: tuple[IPAddress, ...], primary: tuple[IPAddress, ...]
@@ -123,6 +144,17 @@ class NodeView:
 
 
 LOOPBACK = IPv4Address("127.0.0.1")
+
+
+def external_ips(port: ServicePort, node: NodeView) -> tuple[list[IPAddress], list[IPAddress]]:
+    """`port`'s externalIPs split by the node's allow-list: (programmed, refused). The one
+    place the policy is applied: the frontends take the first, the agent reports the
+    second."""
+    programmed: list[IPAddress] = []
+    refused: list[IPAddress] = []
+    for ip in port.external_ips:
+        (programmed if node.external_ips.allows(ip) else refused).append(ip)
+    return programmed, refused
 
 
 def usable_endpoints(endpoints: Iterable[Endpoint]) -> tuple[tuple[Endpoint, ...], bool]:
@@ -318,8 +350,8 @@ def _family_frontends(
             continue
         flags = SvcFlags.LOADBALANCER | (SvcFlags.SOURCE_RANGES if ranges else SvcFlags.NONE)
         external.append((Frontend(ip, port.port, port.protocol), flags, ranges))
-    for ip in port.external_ips:
-        if ip.version == family and node.external_ips.allows(ip):
+    for ip in external_ips(port, node)[0]:
+        if ip.version == family:
             external.append((Frontend(ip, port.port, port.protocol), SvcFlags.EXTERNAL_IP, ()))
     if not external:
         return result

@@ -2,7 +2,7 @@
 
 Addresses are ``ipaddress`` objects (``IPAddress``: IPv4Address or IPv6Address, the family
 being the object's type) and ports host-order ints everywhere in Python; conversion to the
-kernel's byte order happens only in ``ebpflb.datapath.layout``.
+kernel's byte order happens only in ``ebpflb.datapath.maps.layout``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class TrafficPolicy(enum.Enum):
 
 class Scope(enum.IntEnum):
     """Which backend set a frontend entry describes: LB_SCOPE_* in bpf/lib/consts.h
-    (checked against the header by tests/unit/test_contract.py, as the flags below)."""
+    (checked against the header by tests/unit/datapath/test_contract.py, as the flags below)."""
 
     EXTERNAL = 0
     INTERNAL = 1

@@ -4,7 +4,7 @@ run_time_ns / run_cnt), for connects to one hot service and to random ones among
     python scripts/connect_prog_stats.py N [N...] [--connects C] [--rounds R]
         [--variant NAME[:TREE[:AGENT-ARGS]]]...
 
-For each N: the bench's services (ebpflb.bench.scenario, 2 endpoints each) served from a
+For each N: the bench's services (lab.bench.scenario, 2 endpoints each) served from a
 fake API to one agent per variant (TREE: another checkout of ebpflb, e.g. main's, run with
 PYTHONPATH=TREE), each in a fresh network namespace with only `lo` (so every translated
 connect() fails at once with ENETUNREACH: the program's cost is all that is measured, and
@@ -28,10 +28,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ebpflb.bench.agentrun import running_agent
-from ebpflb.bench.scenario import bench_services
-from ebpflb.testing.machinelock import machine_lock
-from ebpflb.testing.netns import Cgroup
+from lab.bench.agentrun import running_agent
+from lab.bench.scenario import bench_services
+from lab.harness.machinelock import machine_lock
+from lab.harness.netns import Cgroup
 
 CLIENT = r"""
 import random, socket, sys, errno

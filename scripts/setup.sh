@@ -7,7 +7,8 @@
 #    the structs the programs use (uapi bpf.h, in.h).
 # 3. bpffs at /sys/fs/bpf.
 # 4. .venv on Debian's python3 with the `bcc` module made visible by a .pth file (never the
-#    unrelated PyPI package "bcc"), and this package installed editable with its test extras.
+#    unrelated PyPI package "bcc"), and this package installed editable with its test extras,
+#    with the lab (lab/: the bench, the test harness, the kernel matrix, the demo) beside it.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,7 +22,7 @@ log() { printf 'setup: %s\n' "$*"; }
 packages=(python3-bpfcc libbpfcc bpftool linux-headers-amd64 iproute2 iptables nftables
           python3-venv util-linux procps kmod ethtool
           gcc libc6-dev conntrack nfacct  # ebpflb bench: its client, conntrack flushes, kube-proxy counters
-          iperf3)  # bulk TCP through a NodePort (tests/kernel/test_bulk.py, ebpflb bench bulk)
+          iperf3)  # bulk TCP through a NodePort (tests/kernel/nodeport/test_bulk.py, ebpflb bench bulk)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -63,12 +64,13 @@ mkdir -p "$venv/debian-bcc"
 ln -sfn "$bcc_dir/bcc" "$venv/debian-bcc/bcc"
 echo "$venv/debian-bcc" > "$site/debian-bcc.pth"
 
-stamp="$venv/.installed-$(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
+stamp="$venv/.installed-$(cat "$repo/pyproject.toml" "$repo/lab/pyproject.toml" | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
-    log "installing ebpflb (editable) and its dependencies"
-    "$venv/bin/pip" install -q --disable-pip-version-check -e "$repo[test,bench]"
+    log "installing ebpflb and the lab (editable) and their dependencies"
+    # ebpflb first: pip resolves the lab's requirement of ebpflb to this checkout only then.
+    "$venv/bin/pip" install -q --disable-pip-version-check -e "$repo[test,bench]" -e "$repo/lab[bench]"
     rm -f "$venv"/.installed-*
     touch "$stamp"
 fi
-"$venv/bin/python" -c 'import bcc, ebpflb' || { echo "setup: venv cannot import bcc/ebpflb" >&2; exit 1; }
+"$venv/bin/python" -c 'import bcc, ebpflb, lab' || { echo "setup: venv cannot import bcc/ebpflb/lab" >&2; exit 1; }
 log "ready: $venv/bin/ebpflb"

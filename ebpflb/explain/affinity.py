@@ -2,7 +2,8 @@
 
 The MapSet does not carry ebpflb_aff4: only the datapath writes it (the control plane
 never does), and only explain reads it. So explain opens the pin itself, through the
-datapath's pinned-map classes and the contract's struct, with byte order from layout.py.
+datapath's pinned-map classes and the contract's struct, with byte order from
+datapath/maps/layout.py.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from ebpflb.datapath import contract, layout
+from ebpflb.datapath import contract
 from ebpflb.datapath.contract import AffClient, MapName
+from ebpflb.datapath.maps import layout
 from ebpflb.explain.flowhash import addr6_fold
 from ebpflb.model import IPAddress
 
 if TYPE_CHECKING:
-    from ebpflb.datapath.kernel import KernelMap, PinnedMap
+    from ebpflb.datapath.maps.kernel import KernelMap
+    from ebpflb.datapath.maps.pinned import PinnedMap
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -119,8 +122,9 @@ class PinnedAffinity:
     def __init__(self, bpffs_dir: Path) -> None:
         # Imported here: the datapath's kernel module loads libbcc, which unit tests of
         # explain (against the fake map set) do not need.
-        from ebpflb.datapath.codecs import Codec
-        from ebpflb.datapath.kernel import KernelMap, PinnedMap
+        from ebpflb.datapath.maps.codecs import Codec
+        from ebpflb.datapath.maps.kernel import KernelMap
+        from ebpflb.datapath.maps.pinned import PinnedMap
 
         spec = contract.MAPS[MapName.AFFINITY]
         self._pinned: PinnedMap = PinnedMap(bpffs_dir / MapName.AFFINITY.value)

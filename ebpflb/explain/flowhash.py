@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ipaddress import IPv6Address
 
-from ebpflb.datapath.layout import addr_to_be32, addr_to_be32x4, port_to_be16, v4, v6
 from ebpflb.datapath.maps import Flow
+from ebpflb.datapath.maps.layout import addr_to_be32, addr_to_be32x4, port_to_be16, v4, v6
 
 MASK32 = (1 << 32) - 1
 MASK64 = (1 << 64) - 1

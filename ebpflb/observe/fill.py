@@ -30,7 +30,6 @@ from prometheus_client.registry import Collector
 
 from ebpflb.clock import Clock
 from ebpflb.datapath.contract import MAPS, SLOTS_PER_ELEMENT, MapName, MapType
-from ebpflb.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -80,23 +79,13 @@ def capacity_of(name: MapName, max_entries: int) -> int:
 
 
 def agent_fill(
-    reconciler: Reconciler,
+    known: Mapping[MapName, int],
     max_entries: Mapping[MapName, int],
     count: Callable[[MapName], int],
 ) -> list[MapFill]:
-    """Every map's fill level in a running agent: the reconciler's figures for the maps it
-    writes, `count(name)` (the kernel's) for the others."""
-    known = {
-        MapName.SERVICES: len(reconciler.state) - reconciler.state.ipv6,
-        MapName.SERVICES6: reconciler.state.ipv6,
-        MapName.SERVICE_META: len(reconciler.space.svc_ids),
-        MapName.BACKENDS: len(reconciler.backends),
-        MapName.SLOTS: reconciler.space.slots.used,
-        MapName.SOURCE_RANGES: reconciler.space.range_counts[4],
-        MapName.SOURCE_RANGES6: reconciler.space.range_counts[6],
-    }
-    if reconciler.affinity.entries is not None:
-        known[MapName.AFFINITY_MATCH] = reconciler.affinity.entries
+    """Every map's fill level in a running agent: `known`, the reconciler's figures for the
+    maps it writes (Reconciler.map_entries), and `count(name)` (the kernel's) for the
+    others."""
     return _levels(max_entries, lambda name: known[name] if name in known else count(name))
 
 

@@ -6,7 +6,7 @@ buckets) with the `ip_family` label the v1.36 metrics reference lists; ebpflb pr
 IPv4 only, so every series has ip_family="IPv4". The children exist from the start (zero),
 as kube-proxy's unlabelled metrics did, so a dashboard never sees a missing series.
 
-What each one measures here (the agent feeds them; see ebpflb.agent):
+What each one measures here (the agent feeds them; see ebpflb.sync.agent):
 
 - sync_proxy_rules_duration_seconds: every sync (a map apply), full or partial;
   sync_full_... the first sync and the periodic resyncs (maps re-read and repaired),

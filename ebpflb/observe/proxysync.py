@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from ebpflb.clock import Clock
+from ebpflb.k8s.trackers import EndpointSliceTracker, ServiceState, ServiceTracker
 from ebpflb.model import Endpoint, NamespacedName, TrafficPolicy
 from ebpflb.observe.kubeproxy_metrics import KubeProxyMetrics
-from ebpflb.tracker import EndpointSliceTracker, ServiceState, ServiceTracker
 
 
 class ProxySyncRecorder:

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ebpflb.clock import Clock
+from ebpflb.k8s.sources.base import Kind, SourceProgress
 from ebpflb.model import NamespacedName
 from ebpflb.observe.health import ProxyHealth
-from ebpflb.sources.base import Kind, SourceProgress
 
 # Problems listed in /status at most per section (their total is given too).
 MAX_LISTED = 100
@@ -33,7 +33,7 @@ MAX_SYNC_ERRORS = 20
 class Phase(enum.Enum):
     """Start-up steps, in the order they usually end (lists overlap the compile)."""
 
-    PIN_DIR_LOCKED = "pin_dir_locked"  # this agent alone on the pins (ebpflb.lock)
+    PIN_DIR_LOCKED = "pin_dir_locked"  # this agent alone on the pins (ebpflb.host.lock)
     SOCKET_LB_COMPILED = "socket_lb_compiled"
     NODEPORT_COMPILED = "nodeport_compiled"
     ATTACHED = "attached"  # every program attached (socket-LB, then NodePort)
@@ -129,7 +129,7 @@ class AgentStatus:
 
     def compiled(self, program: str, seconds: float, phase: Phase, origin: str = "") -> None:
         """`program`'s programs are in the kernel after `seconds`; `origin` says how they
-        got there ("adopted", "loaded", "compiled": ebpflb.datapath.programs.Origin)."""
+        got there ("adopted", "loaded", "compiled": ebpflb.datapath.programs.programset.Origin)."""
         with self._lock:
             self._compile[program] = seconds
             if origin:

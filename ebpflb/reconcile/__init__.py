@@ -11,6 +11,7 @@ Each part has one job:
 - alloc, space, backends: ids and slot ranges, and the lifetime of backend ids;
 - restore: relearning the state and the allocators from the pinned maps;
 - plan: the diff of desired against realized, with allocations, as immutable plans;
+- records: the Plan and Outcome records the steps pass on (so no step imports another);
 - tables, write: the Maglev tables and the ordered write steps, one batch per map;
 - report, result: what an apply tells the log, the metrics and its caller;
 - reconciler: the Reconciler, which strings them together.

@@ -11,13 +11,13 @@ it gives back what it took before the next frontend is planned, and is reported.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from ebpflb import maglev
-from ebpflb.desired import DesiredFrontend, WeightedBackend
+from ebpflb.desired import DesiredFrontend
 from ebpflb.errors import EbpflbError, TableSizeError
 from ebpflb.model import Frontend, IPNetwork, NamespacedName
 from ebpflb.reconcile.backends import Backends
+from ebpflb.reconcile.records import Plan
 from ebpflb.reconcile.report import LOG_EACH_MAX, Reporter
 from ebpflb.reconcile.result import ApplyResult, Failure
 from ebpflb.reconcile.space import Space
@@ -35,33 +35,6 @@ Desired = Mapping[NamespacedName, Mapping[Frontend, DesiredFrontend]]
 
 # struct lb4_svc_val.backend_count is a __u16 (bpf/lib/structs.h).
 MAX_BACKEND_COUNT = 0xFFFF
-
-
-class Plan(NamedTuple):
-    """What planning decided for one frontend (a NamedTuple: immutable, and cheap to make
-    by the hundred thousand)."""
-
-    frontend: Frontend
-    owner: NamespacedName
-    want: DesiredFrontend
-    current: Realized | None  # as realized before this apply
-    name: str  # of the service port, "namespace/name:port"
-    usable: tuple[WeightedBackend, ...]  # backends of weight > 0, which get slots
-    ranges: frozenset[IPNetwork]
-    svc_id: int
-    ids: tuple[int, ...]  # backend id of each usable backend
-    size: int  # table size; 0: the frontend refuses
-    offset: int
-    reuse: bool  # the table keeps its range: only changed slots are written
-    added_ranges: frozenset[IPNetwork]  # source ranges counted against their maps' capacity
-
-    @property
-    def new_range(self) -> bool:
-        """`offset` was allocated for this plan."""
-        return bool(self.size) and not self.reuse
-
-    def label(self) -> str:
-        return f"{self.name} {self.frontend}"
 
 
 def claims(desired: Desired, state: RealizedState, report: Reporter) -> Claims:

@@ -12,20 +12,21 @@ import logging
 from collections.abc import Mapping
 
 from ebpflb import maglev
-from ebpflb.datapath.maps import AddrPort, MapSet, SourceRange
+from ebpflb.datapath.maps import AddrPort, MapName, MapSet, SourceRange
 from ebpflb.desired import DesiredFrontend
-from ebpflb.metrics import Metrics
 from ebpflb.model import Frontend, NamespacedName, Proto, Scope, SvcFlags
+from ebpflb.observe.metrics import Metrics
 from ebpflb.reconcile import restore
 from ebpflb.reconcile.affinity import AffinityMatches
 from ebpflb.reconcile.backends import Backends
 from ebpflb.reconcile.plan import Planner, claims
+from ebpflb.reconcile.records import Outcome
 from ebpflb.reconcile.report import LOG_EACH_MAX, Reporter
 from ebpflb.reconcile.result import ApplyResult, Failure
 from ebpflb.reconcile.space import Space
 from ebpflb.reconcile.stale import purge_udp_flows
 from ebpflb.reconcile.state import Leftovers, MapContents, Realized, RealizedState
-from ebpflb.reconcile.write import Outcome, Writer
+from ebpflb.reconcile.write import Writer
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,22 @@ class Reconciler:
     def realized(self) -> dict[Frontend, Realized]:
         """Every frontend as it is in the maps."""
         return self.state.frontends
+
+    def map_entries(self) -> dict[MapName, int]:
+        """Entries of the maps only the control plane writes, as the reconciler knows them
+        (no syscall): what `ebpflb_map_entries` reports for those maps."""
+        known = {
+            MapName.SERVICES: len(self.state) - self.state.ipv6,
+            MapName.SERVICES6: self.state.ipv6,
+            MapName.SERVICE_META: len(self.space.svc_ids),
+            MapName.BACKENDS: len(self.backends),
+            MapName.SLOTS: self.space.slots.used,
+            MapName.SOURCE_RANGES: self.space.range_counts[4],
+            MapName.SOURCE_RANGES6: self.space.range_counts[6],
+        }
+        if self.affinity.entries is not None:
+            known[MapName.AFFINITY_MATCH] = self.affinity.entries
+        return known
 
     def restore(self) -> None:
         """Relearn the realized state and the allocators from what the maps hold (see

@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ebpflb.datapath.maps import MapName
 from ebpflb.errors import MapFullError
 from ebpflb.maglev import MIN_SLOTS_PER_BACKEND
-from ebpflb.metrics import Metrics
 from ebpflb.model import Frontend, NamespacedName
+from ebpflb.observe.metrics import Metrics
+from ebpflb.reconcile.backends import Backends
+from ebpflb.reconcile.records import Outcome, Plan
 from ebpflb.reconcile.result import ApplyResult, Failure
-
-if TYPE_CHECKING:
-    from ebpflb.reconcile.backends import Backends
-    from ebpflb.reconcile.plan import Plan
-    from ebpflb.reconcile.write import Outcome
 
 log = logging.getLogger("ebpflb.reconcile")
 

@@ -16,7 +16,7 @@ from ebpflb import maglev
 from ebpflb.datapath.maps import SlotArray
 from ebpflb.errors import MaglevError
 from ebpflb.model import Backend
-from ebpflb.reconcile.plan import Plan
+from ebpflb.reconcile.records import Plan
 from ebpflb.reconcile.state import EMPTY_TABLE, BackendIds, table_ids
 
 

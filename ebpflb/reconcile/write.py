@@ -18,8 +18,6 @@ datapath keeps its previous state; no other frontend is touched.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 from ebpflb import maglev
 from ebpflb.datapath.maps import (
@@ -30,47 +28,17 @@ from ebpflb.datapath.maps import (
     SourceRange,
     network_order,
 )
-from ebpflb.errors import EbpflbError, MapError
-from ebpflb.model import Frontend, IPNetwork
+from ebpflb.errors import MapError
+from ebpflb.model import Frontend
 from ebpflb.reconcile.backends import Backends
-from ebpflb.reconcile.plan import Plan
-from ebpflb.reconcile.result import ApplyResult, Failure
+from ebpflb.reconcile.records import Outcome, StoredTable
+from ebpflb.reconcile.result import ApplyResult
 from ebpflb.reconcile.space import Space
-from ebpflb.reconcile.state import NO_RANGES, BackendIds, table_digest
+from ebpflb.reconcile.state import NO_RANGES, table_digest
 from ebpflb.reconcile.tables import build_tables, ids_in
 
 # Tables built and written per step of a big apply: bounds the memory they take at once.
 TABLE_CHUNK = 2048
-
-
-class StoredTable(NamedTuple):
-    """A plan's table as the pool now holds it."""
-
-    ids: BackendIds  # the backend ids it names
-    digest: bytes
-    written: int  # slots written (0: the pool held it already)
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What writing one plan produced; a failure stops its later steps."""
-
-    plan: Plan
-    failure: Failure | None = None
-    table: StoredTable | None = None  # None: no table, or not stored
-    ranges_written: tuple[IPNetwork, ...] = ()  # allowed for this entry by step 3
-    entry: ServiceEntry | None = None  # as switched to by step 4
-
-    def fail(self, error: EbpflbError, map_name: str) -> None:
-        self.failure = Failure.of(error, map_name)
-
-    @property
-    def table_ids(self) -> BackendIds:
-        return self.table.ids if self.table is not None else ()
-
-    @property
-    def written(self) -> int:
-        return self.table.written if self.table is not None else 0
 
 
 class Writer:

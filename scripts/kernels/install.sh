@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent install of what the kernel matrix (`make test-kernels`) and the Vagrant check
-# (tests/unit/test_vagrant.py) need, on Debian 12, as root:
-#   qemu-system-x86   boots Debian's kernels under emulation (ebpflb/testing/kernels/vm.py)
+# (tests/unit/repo/test_vagrant.py) need, on Debian 12, as root:
+#   qemu-system-x86   boots Debian's kernels under emulation (lab/kernels/vm.py)
 #   busybox-static    the guest initramfs's only program
 #   kmod, dpkg        depmod and dpkg-deb, to unpack the kernel packages into the cache
 #   vagrant, vagrant-libvirt   `vagrant validate` of vagrant/Vagrantfile (the libvirt

@@ -1,5 +1,5 @@
 """deploy/daemonset.yaml, run from its own YAML with podman from the image `make image`
-builds, on a node made of test namespaces (ebpflb.testing.netns.Cluster: one node, two
+builds, on a node made of test namespaces (lab.harness.netns.Cluster: one node, two
 pods behind it, an external client on the node's wire).
 
 What the kubelet would do is read from the YAML (tests/deploy/podtemplate.py): image,
@@ -10,7 +10,7 @@ hostNetwork (here: the test's node namespace). The test changes only:
 - the agent's --cgroup (a test cgroup), --interfaces (the node namespace's eth0) and
   --bpffs (a private pin directory, so the machine's /sys/fs/bpf/ebpflb is never
   touched), given as flags after the YAML's args (flags override the config file);
-- KUBERNETES_SERVICE_HOST/PORT, pointed at the fake API server (ebpflb.testing.fakeapi,
+- KUBERNETES_SERVICE_HOST/PORT, pointed at the fake API server (lab.harness.fakeapi,
   here behind TLS, listening on the node namespace's loopback), and the service-account
   token and CA the kubelet would mount.
 
@@ -40,19 +40,20 @@ from typing import Any
 import pytest
 import yaml
 
-from ebpflb.bench.kubeproxy import iptables
-from ebpflb.bench.scenario import bench_services
-from ebpflb.testing import fakeapi
-from ebpflb.testing.agentproc import cleanup_datapath
-from ebpflb.testing.cluster import Cluster
-from ebpflb.testing.netns import Cgroup
-from ebpflb.testing.nshttp import thread_in_netns
+from lab.bench.kubeproxy import iptables
+from lab.bench.scenario import bench_services
+from lab.harness import fakeapi
+from lab.harness.agentproc import cleanup_datapath
+from lab.harness.cluster import Cluster
+from lab.harness.netns import Cgroup
+from lab.harness.nshttp import thread_in_netns
+from tests import REPO
 from tests.deploy import podtemplate
 from tests.factories import endpoint, endpoint_slice, service
 
 pytestmark = pytest.mark.kernel
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = REPO / "deploy"
 NODE, NODE_IP = "node1", "192.168.100.1"
 PODS = {"pod11": 11, "pod12": 12}
 WEB_VIP, NODE_PORT = "10.96.0.10", 30080

@@ -25,17 +25,17 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from ebpflb.datapath import dump
-from ebpflb.datapath.fake import FakeMapSet
+from ebpflb.datapath.maps import dump
+from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.desired import DesiredFrontend, ExternalIPPolicy, NodeView, frontends_for_service
 from ebpflb.errors import InvalidObjectError
-from ebpflb.metrics import Metrics
+from ebpflb.k8s.sources import manifests
+from ebpflb.k8s.sources.base import Kind
+from ebpflb.k8s.trackers import EndpointSliceTracker, ServiceTracker, service_state
+from ebpflb.k8s.translate import translate_service, translate_slice
 from ebpflb.model import Frontend, NamespacedName
+from ebpflb.observe.metrics import Metrics
 from ebpflb.reconcile import Reconciler
-from ebpflb.sources import manifests
-from ebpflb.sources.base import Kind
-from ebpflb.tracker import EndpointSliceTracker, ServiceTracker, service_state
-from ebpflb.translate import translate_service, translate_slice
 
 CASES = Path(__file__).parent / "cases"
 UPDATE = os.environ.get("EBPFLB_UPDATE_GOLDEN") == "1"

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from ebpflb.datapath import dump
-from ebpflb.datapath.kernel import KernelMapSet
-from ebpflb.testing import leftovers
-from ebpflb.testing.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
-from ebpflb.testing.machinelock import machine_lock
-from ebpflb.testing.netns import Cgroup, Topology
-from tests.kernel.nodeport_env import env  # noqa: F401 (the two-node cluster fixture)
+from ebpflb.datapath.maps import dump
+from ebpflb.datapath.maps.kernel import KernelMapSet
+from lab.harness import leftovers
+from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
+from lab.harness.machinelock import machine_lock
+from lab.harness.netns import Cgroup, Topology
+from tests import REPO
+from tests.kernel.twonode import env  # noqa: F401 (the two-node cluster fixture)
 
 PODS = {"pod1": "10.244.1.11", "pod2": "10.244.1.12", "pod3": "10.244.1.13"}
 TCP_PORT, UDP_PORT = 8080, 5353
@@ -125,7 +126,7 @@ def served_by(results: list[dict[str, object]]) -> collections.Counter[str]:
 def manifests(tmp_path: Path) -> Path:
     """A directory holding a copy of examples/ (web TCP, dns UDP, pending with no endpoints)."""
     target = tmp_path / "manifests"
-    shutil.copytree(Path(__file__).resolve().parents[2] / "examples", target)
+    shutil.copytree(REPO / "examples", target)
     return target
 
 

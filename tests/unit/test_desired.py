@@ -6,6 +6,7 @@ from ebpflb.desired import (
     DesiredFrontend,
     ExternalIPPolicy,
     NodeView,
+    external_ips,
     frontends_for_port,
     usable_endpoints,
 )
@@ -135,7 +136,9 @@ def test_external_ip_policy() -> None:
     policy = ExternalIPPolicy((IPv4Network("192.0.2.0/24"), IPv6Network("2001:db8::/32")))
     assert policy.allows(IPv4Address("192.0.2.255"))
     assert not policy.allows(IPv4Address("192.0.3.0"))
-    assert policy.refused([IPv4Address("192.0.2.1"), IPv4Address("10.0.0.1")]) == {
-        IPv4Address("10.0.0.1")
-    }
+    port = lb_port(external_ips=(IPv4Address("192.0.2.1"), IPv4Address("10.0.0.1")))
+    assert external_ips(port, NodeView("n1", external_ips=policy)) == (
+        [IPv4Address("192.0.2.1")],
+        [IPv4Address("10.0.0.1")],
+    )
     assert not ExternalIPPolicy().allows(IPv4Address("192.0.2.1"))

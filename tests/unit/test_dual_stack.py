@@ -14,20 +14,21 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ebpflb.agent import Agent
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
-from ebpflb.datapath import contract, dump, layout
+from ebpflb.datapath import contract
 from ebpflb.datapath.contract import MapName
-from ebpflb.datapath.fake import FakeMap, FakeMapSet
-from ebpflb.datapath.family import FamilyMap, backend_family, frontend_family
-from ebpflb.datapath.maps import AddrPort, BackendEntry
+from ebpflb.datapath.maps import AddrPort, BackendEntry, dump, layout
+from ebpflb.datapath.maps.fake import FakeMap, FakeMapSet
+from ebpflb.datapath.maps.family import FamilyMap, backend_family, frontend_family
 from ebpflb.desired import ExternalIPPolicy, NodeView, frontends_for_port, frontends_for_service
 from ebpflb.errors import MapFullError
 from ebpflb.explain import Verdict, explain
 from ebpflb.explain.engine import Settings
 from ebpflb.explain.model import parse_query
-from ebpflb.metrics import Metrics
+from ebpflb.k8s.sources.base import Kind
+from ebpflb.k8s.trackers import EndpointSliceTracker, ServiceState, ServiceTracker, service_state
+from ebpflb.k8s.translate import translate_service, translate_slice
 from ebpflb.model import (
     Backend,
     BackendFlags,
@@ -38,11 +39,10 @@ from ebpflb.model import (
     SvcFlags,
 )
 from ebpflb.observe.fill import agent_fill
+from ebpflb.observe.metrics import Metrics
 from ebpflb.observe.svccounters import ServiceCounterCollector
 from ebpflb.reconcile import Reconciler
-from ebpflb.sources.base import Kind
-from ebpflb.tracker import EndpointSliceTracker, ServiceState, ServiceTracker, service_state
-from ebpflb.translate import translate_service, translate_slice
+from ebpflb.sync.agent import Agent
 from tests.factories import endpoint, endpoint_slice, service
 
 WEB = NamespacedName("default", "web")
@@ -140,7 +140,9 @@ def test_reconciler_writes_both_families_with_a_table_each() -> None:
         assert {b.address.version for b in named} == {frontend.address.version}
     levels = {
         fill.map: fill.entries
-        for fill in agent_fill(rec, {MapName.SERVICES: 8, MapName.SERVICES6: 8}, lambda _: 0)
+        for fill in agent_fill(
+            rec.map_entries(), {MapName.SERVICES: 8, MapName.SERVICES6: 8}, lambda _: 0
+        )
     }
     assert levels == {"ebpflb_svc4": 1, "ebpflb_svc6": 1}  # each family's map its own
     four = maps.services.data[Frontend(V4, 80, Proto.TCP)]

@@ -18,6 +18,7 @@ from ebpflb.desired import (
     frontends_for_port,
     topology_mode,
 )
+from ebpflb.k8s.translate import endpoints_for_port, translate_slice
 from ebpflb.model import (
     Endpoint,
     NamespacedName,
@@ -27,7 +28,6 @@ from ebpflb.model import (
     ServiceType,
     TrafficPolicy,
 )
-from ebpflb.translate import endpoints_for_port, translate_slice
 from tests.factories import endpoint_slice
 
 

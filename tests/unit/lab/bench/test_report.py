@@ -1,0 +1,217 @@
+"""`bench compare`'s targets, tables and plot on synthetic typed runs (no kernel); the
+run builders here serve the other bench unit tests too."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from lab.bench import targets
+from lab.bench.records.agent import AgentStartup
+from lab.bench.records.compare import (
+    CompareRun,
+    ConnectLatency,
+    ControlPlane,
+    DataPlane,
+    KernelMemory,
+    LatencySummary,
+    Machine,
+    ModeResult,
+    Rate,
+    SizeResult,
+)
+from lab.bench.settings import CompareSettings, Mode
+
+MACHINE = Machine("6.x", "test", 2, 1.0, "iptables", "nft", "2026-01-01")
+
+
+def data(p50: float, cps: float, nodeport: float) -> DataPlane:
+    summary = LatencySummary(samples=10, errors=0, p50_us=p50, p99_us=p50 * 2, mean_us=p50)
+    return DataPlane(
+        latency=ConnectLatency(summary, summary, summary),
+        connections=Rate(cps, (cps,), 0),
+        nodeport=Rate(nodeport, (nodeport * 0.99, nodeport * 1.01), 0),
+    )
+
+
+def size(n: int = 20_000) -> SizeResult:
+    startup = AgentStartup(
+        start_to_synced_s=4.0, cpu_s_at_synced=3.0, frontends=n + 3, sync_errors=0
+    )
+    return SizeResult(
+        n,
+        (
+            ModeResult(
+                Mode.IPTABLES_LEGACY,
+                data(40.0, 15_000, 10_000),
+                ControlPlane(2.0, 1.0, (0.2,), (0.1,), KernelMemory(cgroup_bytes=2**20)),
+            ),
+            ModeResult(
+                Mode.NFTABLES,
+                data(26.0, 21_000, 8_000),
+                ControlPlane(9.0, 9.0, (0.4,), (0.2,), KernelMemory(cgroup_bytes=150 * 2**20)),
+            ),
+            ModeResult(Mode.NONE, data(20.0, 25_000, 14_000)),
+            ModeResult(
+                Mode.EBPFLB,
+                data(20.5, 24_900, 12_000),
+                ControlPlane(
+                    4.0,
+                    3.0,
+                    (0.002, 0.003),
+                    (0.001,),
+                    KernelMemory(cgroup_bytes=2**27, bpf_map_bytes=2**27),
+                    agent=startup,
+                ),
+            ),
+            ModeResult(
+                Mode.EBPFLB_XDP,
+                DataPlane(nodeport=Rate(13_000, (12_900, 13_100), 0)),
+                ControlPlane(4.5, agent=startup),
+            ),
+        ),
+    )
+
+
+def run(*sizes: SizeResult) -> CompareRun:
+    sizes = sizes or (size(),)
+    return CompareRun(MACHINE, CompareSettings(), tuple(sizes), 1.0, (), targets.judge(sizes))
+
+
+def replace_mode(result: SizeResult, mode: Mode, **changes: object) -> SizeResult:
+    """`result` with `mode`'s record changed (dataclasses.replace on it)."""
+    return dataclasses.replace(
+        result,
+        modes=tuple(
+            dataclasses.replace(m, **changes) if m.mode is mode else m for m in result.modes
+        ),
+    )
+
+
+def verdicts(*sizes: SizeResult) -> dict[str, bool]:
+    return {v.target: v.ok for v in targets.judge(sizes)}
+
+
+def test_all_targets_met_on_a_good_run() -> None:
+    found = verdicts(size())
+    assert found and all(found.values()), found
+    assert set(found) == {
+        "connect p50 (first) within 3% of no proxy",
+        "connect p50 (last) within 3% of no proxy",
+        "connect p50 (random) within 3% of no proxy",
+        "new connections/s within 3% of no proxy",
+        "one endpoint change < 5 ms",
+        "all services programmed from nothing < 5 s",
+        "kernel memory at most nftables'",
+        "NodePort via tc at least as fast as iptables-legacy",
+        "NodePort via tc at least as fast as nftables",
+        "NodePort via XDP measurably faster than tc",
+    }
+
+
+def _ebpflb(s: SizeResult) -> ModeResult:
+    found = s.get(Mode.EBPFLB)
+    assert found is not None and found.control is not None
+    return found
+
+
+def _slower_last(s: SizeResult) -> SizeResult:
+    e = _ebpflb(s)
+    assert e.data.latency is not None
+    slow = dataclasses.replace(e.data.latency.last, p50_us=21.5)
+    latency = dataclasses.replace(e.data.latency, last=slow)
+    return replace_mode(s, Mode.EBPFLB, data=dataclasses.replace(e.data, latency=latency))
+
+
+def _fewer_connections(s: SizeResult) -> SizeResult:
+    e = _ebpflb(s)
+    rate = Rate(23_000, (23_000,), 0)
+    return replace_mode(s, Mode.EBPFLB, data=dataclasses.replace(e.data, connections=rate))
+
+
+def _control(s: SizeResult, **changes: object) -> SizeResult:
+    e = _ebpflb(s)
+    assert e.control is not None
+    control = dataclasses.replace(e.control, **changes)
+    return replace_mode(s, Mode.EBPFLB, control=control)
+
+
+def _slow_nodeport(s: SizeResult) -> SizeResult:
+    e = _ebpflb(s)
+    slow = Rate(9_000, (9_000,), 0)
+    return replace_mode(s, Mode.EBPFLB, data=dataclasses.replace(e.data, nodeport=slow))
+
+
+def _more_kernel_memory(s: SizeResult) -> SizeResult:
+    return _control(s, memory=KernelMemory(cgroup_bytes=151 * 2**20))
+
+
+def _xdp_overlapping_tc(s: SizeResult) -> SizeResult:
+    return replace_mode(
+        s, Mode.EBPFLB_XDP, data=DataPlane(nodeport=Rate(12_000, (11_000, 12_500), 0))
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "target"),
+    [
+        (_slower_last, "connect p50 (last) within 3% of no proxy"),
+        (_fewer_connections, "new connections/s within 3% of no proxy"),
+        (lambda s: _control(s, change_s=(0.002, 0.006)), "one endpoint change < 5 ms"),
+        (lambda s: _control(s, program_s=5.5), "all services programmed from nothing < 5 s"),
+        (_slow_nodeport, "NodePort via tc at least as fast as iptables-legacy"),
+        (_xdp_overlapping_tc, "NodePort via XDP measurably faster than tc"),
+        (_more_kernel_memory, "kernel memory at most nftables'"),
+    ],
+)
+def test_each_target_can_be_missed(change: object, target: str) -> None:
+    assert callable(change)
+    found = verdicts(change(size()))
+    assert found[target] is False
+    assert sum(not ok for ok in found.values()) == 1, found
+
+
+def test_verdicts_carry_the_figures() -> None:
+    by_name = {v.target: v for v in targets.judge([size()])}
+    assert by_name["connect p50 (last) within 3% of no proxy"].detail == (
+        "20.5 vs 20.0 µs (x1.025)"
+    )
+    assert by_name["one endpoint change < 5 ms"].detail == "worst 3.00 ms of 2"
+    assert by_name["NodePort via XDP measurably faster than tc"].detail == (
+        "13,000 vs 12,000 req/s"
+    )
+
+
+def test_targets_only_where_the_figures_exist() -> None:
+    names = verdicts(size(1000))
+    assert "one endpoint change < 5 ms" not in names  # only judged at 20,000
+    assert "all services programmed from nothing < 5 s" not in names
+    without_none = dataclasses.replace(
+        size(1000), modes=tuple(m for m in size(1000).modes if m.mode is not Mode.NONE)
+    )
+    assert not any("no proxy" in t for t in verdicts(without_none))
+    assert verdicts(dataclasses.replace(size(), modes=())) == {}
+
+
+def test_render_and_plot(tmp_path: Path) -> None:
+    from lab.bench import plot, render
+
+    text = render.render(run(size(), size(100)))
+    for word in ("Data plane", "Control plane", "Targets", "iptables-legacy", "20,000", "met"):
+        assert word in text
+    assert text.index("│    100 │ none") < text.index("│ 20,000 │ none")  # by N
+    assert "128.0" in text  # ebpflb's kernel and BPF map memory, in MiB
+    out = tmp_path / "bench.png"
+    plot.plot(run(), out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unlisted_modes_are_judged_but_not_shown() -> None:
+    from lab.bench import render
+
+    hidden = replace_mode(size(), Mode.NONE, listed=False)
+    assert "connect p50 (last) within 3% of no proxy" in verdicts(hidden)
+    rows = render.data_plane_rows(run(hidden))
+    assert [row[1] for row in rows] == ["iptables-legacy", "nftables", "ebpflb", "ebpflb-xdp"]

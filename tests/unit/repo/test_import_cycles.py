@@ -1,0 +1,34 @@
+"""No module of the agent or the lab imports itself back, directly or through others: an
+import circle hides which of two modules is the lower one (issue 22 broke the last three).
+Imports under TYPE_CHECKING count too: a circle only typing needs is still a circle."""
+
+from __future__ import annotations
+
+import grimp
+
+
+def cycles(graph: grimp.ImportGraph) -> list[str]:
+    """Every import a -> b for which b imports a back (through any chain), as the circle."""
+    found = []
+    for importer in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back:
+                found.append(" -> ".join((importer, *back)))
+    return found
+
+
+def test_the_finder_reports_a_circle() -> None:
+    graph = grimp.ImportGraph()
+    for importer, imported in (("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d")):
+        graph.add_import(importer=importer, imported=imported)
+    assert cycles(graph) == [
+        "p.a -> p.b -> p.c -> p.a",
+        "p.b -> p.c -> p.a -> p.b",
+        "p.c -> p.a -> p.b -> p.c",
+    ]
+
+
+def test_no_module_level_import_cycles() -> None:
+    graph = grimp.build_graph("ebpflb", "lab", cache_dir=None)
+    assert cycles(graph) == []
