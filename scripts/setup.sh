@@ -19,7 +19,7 @@ log() { printf 'setup: %s\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "setup: must run as root (installs packages, links headers, mounts bpffs)" >&2; exit 1; }
 
 packages=(python3-bpfcc libbpfcc bpftool linux-headers-amd64 iproute2 iptables nftables
-          python3-venv util-linux procps kmod ethtool
+          python3-venv python3-dev util-linux procps kmod ethtool  # python3-dev: ebpflb/maglev_fill.c
           gcc libc6-dev conntrack nfacct  # ebpflb bench: its client, conntrack flushes, kube-proxy counters
           iperf3)  # bulk TCP through a NodePort (tests/kernel/test_bulk.py, ebpflb bench bulk)
 missing=()
@@ -63,12 +63,13 @@ mkdir -p "$venv/debian-bcc"
 ln -sfn "$bcc_dir/bcc" "$venv/debian-bcc/bcc"
 echo "$venv/debian-bcc" > "$site/debian-bcc.pth"
 
-stamp="$venv/.installed-$(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
+# Reinstalled when pyproject.toml or a C extension's source (compiled by the install) changes.
+stamp="$venv/.installed-$(cat "$repo/pyproject.toml" $(find "$repo/ebpflb" -name '*.c' -not -path '*/bench/*' | sort) | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
     log "installing ebpflb (editable) and its dependencies"
     "$venv/bin/pip" install -q --disable-pip-version-check -e "$repo[test,bench]"
     rm -f "$venv"/.installed-*
     touch "$stamp"
 fi
-"$venv/bin/python" -c 'import bcc, ebpflb' || { echo "setup: venv cannot import bcc/ebpflb" >&2; exit 1; }
+"$venv/bin/python" -c 'import bcc, ebpflb.maglev' || { echo "setup: venv cannot import bcc/ebpflb.maglev" >&2; exit 1; }
 log "ready: $venv/bin/ebpflb"
