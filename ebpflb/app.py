@@ -24,7 +24,6 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
-from ebpflb import maglev
 from ebpflb.clock import RealClock
 from ebpflb.config import Config, XdpMode, place_snat_ports
 from ebpflb.datapath import addrwatch, probes
@@ -126,22 +125,6 @@ def _pause_gc() -> Callable[[], None]:
     return settle
 
 
-def _warm_up_when_listed(source: Source, stop: threading.Event) -> None:
-    """Once the Services are listed, and they are many, start the Maglev helper (numba's
-    import and cached loop, 1-2 s) while the rest of the start goes on, not at the first
-    sync's first large build."""
-
-    def wait() -> None:
-        while not stop.wait(0.02):
-            listed = source.progress().lists.get(Kind.SERVICE)
-            if listed is not None:
-                if maglev.compiled_for(listed.objects):
-                    maglev.warm_up()
-                return
-
-    threading.Thread(target=wait, name="maglev-warm-up", daemon=True).start()
-
-
 def _release_free_memory() -> None:
     """Hand the heap's free pages back to the system (glibc keeps what the compiler and
     the first sync's temporary tables freed)."""
@@ -199,8 +182,6 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
 
-    # Large Maglev builds run numba in a helper process: its LLVM never enters the agent.
-    maglev.use_fill_worker()
     interfaces = netdev.interfaces(config.interfaces) if config.interfaces != () else []
     if interfaces:
         config = place_snat_ports(config, netdev.ephemeral_port_range())
@@ -253,7 +234,6 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             + ")",
         )
         source.start()  # listing, while the programs compile
-        _warm_up_when_listed(source, stop)
         # Before anything touches a pin: the loader may unpin maps of another layout.
         if not _lock_pin_dir(config, pin_lock, status, stop):
             return
@@ -279,8 +259,6 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
         _release_free_memory()  # what the compiler freed
         with KernelMapSet(config.bpffs_dir, config.slot_pool_size) as maps:
-            if maglev.compiled_for(maps.count_entries(MapName.SERVICES)):
-                maglev.warm_up()  # a restart of a large cluster: before the lists are in
             snat = addrwatch.snat_sources(InterfaceAddresses(), addresses, watched)
             maps.set_interface_addresses(snat)
             if nodeport is not None:

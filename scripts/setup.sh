@@ -20,7 +20,7 @@ log() { printf 'setup: %s\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "setup: must run as root (installs packages, links headers, mounts bpffs)" >&2; exit 1; }
 
 packages=(python3-bpfcc libbpfcc bpftool linux-headers-amd64 iproute2 iptables nftables
-          python3-venv util-linux procps kmod ethtool
+          python3-venv python3-dev util-linux procps kmod ethtool  # python3-dev: ebpflb/maglev/fill.c
           gcc libc6-dev conntrack nfacct  # ebpflb bench: its client, conntrack flushes, kube-proxy counters
           iperf3)  # bulk TCP through a NodePort (tests/kernel/nodeport/test_bulk.py, ebpflb bench bulk)
 missing=()
@@ -64,7 +64,9 @@ mkdir -p "$venv/debian-bcc"
 ln -sfn "$bcc_dir/bcc" "$venv/debian-bcc/bcc"
 echo "$venv/debian-bcc" > "$site/debian-bcc.pth"
 
-stamp="$venv/.installed-$(cat "$repo/pyproject.toml" "$repo/lab/pyproject.toml" | sha256sum | cut -c1-16)"
+# Reinstalled when a pyproject.toml or a C extension's source (compiled by the install)
+# changes (find does not follow ebpflb/bpf, the link to the BPF programs).
+stamp="$venv/.installed-$(cat "$repo/pyproject.toml" "$repo/lab/pyproject.toml" $(find "$repo/ebpflb" -name '*.c' | sort) | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
     log "installing ebpflb and the lab (editable) and their dependencies"
     # ebpflb first: pip resolves the lab's requirement of ebpflb to this checkout only then.
@@ -72,5 +74,5 @@ if [ ! -e "$stamp" ]; then
     rm -f "$venv"/.installed-*
     touch "$stamp"
 fi
-"$venv/bin/python" -c 'import bcc, ebpflb, lab' || { echo "setup: venv cannot import bcc/ebpflb/lab" >&2; exit 1; }
+"$venv/bin/python" -c 'import bcc, ebpflb.maglev, lab' || { echo "setup: venv cannot import bcc/ebpflb.maglev/lab" >&2; exit 1; }
 log "ready: $venv/bin/ebpflb"

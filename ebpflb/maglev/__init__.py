@@ -12,10 +12,9 @@ change of backends remaps only a little more than the flows of the backends that
 
 This module is pure (no kernel, no I/O, no logging) so that the reconciler, the tests and
 the benchmark can call it freely; the datapath adapter writes the result into BPF maps.
-The one exception is opt-in: the agent routes large builds' compiled loop through a helper
-process (use_fill_worker, maglev_worker.py) so numba's LLVM stays out of its memory.
-Over 400 lines on purpose: the table sizes, the hashing, both fill loops and their
-dispatch, single and batch builds and the slot diff share private helpers.
+The fill loop itself is C (fill.c, compiled when the package is installed): the
+loop is sequential (each claim depends on all before it), 30-140x faster in C than in
+Python, and a numpy version (round by round) was slower still than Python (issue 22).
 Weights follow Katran's MaglevHashV2: in each round a backend adds its weight to a running
 counter and takes a turn whenever the counter reaches the largest weight.
 """
@@ -25,15 +24,20 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from ebpflb.errors import MaglevError
 
-if TYPE_CHECKING:
-    from ebpflb.maglev.worker import FillWorker
+try:
+    from ebpflb.maglev import fill as maglev_fill
+except ImportError as exc:  # a source tree used without `pip install` / `make setup`
+    raise ImportError(
+        f"ebpflb's Maglev fill loop (ebpflb/maglev/fill.c) is not built ({exc}): install"
+        " the package (pip install, or make setup), which compiles it"
+    ) from exc
 
 __all__ = [
     "DEFAULT_HASH_SEED",
@@ -47,9 +51,7 @@ __all__ = [
     "build_table",
     "build_tables",
     "changed_slots",
-    "compiled_for",
     "table_size_for",
-    "warm_up",
 ]
 
 DEFAULT_HASH_SEED: Final = "ebpflb-maglev-v1"
@@ -78,99 +80,6 @@ _MAX_BLAKE2B_KEY: Final = 64
 _Int64Array = npt.NDArray[np.int64]
 _Int32Array = npt.NDArray[np.int32]
 
-# Below this many slots in one build, the plain Python loop is used: it fills a 101-slot
-# table in ~0.05 ms and 16381 slots in ~25 ms, while importing numba and loading the
-# compiled loop from its cache costs ~1 s here and 10-20 s in an emulated VM (the kernel
-# matrix), paid by every agent start that needs it. Above it (a 131071-slot table, or a
-# full sync of thousands of services) the compiled loop wins by far. Both give the same
-# slots: tests/unit/test_maglev.py checks each against the paper's pseudocode.
-COMPILED_MIN_SLOTS: Final = 65536
-# Without a helper running, builds up to this many slots run the Python loop here (~0.15
-# us a slot) instead of waiting 1-2 s for one to load numba (a restart of 1,000 services
-# waited 0.7 s): it is started after them, for the builds after.
-FILL_HERE_WHILE_STARTING_MAX: Final = 1 << 21
-# A full sync builds 2,048 tables at a time (reconcile.write.TABLE_CHUNK): one of more
-# builds starts the helper ahead (compiled_for) and waits for it; one build runs here.
-AHEAD_MIN_SERVICES: Final = 2048
-
-# The agent runs the compiled loop in a helper process (maglev_worker.py), so numba's LLVM
-# never enters its memory; None: in this process (tests, the bench's Maglev figures).
-_worker: FillWorker | None = None
-
-
-def use_fill_worker() -> None:
-    """Run compiled builds in a helper process from now on (the agent calls this)."""
-    global _worker
-    if _worker is None:
-        from ebpflb.maglev.worker import FillWorker
-
-        _worker = FillWorker()
-
-
-def _fill_python(offsets: list[int], skips: list[int], weights: list[int], size: int) -> list[int]:
-    """Pseudocode 1 with Katran's weighted turns, on Python ints: the slots, -1 for none.
-
-    `pos[i]` is `permutation[i][next[i]]`, advanced by `skip` instead of recomputed with a
-    multiplication; the compiled `_fill` (maglev_compiled.py) is the same loop on arrays.
-    """
-    out = [-1] * size
-    n = len(offsets)
-    max_weight = max(weights, default=0)
-    if max_weight == 0:
-        return out
-    if min(weights) == max_weight:
-        return _fill_python_equal(offsets, skips, size, out)
-    pos = list(offsets)
-    cum = [0] * n
-    filled = 0
-    while True:
-        for i in range(n):
-            turn = cum[i] + weights[i]
-            if turn < max_weight:
-                cum[i] = turn
-                continue
-            cum[i] = turn - max_weight
-            c = pos[i]
-            skip = skips[i]
-            while out[c] >= 0:
-                c += skip
-                if c >= size:
-                    c -= size
-            out[c] = i
-            c += skip
-            if c >= size:
-                c -= size
-            pos[i] = c
-            filled += 1
-            if filled == size:
-                return out
-
-
-def _fill_python_equal(
-    offsets: list[int], skips: list[int], size: int, out: list[int]
-) -> list[int]:
-    """_fill_python when every weight is the same (almost every service): each backend
-    takes a slot every round, so the turn bookkeeping goes (a fifth of the time)."""
-    pos = list(offsets)
-    n = len(offsets)
-    filled = 0
-    while True:
-        for i in range(n):
-            c = pos[i]
-            skip = skips[i]
-            while out[c] >= 0:
-                c += skip
-                if c >= size:
-                    c -= size
-            out[c] = i
-            c += skip
-            if c >= size:
-                c -= size
-            pos[i] = c
-            filled += 1
-            if filled == size:
-                return out
-
 
 def _fill_many(
     offsets: _Int64Array,
@@ -179,44 +88,16 @@ def _fill_many(
     backend_starts: _Int64Array,
     out: _Int32Array,
     slot_starts: _Int64Array,
-    compiled: bool | None = None,
 ) -> None:
     """Fill `out` for many services: service s owns backends [backend_starts[s],
-    backend_starts[s+1]) and the same range of `slot_starts` in `out`. `compiled` None
-    picks by size (COMPILED_MIN_SLOTS)."""
-    start_helper = False  # after this build: the helper for the large builds after it
-    if compiled is None:
-        compiled = out.shape[0] >= COMPILED_MIN_SLOTS
-        start_helper = compiled and _fill_here_meanwhile(out.shape[0])
-        compiled = compiled and not start_helper
-    if compiled:
-        if _worker is not None:
-            try:
-                _worker.fill_many(offsets, skips, weights, backend_starts, out, slot_starts)
-            except OSError as exc:
-                raise MaglevError(f"building {len(slot_starts) - 1} tables: {exc}") from exc
-            return
-        # imports numba: only for large builds
-        from ebpflb.maglev import compiled as maglev_compiled
+    backend_starts[s+1]) and the same range of `slot_starts` in `out`.
 
-        maglev_compiled.fill_many(offsets, skips, weights, backend_starts, out, slot_starts)
-        return
-    offs, sks, ws = offsets.tolist(), skips.tolist(), weights.tolist()
-    bounds, slots = backend_starts.tolist(), slot_starts.tolist()
-    for s in range(len(bounds) - 1):
-        b0, b1, m0, m1 = bounds[s], bounds[s + 1], slots[s], slots[s + 1]
-        out[m0:m1] = _fill_python(offs[b0:b1], sks[b0:b1], ws[b0:b1], m1 - m0)
-    if start_helper and _worker is not None:
-        # Not before: its numba import would take CPU from this build (2 cores here).
-        _worker.start()
-
-
-def _fill_here_meanwhile(slots: int) -> bool:
-    """Whether a build the helper would take runs here because no helper is running
-    (FILL_HERE_WHILE_STARTING_MAX)."""
-    return (
-        _worker is not None and slots <= FILL_HERE_WHILE_STARTING_MAX and not _worker.running()
-    )
+    The C loop checks its inputs again (bounds, offsets, skips, weights) so that no input
+    makes it write out of bounds or spin; what it refuses is raised as a MaglevError."""
+    try:
+        maglev_fill.fill_many(offsets, skips, weights, backend_starts, out, slot_starts)
+    except ValueError as exc:
+        raise MaglevError(f"building {len(slot_starts) - 1} tables: {exc}") from exc
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -311,7 +192,6 @@ def build_table(
     size: int,
     *,
     seed: str | bytes = DEFAULT_HASH_SEED,
-    compiled: bool | None = None,
 ) -> MaglevTable:
     """Build the Maglev table of one service.
 
@@ -322,7 +202,6 @@ def build_table(
 
     Raises MaglevError for a size that is not a prime > 1, more weighted backends than
     slots, a weight outside [0, MAX_WEIGHT], a duplicate name or a seed over 64 bytes.
-    `compiled` forces (True) or avoids (False) the numba loop; None picks by size.
     """
     names, weights = _normalise(backends)
     key = _seed_key(seed)
@@ -336,7 +215,6 @@ def build_table(
         np.array([0, len(names)], np.int64),
         slots,
         np.array([0, size], np.int64),
-        compiled,
     )
     return MaglevTable(names, slots, size, bool(weights.any()))
 
@@ -346,13 +224,9 @@ def build_tables(
     sizes: Sequence[int],
     *,
     seed: str | bytes = DEFAULT_HASH_SEED,
-    compiled: bool | None = None,
 ) -> list[MaglevTable]:
-    """`build_table` for many services at once, equal results; one compiled call for all.
-
-    Used for a full sync (agent start), where thousands of small services would otherwise
-    pay the per-call overhead of crossing into compiled code.
-    """
+    """`build_table` for many services at once, equal results; one call of the C loop
+    for all (a full sync: thousands of small services, one crossing into C)."""
     if len(services) != len(sizes):
         raise MaglevError(f"{len(services)} services but {len(sizes)} sizes")
     key = _seed_key(seed)
@@ -368,31 +242,11 @@ def build_tables(
     slot_starts = np.cumsum([0, *sizes], dtype=np.int64)
     out = np.empty(int(slot_starts[-1]), np.int32)
     weights = np.concatenate([w for _, w in normalised]) if normalised else np.empty(0, np.int64)
-    _fill_many(offsets, skips, weights, backend_starts, out, slot_starts, compiled)
+    _fill_many(offsets, skips, weights, backend_starts, out, slot_starts)
     return [
         MaglevTable(names, out[slot_starts[s] : slot_starts[s + 1]].copy(), sizes[s], bool(w.any()))
         for s, (names, w) in enumerate(normalised)
     ]
-
-
-def compiled_for(services: int) -> bool:
-    """Whether a full build for this many services (each at least the smallest table) is
-    worth starting the helper for ahead of it: more than one build (AHEAD_MIN_SERVICES) of
-    the compiled loop's size. Below that, its numba import would only take CPU from the
-    start (~1 s of it, against ~0.1 s of Python for 1,000 tables)."""
-    return services >= AHEAD_MIN_SERVICES and services * TABLE_SIZES[0] >= COMPILED_MIN_SLOTS
-
-
-def warm_up() -> None:
-    """Load the compiled fill loop now (numba's import and on-disk cache, about 1 s here),
-    for a caller that knows a large build (COMPILED_MIN_SLOTS and up) is coming; with the
-    helper process, start it (it loads numba while this process goes on)."""
-    if _worker is not None:
-        _worker.start()
-        return
-    from ebpflb.maglev import compiled as maglev_compiled
-
-    maglev_compiled.warm_up()
 
 
 def changed_slots(old: npt.NDArray[np.integer], new: npt.NDArray[np.integer]) -> _Int64Array:

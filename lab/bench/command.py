@@ -9,7 +9,7 @@ instead of measuring), measures into a typed record (lab.bench.records) and prin
 through one renderer (lab.bench.render). `ebpflb bench` without a sub-command is
 `ebpflb bench compare` (with_default_subcommand), as the README's commands use it.
 Measuring modules are imported only when a sub-command runs, so --help and
---from-report need neither bcc, numba nor root.
+--from-report need neither bcc nor root.
 """
 
 from __future__ import annotations

@@ -57,11 +57,6 @@ def run_maglev_bench(
     repeats, removals = settings.timing_repeats, settings.removals
     rng = random.Random(0)
 
-    # The first call loads the compiled kernels from numba's cache (or compiles them).
-    warmup_s = _seconds(
-        lambda: (build_table(["w:1"], 101, seed=seed), build_tables([["w:1"]], [101], seed=seed))
-    )
-
     names = {n: _backend_names(rng, n) for n in BACKEND_COUNTS}
     configs = []
     for n in BACKEND_COUNTS:
@@ -102,7 +97,6 @@ def run_maglev_bench(
         quick=settings.quick,
         timing_repeats=repeats,
         removals_per_config=removals,
-        warmup_s=warmup_s,
         configs=tuple(configs),
         references=tuple(references),
         scale=scale,

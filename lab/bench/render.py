@@ -195,7 +195,8 @@ def render_maglev(run: MaglevRun) -> str:
     lines = [
         f"Maglev benchmark: seed {run.seed!r}, {'quick' if run.quick else 'full'} "
         f"run: {run.timing_repeats} timing repeats, {run.removals_per_config} "
-        f"random backend sets per disruption figure; numba warm-up {run.warmup_s:.2f} s",
+        f"random backend sets per disruption figure"
+        + (f"; numba warm-up {run.warmup_s:.2f} s" if run.warmup_s is not None else ""),
         "",
         "Balance, disruption of removing 1 backend, memory and build time per service table",
     ]

@@ -1,7 +1,7 @@
 """What each `ebpflb bench` sub-command measures and how much: the defaults, --quick, limits.
 
 Kept apart from the benchmarks themselves so the command line can build them without
-importing the measuring code (numba, BCC, the fake API server).
+importing the measuring code (BCC, the fake API server).
 """
 
 from __future__ import annotations

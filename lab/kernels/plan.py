@@ -103,7 +103,6 @@ def guest_plan(
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": "/tmp",
         "PYTHONDONTWRITEBYTECODE": "1",
-        "NUMBA_CACHE_DIR": "/tmp/numba-cache",
         "EBPFLB_PROGRAM_CACHE": PROGRAM_CACHE,
         "EBPFLB_TEST_TIMEOUT_SCALE": str(TIMEOUT_SCALE),
         "EBPFLB_REQUIRE_KERNEL": "1",

@@ -87,7 +87,7 @@ def process_memory(pid: int) -> ProcessMemory:
 
 
 # Shared libraries that would mean a compiler in the process: BCC and its LLVM/clang, and
-# llvmlite (numba's LLVM).
+# llvmlite (a JIT's LLVM: numba's, which built large Maglev tables until issue 22).
 COMPILER_LIBRARIES = ("libbcc", "libLLVM", "libclang", "llvmlite")
 
 

@@ -73,9 +73,10 @@ class MaglevRun:
     quick: bool
     timing_repeats: int
     removals_per_config: int
-    warmup_s: float  # numba: loading (or compiling) the kernels
     configs: tuple[TableFigures, ...]
     references: tuple[Reference, ...]
     scale: Scale
     recompute: Recompute
     wall_s: float
+    # numba's import and cached kernels, in reports from before the fill loop was C.
+    warmup_s: float | None = None

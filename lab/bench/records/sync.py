@@ -61,7 +61,7 @@ class SyncRun:
     memory_end: ProcessMemory
     cpu_s_end: float
     total_s: float
-    # Compiler libraries (BCC, LLVM, clang, numba's llvmlite) mapped into the agent once synced.
+    # Compiler libraries (BCC, LLVM, clang, a JIT's llvmlite) mapped into the agent once synced.
     compiler_libraries: tuple[str, ...] = ()
     # A second agent started on the same pins after the first stopped (SIGTERM): its start-up,
     # memory once ready, and compiler libraries.

@@ -1,17 +1,30 @@
 """The tests' oracle for ebpflb.maglev: Pseudocode 1 of the Maglev paper, literally.
 
-Plain Python, slow (it materialises every permutation) and independent of the module it
-checks: its own hashing (keyed blake2b, the two little-endian 64-bit halves split with
-int.from_bytes), no numpy, no numba. The only addition to the paper is Katran's weighted
-turn; with equal weights every backend takes every turn, which is the paper's loop.
+Plain Python, slow and independent of the module it checks: its own hashing (keyed
+blake2b, the two little-endian 64-bit halves split with int.from_bytes), no numpy, no C.
+The only addition to the paper is Katran's weighted turn; with equal weights every backend
+takes every turn, which is the paper's loop. permutation[i][j] is the paper's
+(offset + j * skip) mod M, computed when read instead of stored: a 131,071-slot table of a
+thousand backends would otherwise take gigabytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ebpflb.maglev import DEFAULT_HASH_SEED, EMPTY_SLOT
+
+
+@dataclass(frozen=True)
+class _Permutation:
+    offset: int
+    skip: int
+    size: int
+
+    def __getitem__(self, j: int) -> int:
+        return (self.offset + j * self.skip) % self.size
 
 
 def reference_fill(
@@ -25,7 +38,7 @@ def reference_fill(
         digest = hashlib.blake2b(name.encode(), key=seed.encode(), digest_size=16).digest()
         offset = int.from_bytes(digest[:8], "little") % size
         skip = int.from_bytes(digest[8:], "little") % (size - 1) + 1
-        permutation.append([(offset + j * skip) % size for j in range(size)])
+        permutation.append(_Permutation(offset, skip, size))
     entry = [EMPTY_SLOT] * size
     if not any(weights):
         return entry

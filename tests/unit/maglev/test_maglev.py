@@ -11,13 +11,13 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ebpflb import maglev
+from ebpflb.maglev import fill as maglev_fill
 from ebpflb.errors import EbpflbError
 from ebpflb.maglev import (
     DEFAULT_HASH_SEED,
@@ -35,7 +35,8 @@ from ebpflb.maglev import (
 )
 from tests.unit.maglev.maglev_reference import reference_fill
 
-# The first numba call may load (or compile) the kernel, well over Hypothesis' 200 ms deadline.
+# The oracle (tests/unit/maglev_reference.py) takes longer than Hypothesis' 200 ms deadline
+# for a large table on a loaded machine.
 PROPERTY = settings(deadline=None, max_examples=200)
 
 SMALL_SIZES = tuple(m for m in TABLE_SIZES if m <= 16381)
@@ -108,69 +109,113 @@ def test_same_table_in_other_processes() -> None:
         assert out.stdout.strip() == expected
 
 
-def test_import_works_without_a_writable_numba_cache() -> None:
-    """A read-only image has nowhere to cache compiled code: compile per process instead."""
-    if not hasattr(numba.config, "CACHE_LOCATOR_CLASSES"):
-        pytest.skip("this numba cannot restrict its cache locators")
-    # The IPython locator applies to no regular file, as when every cache dir is read-only.
-    env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "IPythonCacheLocator"}
-    code = (
-        "from ebpflb.maglev import build_table;"
-        "print(build_table(['a:1'], 101, compiled=True).usable)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "True"
+# --- The fill loop (C, ebpflb/maglev/fill.c) against the paper's pseudocode.
 
-
-# --- The compiled kernel against the paper's pseudocode.
+OFF_LADDER_PRIMES = (2, 3, 307, 1009)  # build_table takes any prime size
 
 
 @PROPERTY
-@given(data=st.data(), names=name_sets(1, 12), weighted=st.booleans(), compiled=st.booleans())
-def test_both_loops_match_reference(
-    data: st.DataObject, names: frozenset[str], weighted: bool, compiled: bool
+@given(data=st.data(), names=name_sets(1, 12), weighted=st.booleans())
+def test_fill_matches_the_papers_loop(
+    data: st.DataObject, names: frozenset[str], weighted: bool
 ) -> None:
-    """The Python loop (small builds) and the numba one (large builds) against the paper."""
-    primes = (2, 3, 307, 1009, *TABLE_SIZES)  # off-ladder primes are valid sizes too
-    size = data.draw(st.sampled_from([m for m in primes if len(names) <= m <= 2039]))
-    weight = st.integers(0, 5) if weighted else st.just(1)
+    primes = (*OFF_LADDER_PRIMES, *SMALL_SIZES)
+    size = data.draw(st.sampled_from([m for m in primes if len(names) <= m]))
+    heavy = st.sampled_from([MAX_WEIGHT - 1, MAX_WEIGHT])
+    weight = st.integers(0, 5) | heavy if weighted else st.just(1)
     backends = {name: data.draw(weight) for name in names}
-    table = build_table(backends, size, compiled=compiled)
+    table = build_table(backends, size)
     assert table.slots.tolist() == reference_fill(backends, size)
 
 
+@pytest.mark.parametrize("size", [m for m in TABLE_SIZES if m > 16381])
+@pytest.mark.parametrize("n", [1, 10, 1000])
+def test_fill_matches_the_papers_loop_in_large_tables(size: int, n: int) -> None:
+    """The sizes left out of the property test (the oracle takes ~1 s for each)."""
+    names = [f"10.1.{i // 250}.{i % 250}:80" for i in range(n)]
+    assert build_table(names, size).slots.tolist() == reference_fill(dict.fromkeys(names, 1), size)
+    weighted = {name: 1 + i % 3 for i, name in enumerate(names)}
+    assert build_table(weighted, size).slots.tolist() == reference_fill(weighted, size)
+
+
+@pytest.mark.parametrize("size", [2, 101, 1021])
+def test_fill_with_as_many_backends_as_slots(size: int) -> None:
+    """The reconciler's extreme: a capped table where every backend holds one slot."""
+    names = {f"10.2.{i // 250}.{i % 250}:443": 1 for i in range(size)}
+    table = build_table(names, size)
+    assert sorted(table.slots.tolist()) == list(range(size))
+    assert table.slots.tolist() == reference_fill(names, size)
+
+
 @PROPERTY
-@given(data=st.data(), services=st.lists(name_sets(0, 6), max_size=8), compiled=st.booleans())
-def test_batched_build_matches_single(
-    data: st.DataObject, services: list[frozenset[str]], compiled: bool
-) -> None:
+@given(data=st.data(), services=st.lists(name_sets(0, 6), max_size=8))
+def test_batched_build_matches_single(data: st.DataObject, services: list[frozenset[str]]) -> None:
     weighted = [{n: data.draw(st.integers(0, 3)) for n in sorted(s)} for s in services]
     sizes = [data.draw(st.sampled_from([m for m in SMALL_SIZES if m >= len(s)])) for s in services]
-    assert build_tables(weighted, sizes, compiled=compiled) == [
-        build_table(b, m, compiled=not compiled) for b, m in zip(weighted, sizes, strict=True)
+    assert build_tables(weighted, sizes) == [
+        build_table(b, m) for b, m in zip(weighted, sizes, strict=True)
     ]
 
 
-def test_large_tables_give_the_same_slots_from_both_loops() -> None:
-    names = {f"10.1.{i // 250}.{i % 250}:80": 1 + i % 3 for i in range(1000)}
-    size = DEFAULT_MAX_TABLE_SIZE
-    assert size >= maglev.COMPILED_MIN_SLOTS
-    by_size = build_table(names, size)  # over the threshold: the compiled loop
-    assert by_size == build_table(names, size, compiled=False)
-
-
-def test_small_builds_do_not_import_numba() -> None:
-    """An agent with a few hundred services never pays numba's import (seconds in a VM)."""
+def test_builds_import_no_jit() -> None:
+    """numba and llvmlite are gone: a full build maps no LLVM into the agent."""
     code = (
         "import sys; from ebpflb import maglev;"
-        "maglev.build_tables([['a:1', 'b:2']] * 300, [101] * 300);"
-        "maglev.build_table(['a:1'], 16381);"
-        "print('numba' in sys.modules)"
+        "maglev.build_tables([['a:1', 'b:2']] * 3000, [101] * 3000);"
+        "maglev.build_table([f'c:{i}' for i in range(1000)], 131071);"
+        "maps = open('/proc/self/maps').read();"
+        "print('numba' in sys.modules, 'llvm' in maps.lower())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize(
+    ("arrays", "match"),
+    [
+        # offsets, skips, weights, backend_starts, slot_starts; out is the slots' length
+        (([0], [1], [1], [0, 1], [0, 100]), None),  # valid: the baseline of the cases below
+        (([0], [1], [1], [0, 2], [0, 100]), "bounds"),
+        (([0], [1], [1], [0, 1], [0, 99]), "bounds"),
+        (([100], [1], [1], [0, 1], [0, 100]), "do not fit"),
+        (([-1], [1], [1], [0, 1], [0, 100]), "do not fit"),
+        (([0], [0], [1], [0, 1], [0, 100]), "do not fit"),
+        (([0], [100], [1], [0, 1], [0, 100]), "do not fit"),
+        (([0], [1], [-1], [0, 1], [0, 100]), "weight"),
+        (([0], [1], [2**32], [0, 1], [0, 100]), "weight"),
+        (([0, 0], [1, 1], [1, 1], [0, 3, 2], [0, 50, 100]), "decrease"),
+        (([0, 0], [1, 1], [1, 1], [0, 1, 2], [0, 60, 100]), None),
+        (([0], [1], [1], [0, 1], [0, 50, 100]), "one bound per table"),
+        # 100 is not prime: skip 10 walks 10 of its slots, then a backend would spin.
+        (([0, 0], [10, 10], [1, 1], [0, 2], [0, 100]), "not prime"),
+    ],
+)
+def test_the_c_loop_refuses_what_would_break_it(
+    arrays: tuple[list[int], ...], match: str | None
+) -> None:
+    """Never a write outside `out` or an endless loop, whatever the arrays: a MaglevError."""
+    offsets, skips, weights, backend_starts, slot_starts = (np.array(a, np.int64) for a in arrays)
+    out = np.empty(100, np.int32)
+    args = (offsets, skips, weights, backend_starts, out, slot_starts)
+    if match is None:
+        maglev._fill_many(*args)
+        assert (out >= 0).all()
+        return
+    with pytest.raises(MaglevError, match=match):
+        maglev._fill_many(*args)
+
+
+def test_the_c_loop_refuses_other_dtypes() -> None:
+    one = np.zeros(1, np.int64)
+    bounds = np.array([0, 1], np.int64)
+    with pytest.raises(ValueError, match="out must be a 1-d array of int32"):
+        maglev_fill.fill_many(one, one + 1, one + 1, bounds, np.empty(2, np.int64), bounds * 2)
+    with pytest.raises(ValueError, match="offsets must be a 1-d array of int64"):
+        maglev_fill.fill_many(
+            one.astype(np.uint64), one + 1, one + 1, bounds, np.empty(2, np.int32), bounds * 2
+        )
+    with pytest.raises(TypeError):
+        maglev_fill.fill_many([0], one + 1, one + 1, bounds, np.empty(2, np.int32), bounds * 2)
 
 
 # --- Balance, determinism, weights.

@@ -36,6 +36,11 @@ def test_the_package_never_imports_scapy() -> None:
     assert importers_of("scapy") == set()
 
 
+def test_the_package_never_imports_a_jit() -> None:
+    """The Maglev fill loop is C built at install (issue 22): no numba, no second LLVM."""
+    assert importers_of("numba") == importers_of("llvmlite") == set()
+
+
 def test_only_the_compiler_imports_bcc() -> None:
     """The agent loads, attaches and reads maps with raw bpf(2) calls (bpfsys.py); importing
     bcc maps libbcc and LLVM into a process, so only the compile step does, in a child

@@ -17,6 +17,7 @@ from lab.bench.records.agent import AgentStartup, Listing, MapSizes, ProcessMemo
 from lab.bench.records.compare import CompareRun
 from lab.bench.records.maglev import MaglevRun, Recompute, Reference, Scale, TableFigures
 from lab.bench.records.sync import SyncRun
+from lab.bench.render import render_maglev
 from lab.bench.settings import Mode, SyncSettings
 from tests import REPO
 from tests.unit.lab.bench.test_report import run, size
@@ -44,7 +45,6 @@ def _maglev() -> MaglevRun:
         quick=True,
         timing_repeats=3,
         removals_per_config=5,
-        warmup_s=0.5,
         configs=(
             TableFigures("ladder", 3, 509, 169, 170, 0.4, 0.34, 0.33, 0.005, 0.01, 2036, 0.01),
         ),
@@ -70,6 +70,16 @@ def test_every_report_survives_json(report: codec.Report, tmp_path: Path) -> Non
     assert codec.from_json(data) == report
     codec.save(report, tmp_path / "r.json")
     assert codec.load(tmp_path / "r.json") == report
+
+
+def test_a_maglev_report_from_the_numba_days_keeps_its_warm_up() -> None:
+    """Reports saved before the fill loop was C carry numba's warm-up; new ones have none."""
+    new = json.loads(codec.to_json(_maglev()))
+    assert new["warmup_s"] is None
+    assert "warm-up" not in render_maglev(_maglev())
+    old = codec.from_json({**new, "warmup_s": 0.5})
+    assert isinstance(old, MaglevRun) and old.warmup_s == 0.5
+    assert "numba warm-up 0.50 s" in render_maglev(old)
 
 
 def test_the_json_shape_is_the_records() -> None:
