@@ -35,7 +35,7 @@ from ebpflb.datapath.syscall.mounts import cgroup2_root
 from ebpflb.desired import NodeView
 from ebpflb.errors import ConfigError, EbpflbError
 from ebpflb.host.lock import Holder, PinDirLock
-from ebpflb.k8s.sources.base import Kind, ObjectSink, Source
+from ebpflb.k8s.sources.base import ObjectSink, Source
 from ebpflb.k8s.sources.manifests import ManifestSource
 from ebpflb.observe.fill import CachedCounts, MapFill, MapFillCollector, agent_fill
 from ebpflb.observe.health import ProxyHealth

@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ebpflb import maglev
-from ebpflb.maglev import fill as maglev_fill
 from ebpflb.errors import EbpflbError
 from ebpflb.maglev import (
     DEFAULT_HASH_SEED,
@@ -33,6 +32,7 @@ from ebpflb.maglev import (
     changed_slots,
     table_size_for,
 )
+from ebpflb.maglev import fill as maglev_fill
 from tests.unit.maglev.maglev_reference import reference_fill
 
 # The oracle (tests/unit/maglev_reference.py) takes longer than Hypothesis' 200 ms deadline
