@@ -61,8 +61,8 @@ test-kernels: setup-kernels
 test-kernels-ci: setup-kernels
 	nice -n 10 $(PY) -m lab.kernels run --kernels "$(KERNELS)" --ci --vm-timeout 70
 
-# The README's kernel table from the last test-kernels run (and this machine's `make test`
+# docs/kernels.md's kernel table from the last test-kernels run (and this machine's `make test`
 # JUnit, .ci/out/junit.xml, when there is one).
 kernel-table: setup
-	$(PY) -m lab.kernels table --readme README.md \
+	$(PY) -m lab.kernels table --readme docs/kernels.md \
 		$(if $(wildcard .ci/out/junit.xml),--host-junit .ci/out/junit.xml)
