@@ -5,8 +5,7 @@
  *   a packet to a frontend of one of those types is DNATed to a backend picked from the
  *   service's Maglev table by a hash of its 5-tuple (remembered in conntrack), and SNATed
  *   to the node's address when the backend runs on another node and externalTrafficPolicy
- *   is Cluster (kube-proxy's KUBE-MARK-MASQ); the decisions are lib/nodeport.h's and
- *   lib/nodeport6.h's. Packets whose source became a node address are forwarded by the
+ *   is Cluster (kube-proxy's KUBE-MARK-MASQ); the decisions are lib/nodeport.h's. Packets whose source became a node address are forwarded by the
  *   program (lib/fib.h); DNAT-only packets go on to the stack.
  * egress (ebpflb_np_out): a reply from a local backend (no SNAT) gets the frontend as its
  *   source again.
@@ -21,7 +20,6 @@
 
 #include "lib/fib.h"
 #include "lib/nodeport.h"
-#include "lib/nodeport6.h"
 #include "lib/reject.h"
 
 static __always_inline int np4_in(struct __sk_buff *skb, void *data, void *data_end)
@@ -29,7 +27,7 @@ static __always_inline int np4_in(struct __sk_buff *skb, void *data, void *data_
 	struct xlate4 out = {};
 	struct pkt4 pkt = {};
 
-	if (pkt4_parse(data, data_end, skb->len, &pkt) < 0)
+	if (pkt4_parse(data, data_end, skb->len, &pkt) != PKT_OK)
 		return TC_ACT_OK;
 	switch (np4_ingress(&pkt, skb->ifindex, &out)) {
 	case NP_DROP:
@@ -57,11 +55,11 @@ static __always_inline int np6_in(struct __sk_buff *skb, void *data, void *data_
 {
 	struct xlate6 out = {};
 	struct pkt6 pkt = {};
-	int parsed = pkt6_parse(data, data_end, skb->len, &pkt);
+	enum pkt_parse parsed = pkt6_parse(data, data_end, skb->len, &pkt);
 
-	if (parsed == -2)
+	if (parsed == PKT_EXT_HEADERS)
 		stat_inc(STAT_NP6_EXT_HEADER);
-	if (parsed < 0)
+	if (parsed != PKT_OK)
 		return TC_ACT_OK;
 	switch (np6_ingress(&pkt, skb->ifindex, &out)) {
 	case NP_DROP:
@@ -100,7 +98,7 @@ static __always_inline int np4_out(struct __sk_buff *skb, void *data, void *data
 	struct xlate4 out = {};
 	struct pkt4 pkt = {};
 
-	if (pkt4_parse(data, data_end, skb->len, &pkt) == 0 && np4_egress(&pkt, &out) == NP_XLATE &&
+	if (pkt4_parse(data, data_end, skb->len, &pkt) == PKT_OK && np4_egress(&pkt, &out) == NP_XLATE &&
 	    pkt4_xlate_skb(skb, &pkt, &out) < 0)
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
@@ -111,7 +109,7 @@ static __always_inline int np6_out(struct __sk_buff *skb, void *data, void *data
 	struct xlate6 out = {};
 	struct pkt6 pkt = {};
 
-	if (pkt6_parse(data, data_end, skb->len, &pkt) == 0 && np6_egress(&pkt, &out) == NP_XLATE &&
+	if (pkt6_parse(data, data_end, skb->len, &pkt) == PKT_OK && np6_egress(&pkt, &out) == NP_XLATE &&
 	    pkt6_xlate_skb(skb, &pkt, &out) < 0)
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;

@@ -1,7 +1,7 @@
 /* The NodePort/LoadBalancer/external-IP ingress path in XDP (--xdp native|generic), for
  * IPv4 and IPv6.
  *
- * Same decisions as the tc ingress program (lib/nodeport.h, lib/nodeport6.h, shared
+ * Same decisions as the tc ingress program (lib/nodeport.h, shared
  * conntrack and maps), taken before the kernel allocates an skb. A packet whose source
  * becomes a node address is sent on here (XDP_TX back out of the same interface, or
  * XDP_REDIRECT); a DNAT-only packet goes on to the stack (XDP_PASS). When the next hop's
@@ -13,7 +13,6 @@
 
 #include "lib/fib.h"
 #include "lib/nodeport.h"
-#include "lib/nodeport6.h"
 
 /* After a translation: XDP_TX or a redirect for a packet whose source became a node
  * address (`forward`, *fib looked up), else XDP_PASS. */
@@ -34,7 +33,7 @@ static __always_inline int np4_xdp(struct xdp_md *ctx, void *data, void *data_en
 	struct pkt4 pkt = {};
 	bool forward;
 
-	if (pkt4_parse(data, data_end, data_end - data, &pkt) < 0)
+	if (pkt4_parse(data, data_end, data_end - data, &pkt) != PKT_OK)
 		return XDP_PASS;
 	switch (np4_ingress(&pkt, ctx->ingress_ifindex, &out)) {
 	case NP_DROP:
@@ -67,7 +66,7 @@ static __always_inline int np6_xdp(struct xdp_md *ctx, void *data, void *data_en
 	bool forward;
 
 	/* Extension headers past the walk are counted by tc, which sees the packet next. */
-	if (pkt6_parse(data, data_end, data_end - data, &pkt) < 0)
+	if (pkt6_parse(data, data_end, data_end - data, &pkt) != PKT_OK)
 		return XDP_PASS;
 	switch (np6_ingress(&pkt, ctx->ingress_ifindex, &out)) {
 	case NP_DROP:

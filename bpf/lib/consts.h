@@ -126,7 +126,7 @@
 #define LB_SCOPE_EXTERNAL 0 /* the entry every hook looks up first */
 #define LB_SCOPE_INTERNAL 1 /* in-node clients' entry, when SVC_F_INTERNAL_SCOPE says so */
 
-/* lb4_svc_val.flags: service type of the frontend and per-service behaviour. */
+/* lb_svc_val.flags: service type of the frontend and per-service behaviour. */
 #define SVC_F_CLUSTER_IP    (1 << 0) /* frontend is the ClusterIP */
 #define SVC_F_NODE_PORT     (1 << 1) /* frontend is a node address on its nodePort */
 #define SVC_F_LOADBALANCER  (1 << 2) /* frontend is a status.loadBalancer ingress IP */
@@ -155,7 +155,7 @@
 #define SRC_RANGE_EXACT_PREFIXLEN (SRC_RANGE_ID_PREFIXLEN + 32) /* one source address */
 #define SRC_RANGE6_EXACT_PREFIXLEN (SRC_RANGE_ID_PREFIXLEN + 128) /* one IPv6 source */
 
-/* aff4_key.netns: what aff4_key.client identifies. */
+/* aff_key.netns: what aff_key.client identifies. */
 #define AFF_CLIENT_ADDR4 0 /* tc/XDP: an IPv4 source address (its first four bytes) */
 #define AFF_CLIENT_NETNS 1 /* socket-LB: the client's network namespace cookie */
 #define AFF_CLIENT_ADDR6 2 /* tc/XDP: an IPv6 source address folded to 64 bits */

@@ -13,7 +13,6 @@
 
 #include <uapi/linux/bpf.h>
 #include "pkt.h"
-#include "pkt6.h"
 #include "stats.h"
 
 #ifndef AF_INET

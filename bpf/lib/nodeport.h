@@ -1,10 +1,15 @@
-/* What a NodePort/LoadBalancer/external-IP packet becomes: the decisions shared by the tc
- * and XDP entry points. These functions only read and write maps and return a verdict and
- * the new header values; each hook applies them with its own helpers. */
+/* What a NodePort/LoadBalancer/external-IP packet becomes, for both families: the
+ * decisions shared by the tc and XDP entry points. These functions only read and write
+ * maps and return a verdict and the new header values; each hook applies them with its
+ * own helpers. Both families follow the same rules (backend by Maglev slot at the flow
+ * hash, remembered in conntrack; SNAT to the interface's node address for a remote
+ * backend under externalTrafficPolicy=Cluster; source ranges; session affinity by
+ * source); service ids, the slot pool and affinity are shared, the flows are the
+ * family's. Each IPv6 function follows its IPv4 twin. */
 #ifndef EBPFLB_NODEPORT_H
 #define EBPFLB_NODEPORT_H
 
-#include "ct.h"
+#include "conntrack.h"
 #include "hash.h"
 #include "lb.h"
 #include "nat.h"
@@ -19,7 +24,7 @@ enum np_verdict {
 };
 
 /* Whether a LoadBalancer frontend with source ranges accepts this source. */
-static __always_inline bool src_range_allowed(__u32 svc_id, __be32 saddr)
+static __always_inline bool src_range4_allowed(__u32 svc_id, __be32 saddr)
 {
 	struct src_range4_key key = {
 		.prefixlen = SRC_RANGE_EXACT_PREFIXLEN,
@@ -28,6 +33,18 @@ static __always_inline bool src_range_allowed(__u32 svc_id, __be32 saddr)
 	};
 
 	return ebpflb_srcrng4.lookup(&key) != NULL;
+}
+
+/* Whether an IPv6 LoadBalancer frontend with source ranges accepts this source. */
+static __always_inline bool src_range6_allowed(__u32 svc_id, const __be32 saddr[4])
+{
+	struct src_range6_key key = {
+		.prefixlen = SRC_RANGE6_EXACT_PREFIXLEN,
+		.svc_id = bpf_htonl(svc_id),
+		.addr = {saddr[0], saddr[1], saddr[2], saddr[3]},
+	};
+
+	return ebpflb_srcrng6.lookup(&key) != NULL;
 }
 
 /* Reply direction: backend -> client, shown as frontend -> client. */
@@ -40,7 +57,7 @@ static __always_inline void np4_reply(const struct pkt4 *pkt, struct rnat4_val *
 	rnat4_orig(&orig, rnat, pkt->flow.proto);
 	ct = ct4_get(&orig);
 	if (ct)
-		rnat->expires = ct_touch(ct, pkt, 1, now);
+		rnat->expires = ct4_touch(ct, pkt, 1, now);
 	else /* conntrack entry evicted: keep answering the flow as long as it talks */
 		rnat->expires = now + ct_lifetime(pkt->flow.proto, CT_F_REPLY_SEEN);
 	out->saddr = rnat->frontend_addr;
@@ -50,9 +67,29 @@ static __always_inline void np4_reply(const struct pkt4 *pkt, struct rnat4_val *
 	stat_inc(STAT_NP_REPLY);
 }
 
+/* np4_reply's twin. */
+static __always_inline void np6_reply(const struct pkt6 *pkt, struct rnat6_val *rnat, __u64 now,
+				      struct xlate6 *out)
+{
+	struct flow6 orig = {};
+	struct ct6_entry *ct;
+
+	rnat6_orig(&orig, rnat, pkt->flow.proto);
+	ct = ct6_get(&orig);
+	if (ct)
+		rnat->expires = ct6_touch(ct, pkt, 1, now);
+	else /* conntrack entry evicted: keep answering the flow as long as it talks */
+		rnat->expires = now + ct_lifetime(pkt->flow.proto, CT_F_REPLY_SEEN);
+	addr6_copy(out->saddr, rnat->frontend_addr);
+	out->sport = rnat->frontend_port;
+	addr6_copy(out->daddr, rnat->client_addr);
+	out->dport = rnat->client_port;
+	stat_inc(STAT_NP_REPLY);
+}
+
 /* Start a flow: pick the backend, decide on SNAT, reserve the reply translation. */
 static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
-						    const struct lb4_svc_val *svc, __u32 ifindex,
+						    const struct lb_svc_val *svc, __u32 ifindex,
 						    __u64 now, struct ct4_entry *ct)
 {
 	const struct flow4 *flow = &pkt->flow;
@@ -108,6 +145,63 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 	return NP_XLATE;
 }
 
+/* Start an IPv6 flow: pick the backend, decide on SNAT, reserve the reply translation. */
+static __always_inline enum np_verdict np6_new_flow(const struct pkt6 *pkt,
+						    const struct lb_svc_val *svc, __u32 ifindex,
+						    __u64 now, struct ct6_entry *ct)
+{
+	const struct flow6 *flow = &pkt->flow;
+	__u32 hash = flow6_hash(flow);
+	struct lb6_backend *backend;
+	enum snat_result reserved;
+	struct addr6 *nat_addr;
+	__u64 deadline;
+
+	backend = lb6_pick_backend(svc, hash, addr6_fold(flow->saddr), AFF_CLIENT_ADDR6,
+				   &ct->backend_id);
+	if (!backend) {
+		if (svc->flags & SVC_F_REJECT)
+			return NP_REJECT; /* counted where the answer is built (tc) */
+		stat_inc(STAT_NP_NO_BACKEND);
+		svc_stats_refused(svc->svc_id);
+		return NP_DROP;
+	}
+	addr6_copy(ct->backend_addr, backend->addr);
+	ct->backend_port = backend->port;
+	ct->svc_id = svc->svc_id;
+	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
+	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
+		nat_addr = ebpflb_ifaddr6.lookup(&ifindex);
+		if (!nat_addr) {
+			stat_inc(STAT_SNAT_NO_ADDR);
+			return NP_DROP;
+		}
+		ct->flags |= CT_F_SNAT;
+		addr6_copy(ct->nat_addr, nat_addr->addr);
+	}
+	deadline = now + ct_lifetime(flow->proto, ct->flags);
+	ct->expires = deadline;
+	ct->packets = 1;
+	ct->bytes = pkt->len;
+	if (ct->flags & CT_F_SNAT) {
+		reserved = snat6_reserve(ct, flow, hash, deadline);
+		if (reserved != SNAT_OK) {
+			stat_inc(reserved == SNAT_MAP_FULL ? STAT_RNAT_STORE_FAIL : STAT_SNAT_EXHAUSTED);
+			return NP_DROP;
+		}
+	} else if (rnat6_store_local(ct, flow, deadline) != 0) {
+		stat_inc(STAT_RNAT_STORE_FAIL);
+		return NP_DROP;
+	}
+	if (ct6_store(flow, ct) != 0) {
+		stat_inc(STAT_CT_CREATE_FAIL);
+		return NP_DROP;
+	}
+	stat_inc(STAT_NP_NEW_FLOW);
+	svc_stats_np_flow(svc->svc_id);
+	return NP_XLATE;
+}
+
 /* Record a packet of a known flow and keep its reply translation alive (one lookup).
  * False when a SNATed flow's port reservation is no longer its own: the flow starts over. */
 static __always_inline bool np4_flow_continue(struct ct4_entry *ct, const struct pkt4 *pkt,
@@ -122,7 +216,27 @@ static __always_inline bool np4_flow_continue(struct ct4_entry *ct, const struct
 	owned = rnat && rnat4_owned_by(rnat, &pkt->flow);
 	if (!owned && (ct->flags & CT_F_SNAT))
 		return false;
-	ct_touch(ct, pkt, 0, now);
+	ct4_touch(ct, pkt, 0, now);
+	if (owned)
+		rnat->expires = ct->expires;
+	return true;
+}
+
+/* A packet of a known IPv6 flow; false when a SNATed flow's port reservation is no longer
+ * its own (the flow starts over). */
+static __always_inline bool np6_flow_continue(struct ct6_entry *ct, const struct pkt6 *pkt,
+					      __u64 now)
+{
+	struct flow6 key = {};
+	struct rnat6_val *rnat;
+	bool owned;
+
+	rnat6_key(&key, ct, &pkt->flow);
+	rnat = ebpflb_rnat6.lookup(&key);
+	owned = rnat && rnat6_owned_by(rnat, &pkt->flow);
+	if (!owned && (ct->flags & CT_F_SNAT))
+		return false;
+	ct6_touch(ct, pkt, 0, now);
 	if (owned)
 		rnat->expires = ct->expires;
 	return true;
@@ -134,7 +248,7 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 {
 	const struct flow4 *flow = &pkt->flow;
 	struct ct4_entry new_ct = {}, *ct;
-	struct lb4_svc_val *svc;
+	struct lb_svc_val *svc;
 	struct rnat4_val *rnat;
 	enum np_verdict verdict;
 	__u64 now;
@@ -157,7 +271,7 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 	svc = lb4_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
 	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
 		return NP_PASS;
-	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range_allowed(svc->svc_id, flow->saddr)) {
+	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range4_allowed(svc->svc_id, flow->saddr)) {
 		stat_inc(STAT_SRC_RANGE_DROP);
 		return NP_DROP;
 	}
@@ -179,6 +293,60 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 	return NP_XLATE;
 }
 
+/* Ingress on a node interface, IPv6. */
+static __always_inline enum np_verdict np6_ingress(const struct pkt6 *pkt, __u32 ifindex,
+						   struct xlate6 *out)
+{
+	const struct flow6 *flow = &pkt->flow;
+	struct ct6_entry new_ct = {}, *ct;
+	struct lb_svc_val *svc;
+	struct rnat6_val *rnat;
+	enum np_verdict verdict;
+	__u64 now;
+
+	if (pkt->fragment) {
+		stat_inc(STAT_FRAGMENT);
+		return NP_PASS;
+	}
+	now = bpf_ktime_get_ns();
+	if (bpf_ntohs(flow->dport) >= EBPFLB_SNAT_PORT_MIN &&
+	    bpf_ntohs(flow->dport) <= EBPFLB_SNAT_PORT_MAX) {
+		rnat = ebpflb_rnat6.lookup((struct flow6 *)flow);
+		if (rnat && (rnat->flags & RNAT_F_SNAT)) {
+			np6_reply(pkt, rnat, now, out);
+			return NP_XLATE;
+		}
+	}
+	svc = lb6_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
+	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
+		return NP_PASS;
+	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range6_allowed(svc->svc_id, flow->saddr)) {
+		stat_inc(STAT_SRC_RANGE_DROP);
+		return NP_DROP;
+	}
+	ct = ct6_lookup(flow, pkt, now);
+	if (ct && np6_flow_continue(ct, pkt, now)) {
+		stat_inc(STAT_NP_FWD);
+	} else {
+		verdict = np6_new_flow(pkt, svc, ifindex, now, &new_ct);
+		out->svc_id = svc->svc_id;
+		if (verdict != NP_XLATE)
+			return verdict;
+		ct = &new_ct;
+	}
+	addr6_copy(out->daddr, ct->backend_addr);
+	out->dport = ct->backend_port;
+	if (ct->flags & CT_F_SNAT) {
+		addr6_copy(out->saddr, ct->nat_addr);
+		out->sport = ct->nat_port;
+	} else {
+		addr6_copy(out->saddr, flow->saddr);
+		out->sport = flow->sport;
+	}
+	out->svc_id = svc->svc_id;
+	return NP_XLATE;
+}
+
 /* Egress on a node interface: replies of flows DNATed to a local backend. */
 static __always_inline enum np_verdict np4_egress(const struct pkt4 *pkt, struct xlate4 *out)
 {
@@ -191,6 +359,22 @@ static __always_inline enum np_verdict np4_egress(const struct pkt4 *pkt, struct
 		return NP_PASS;
 	np4_reply(pkt, rnat, bpf_ktime_get_ns(), out);
 	out->daddr = pkt->flow.daddr; /* the client, unchanged */
+	out->dport = pkt->flow.dport;
+	return NP_XLATE;
+}
+
+/* Egress on a node interface: replies of IPv6 flows DNATed to a local backend. */
+static __always_inline enum np_verdict np6_egress(const struct pkt6 *pkt, struct xlate6 *out)
+{
+	struct rnat6_val *rnat;
+
+	if (pkt->fragment)
+		return NP_PASS;
+	rnat = ebpflb_rnat6.lookup((struct flow6 *)&pkt->flow);
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS;
+	np6_reply(pkt, rnat, bpf_ktime_get_ns(), out);
+	addr6_copy(out->daddr, pkt->flow.daddr); /* the client, unchanged */
 	out->dport = pkt->flow.dport;
 	return NP_XLATE;
 }

@@ -16,7 +16,6 @@
 #include <uapi/linux/icmpv6.h>
 #include <uapi/linux/pkt_cls.h>
 #include "pkt.h"
-#include "pkt6.h"
 #include "stats.h"
 
 /* The pseudo-header the TCP checksum covers (RFC 793). */

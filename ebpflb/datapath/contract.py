@@ -40,7 +40,7 @@ CType: TypeAlias = "type[ct.Structure] | type[ct._SimpleCData[Any]]"
 SVC_NAME_LEN = 144  # EBPFLB_SVC_NAME_LEN: "namespace/name:port" + NUL in ebpflb_svcmeta
 MAX_IFACES = 64  # EBPFLB_MAX_IFACES: entries of ebpflb_ifaddr4
 STAT_MAX = 24  # entries of ebpflb_stats: the counters below, and room for new ones
-SLOTS_PER_ELEMENT = 2  # struct lb4_slot_pair: two Maglev slots per 8-byte array element
+SLOTS_PER_ELEMENT = 2  # struct lb_slot_pair: two Maglev slots per 8-byte array element
 # src_range4_key.prefixlen counts the service id's bits before the address prefix.
 SRC_RANGE_ID_PREFIXLEN = 32
 SRC_RANGE_EXACT_PREFIXLEN = SRC_RANGE_ID_PREFIXLEN + 32  # a lookup of one address
@@ -79,7 +79,7 @@ class NatFlags(enum.IntFlag):
 
 
 class AffClient(enum.IntEnum):
-    """AFF_CLIENT_*: aff4_key.netns, what aff4_key.client identifies."""
+    """AFF_CLIENT_*: aff_key.netns, what aff_key.client identifies."""
 
     ADDR4 = 0
     NETNS = 1
@@ -165,7 +165,7 @@ class Lb4SvcKey(ct.Structure):
 
 
 class Lb4SvcVal(ct.Structure):
-    """struct lb4_svc_val"""
+    """struct lb_svc_val"""
 
     _fields_ = [
         ("svc_id", ct.c_uint32),
@@ -178,7 +178,7 @@ class Lb4SvcVal(ct.Structure):
 
 
 class Lb4SlotPair(ct.Structure):
-    """struct lb4_slot_pair"""
+    """struct lb_slot_pair"""
 
     _fields_ = [("backend_id", ct.c_uint32 * SLOTS_PER_ELEMENT)]
     _network_order_ = ()
@@ -244,7 +244,7 @@ class Lb6RevskVal(ct.Structure):
 
 
 class Lb4SvcMeta(ct.Structure):
-    """struct lb4_svc_meta"""
+    """struct lb_svc_meta"""
 
     _fields_ = [("name", ct.c_char * SVC_NAME_LEN)]
     _network_order_ = ()
@@ -424,7 +424,7 @@ class Addr6(ct.Structure):
 
 
 class Lb4SvcStats(ct.Structure):
-    """struct lb4_svc_stats (one CPU's counters of one frontend)"""
+    """struct lb_svc_stats (one CPU's counters of one frontend)"""
 
     _fields_ = [
         ("sock_xlated", ct.c_uint64),
@@ -437,7 +437,7 @@ class Lb4SvcStats(ct.Structure):
 
 
 class Aff4Key(ct.Structure):
-    """struct aff4_key (client: a netns cookie, or an IPv4 address in network order in
+    """struct aff_key (client: a netns cookie, or an IPv4 address in network order in
     its first four bytes; the control plane never writes it)"""
 
     _fields_ = [
@@ -450,7 +450,7 @@ class Aff4Key(ct.Structure):
 
 
 class Aff4Val(ct.Structure):
-    """struct aff4_val"""
+    """struct aff_val"""
 
     _fields_ = [
         ("last_used", ct.c_uint64),
@@ -461,7 +461,7 @@ class Aff4Val(ct.Structure):
 
 
 class Aff4MatchKey(ct.Structure):
-    """struct aff4_match_key"""
+    """struct aff_match_key"""
 
     _fields_ = [
         ("svc_id", ct.c_uint32),
@@ -472,10 +472,10 @@ class Aff4MatchKey(ct.Structure):
 
 STRUCTS: dict[str, type[ct.Structure]] = {
     "lb4_svc_key": Lb4SvcKey,
-    "lb4_svc_val": Lb4SvcVal,
-    "lb4_slot_pair": Lb4SlotPair,
+    "lb_svc_val": Lb4SvcVal,
+    "lb_slot_pair": Lb4SlotPair,
     "lb4_backend": Lb4Backend,
-    "lb4_svc_meta": Lb4SvcMeta,
+    "lb_svc_meta": Lb4SvcMeta,
     "lb6_svc_key": Lb6SvcKey,
     "lb6_backend": Lb6Backend,
     "lb6_revsk_key": Lb6RevskKey,
@@ -493,10 +493,10 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "rnat6_val": Rnat6Val,
     "src_range6_key": SrcRange6Key,
     "addr6": Addr6,
-    "lb4_svc_stats": Lb4SvcStats,
-    "aff4_key": Aff4Key,
-    "aff4_val": Aff4Val,
-    "aff4_match_key": Aff4MatchKey,
+    "lb_svc_stats": Lb4SvcStats,
+    "aff_key": Aff4Key,
+    "aff_val": Aff4Val,
+    "aff_match_key": Aff4MatchKey,
 }
 
 

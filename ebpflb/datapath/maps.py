@@ -58,7 +58,7 @@ SlotArray = npt.NDArray[np.uint32]
 
 @dataclass(frozen=True, slots=True)
 class ServiceEntry:
-    """Value of ebpflb_svc4 and ebpflb_svc6 (struct lb4_svc_val). table_size == 0 means
+    """Value of ebpflb_svc4 and ebpflb_svc6 (struct lb_svc_val). table_size == 0 means
     "refuse"."""
 
     svc_id: int
@@ -178,7 +178,7 @@ class NatEntry:
 
 @dataclass(frozen=True, slots=True)
 class ServiceCounters:
-    """One frontend's ebpflb_svcstats element (struct lb4_svc_stats), summed over CPUs."""
+    """One frontend's ebpflb_svcstats element (struct lb_svc_stats), summed over CPUs."""
 
     sock_xlated: int = 0  # socket-LB connect()/sendmsg() calls translated to a backend
     refused: int = 0  # refused (socket-LB) or dropped (NodePort): no usable backend
@@ -281,7 +281,7 @@ class SlotWrite:
 
 
 class SlotPool(Protocol):
-    """The Maglev slot pool: backend ids, stored two per element (struct lb4_slot_pair).
+    """The Maglev slot pool: backend ids, stored two per element (struct lb_slot_pair).
 
     Tables start at even slots; writes go by whole elements, so a table's last element
     carries a padding slot that is never read (lookups stay below the table size)."""

@@ -39,7 +39,7 @@ class Folded6:
 
 @dataclass(frozen=True, slots=True, order=True)
 class AffinityKey:
-    """struct aff4_key: one client of one frontend. Socket-LB knows a client by its network
+    """struct aff_key: one client of one frontend. Socket-LB knows a client by its network
     namespace (bpf_get_netns_cookie), tc/XDP by its source address: an IPv4 one as it is,
     an IPv6 one folded (`Folded6`). Build one for an address with `for_source`."""
 
@@ -55,7 +55,7 @@ class AffinityKey:
 
     @property
     def kind(self) -> AffClient:
-        """aff4_key.netns: what `client` is."""
+        """aff_key.netns: what `client` is."""
         if isinstance(self.client, IPv4Address):
             return AffClient.ADDR4
         return AffClient.ADDR6 if isinstance(self.client, Folded6) else AffClient.NETNS
@@ -70,7 +70,7 @@ class AffinityKey:
 
 @dataclass(frozen=True, slots=True)
 class AffinityEntry:
-    """struct aff4_val: the backend a client was last sent to, and when."""
+    """struct aff_val: the backend a client was last sent to, and when."""
 
     last_used_ns: int  # bpf_ktime_get_ns() (CLOCK_MONOTONIC) of its last new connection
     backend_id: int
