@@ -89,7 +89,7 @@ static __always_inline struct ct4_entry *ct4_get(const struct flow4 *flow)
 {
 	void *table = ct4_table();
 
-	return table ? bpf_map_lookup_elem(table, flow) : NULL;
+	return table ? bpf_map_lookup_elem(table, (void *)flow) : NULL;
 }
 
 /* ct4_get's twin. */
@@ -97,7 +97,7 @@ static __always_inline struct ct6_entry *ct6_get(const struct flow6 *flow)
 {
 	void *table = ct6_table();
 
-	return table ? bpf_map_lookup_elem(table, flow) : NULL;
+	return table ? bpf_map_lookup_elem(table, (void *)flow) : NULL;
 }
 
 /* Store a flow's entry in the table in use; non-zero on failure. */
@@ -105,7 +105,7 @@ static __always_inline int ct4_store(const struct flow4 *flow, const struct ct4_
 {
 	void *table = ct4_table();
 
-	return table ? bpf_map_update_elem(table, flow, ct, BPF_ANY) : -1;
+	return table ? bpf_map_update_elem(table, (void *)flow, (void *)ct, BPF_ANY) : -1;
 }
 
 /* ct4_store's twin. */
@@ -113,7 +113,7 @@ static __always_inline int ct6_store(const struct flow6 *flow, const struct ct6_
 {
 	void *table = ct6_table();
 
-	return table ? bpf_map_update_elem(table, flow, ct, BPF_ANY) : -1;
+	return table ? bpf_map_update_elem(table, (void *)flow, (void *)ct, BPF_ANY) : -1;
 }
 
 /* A live flow for this tuple, or NULL. A new TCP SYN restarts a closing flow. */

@@ -105,13 +105,33 @@ BPF_TABLE_PINNED("lru_hash", struct aff_key, struct aff_val, ebpflb_aff4,
 BPF_TABLE_PINNED("hash", struct aff_match_key, __u32, ebpflb_affpair4,
 		 EBPFLB_AFFINITY_MAX, EBPFLB_PIN_DIR "/ebpflb_affpair4", BPF_F_NO_PREALLOC);
 
-/* ifindex -> the node address on it: the SNAT source for flows arriving there. */
+/* ifindex -> the node address on it: the SNAT source of flows leaving through it (key 0:
+ * the node's primary address, for interfaces without one). */
 BPF_TABLE_PINNED("hash", __u32, __be32, ebpflb_ifaddr4,
 		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifaddr4", BPF_F_NO_PREALLOC);
 
-/* ifindex -> the IPv6 node address on it: the SNAT source for IPv6 flows arriving there. */
+/* ifindex -> the IPv6 node address on it: ebpflb_ifaddr4's twin. */
 BPF_TABLE_PINNED("hash", __u32, struct addr6, ebpflb_ifaddr6,
 		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifaddr6", BPF_F_NO_PREALLOC);
+
+/* ifindex -> the interface's MTU, written by the agent for every interface of the node's
+ * namespace: the next hop's MTU where bpf_fib_lookup does not give it (5.10, and GRO
+ * aggregates whose segments are checked). */
+BPF_TABLE_PINNED("hash", __u32, __u32, ebpflb_ifmtu,
+		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifmtu", BPF_F_NO_PREALLOC);
+
+/* (source, destination, protocol, id) of a fragmented datagram -> its ports, from its
+ * first fragment, so its later fragments are translated as the first one was. */
+BPF_TABLE_PINNED("lru_hash", struct frag4_key, struct frag_ports, ebpflb_frag4,
+		 EBPFLB_FRAG_MAX, EBPFLB_PIN_DIR "/ebpflb_frag4");
+
+/* ebpflb_frag4's twin for IPv6 fragment headers. */
+BPF_TABLE_PINNED("lru_hash", struct frag6_key, struct frag_ports, ebpflb_frag6,
+		 EBPFLB_FRAG_MAX, EBPFLB_PIN_DIR "/ebpflb_frag6");
+
+/* One element per CPU: the ICMP error path's working set (lib/icmp.h). */
+BPF_TABLE_PINNED("percpu_array", __u32, struct scratch, ebpflb_scratch,
+		 1, EBPFLB_PIN_DIR "/ebpflb_scratch");
 
 /* Per-CPU event counters (STAT_*), summed by the agent at scrape time. */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, ebpflb_stats,

@@ -2,15 +2,19 @@
  * decisions shared by the tc and XDP entry points. These functions only read and write
  * maps and return a verdict and the new header values; each hook applies them with its
  * own helpers. Both families follow the same rules (backend by Maglev slot at the flow
- * hash, remembered in conntrack; SNAT to the interface's node address for a remote
- * backend under externalTrafficPolicy=Cluster; source ranges; session affinity by
- * source); service ids, the slot pool and affinity are shared, the flows are the
- * family's. Each IPv6 function follows its IPv4 twin. */
+ * hash, remembered in conntrack; SNAT to the egress interface's node address for a
+ * remote backend under externalTrafficPolicy=Cluster; source ranges; session affinity by
+ * source; ICMP errors about a flow translated as the flow is); service ids, the slot pool
+ * and affinity are shared, the flows are the family's. Each IPv6 function follows its
+ * IPv4 twin. A later fragment reaches these functions with its first fragment's ports
+ * (lib/frag.h). */
 #ifndef EBPFLB_NODEPORT_H
 #define EBPFLB_NODEPORT_H
 
 #include "conntrack.h"
+#include "fib.h"
 #include "hash.h"
+#include "icmp.h"
 #include "lb.h"
 #include "nat.h"
 #include "pkt.h"
@@ -20,7 +24,7 @@ enum np_verdict {
 	NP_PASS,  /* not ours: leave the packet alone */
 	NP_DROP,  /* ours, but must not be forwarded */
 	NP_XLATE, /* rewrite to *out, then let it continue */
-	NP_REJECT, /* ours, no endpoint anywhere: answer it (lib/reject.h) or drop it */
+	NP_REJECT, /* ours, no endpoint anywhere: answer it (lib/answer.h) or drop it */
 };
 
 /* Whether a LoadBalancer frontend with source ranges accepts this source. */
@@ -88,7 +92,7 @@ static __always_inline void np6_reply(const struct pkt6 *pkt, struct rnat6_val *
 }
 
 /* Start a flow: pick the backend, decide on SNAT, reserve the reply translation. */
-static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
+static __always_inline enum np_verdict np4_new_flow(void *ctx, const struct pkt4 *pkt,
 						    const struct lb_svc_val *svc, __u32 ifindex,
 						    __u64 now, struct ct4_entry *ct)
 {
@@ -114,7 +118,7 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 	ct->svc_id = svc->svc_id;
 	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
 	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
-		nat_addr = ebpflb_ifaddr4.lookup(&ifindex);
+		nat_addr = snat4_source(ctx, ifindex, flow->proto, flow->saddr, backend->addr);
 		if (!nat_addr) {
 			stat_inc(STAT_SNAT_NO_ADDR);
 			return NP_DROP;
@@ -146,7 +150,7 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 }
 
 /* Start an IPv6 flow: pick the backend, decide on SNAT, reserve the reply translation. */
-static __always_inline enum np_verdict np6_new_flow(const struct pkt6 *pkt,
+static __always_inline enum np_verdict np6_new_flow(void *ctx, const struct pkt6 *pkt,
 						    const struct lb_svc_val *svc, __u32 ifindex,
 						    __u64 now, struct ct6_entry *ct)
 {
@@ -171,7 +175,7 @@ static __always_inline enum np_verdict np6_new_flow(const struct pkt6 *pkt,
 	ct->svc_id = svc->svc_id;
 	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
 	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
-		nat_addr = ebpflb_ifaddr6.lookup(&ifindex);
+		nat_addr = snat6_source(ctx, ifindex, flow->proto, flow->saddr, backend->addr);
 		if (!nat_addr) {
 			stat_inc(STAT_SNAT_NO_ADDR);
 			return NP_DROP;
@@ -242,9 +246,9 @@ static __always_inline bool np6_flow_continue(struct ct6_entry *ct, const struct
 	return true;
 }
 
-/* Ingress on a node interface. */
-static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32 ifindex,
-						   struct xlate4 *out)
+/* Ingress on a node interface (`ctx`: the skb or the xdp_md). */
+static __always_inline enum np_verdict np4_ingress(void *ctx, const struct pkt4 *pkt,
+						   __u32 ifindex, struct xlate4 *out)
 {
 	const struct flow4 *flow = &pkt->flow;
 	struct ct4_entry new_ct = {}, *ct;
@@ -253,10 +257,6 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 	enum np_verdict verdict;
 	__u64 now;
 
-	if (pkt->fragment) {
-		stat_inc(STAT_FRAGMENT);
-		return NP_PASS;
-	}
 	now = bpf_ktime_get_ns();
 	/* Replies to SNATed flows come back to a port of the SNAT range: only those packets
 	 * pay for the reply-translation lookup. */
@@ -279,7 +279,7 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 	if (ct && np4_flow_continue(ct, pkt, now)) {
 		stat_inc(STAT_NP_FWD);
 	} else {
-		verdict = np4_new_flow(pkt, svc, ifindex, now, &new_ct);
+		verdict = np4_new_flow(ctx, pkt, svc, ifindex, now, &new_ct);
 		out->svc_id = svc->svc_id; /* NP_REJECT: the tc hook counts the refusal */
 		if (verdict != NP_XLATE)
 			return verdict;
@@ -293,9 +293,9 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 	return NP_XLATE;
 }
 
-/* Ingress on a node interface, IPv6. */
-static __always_inline enum np_verdict np6_ingress(const struct pkt6 *pkt, __u32 ifindex,
-						   struct xlate6 *out)
+/* np4_ingress' twin. */
+static __always_inline enum np_verdict np6_ingress(void *ctx, const struct pkt6 *pkt,
+						   __u32 ifindex, struct xlate6 *out)
 {
 	const struct flow6 *flow = &pkt->flow;
 	struct ct6_entry new_ct = {}, *ct;
@@ -304,10 +304,6 @@ static __always_inline enum np_verdict np6_ingress(const struct pkt6 *pkt, __u32
 	enum np_verdict verdict;
 	__u64 now;
 
-	if (pkt->fragment) {
-		stat_inc(STAT_FRAGMENT);
-		return NP_PASS;
-	}
 	now = bpf_ktime_get_ns();
 	if (bpf_ntohs(flow->dport) >= EBPFLB_SNAT_PORT_MIN &&
 	    bpf_ntohs(flow->dport) <= EBPFLB_SNAT_PORT_MAX) {
@@ -328,7 +324,7 @@ static __always_inline enum np_verdict np6_ingress(const struct pkt6 *pkt, __u32
 	if (ct && np6_flow_continue(ct, pkt, now)) {
 		stat_inc(STAT_NP_FWD);
 	} else {
-		verdict = np6_new_flow(pkt, svc, ifindex, now, &new_ct);
+		verdict = np6_new_flow(ctx, pkt, svc, ifindex, now, &new_ct);
 		out->svc_id = svc->svc_id;
 		if (verdict != NP_XLATE)
 			return verdict;
@@ -352,8 +348,6 @@ static __always_inline enum np_verdict np4_egress(const struct pkt4 *pkt, struct
 {
 	struct rnat4_val *rnat;
 
-	if (pkt->fragment)
-		return NP_PASS;
 	rnat = ebpflb_rnat4.lookup((struct flow4 *)&pkt->flow);
 	if (!rnat || (rnat->flags & RNAT_F_SNAT))
 		return NP_PASS;
@@ -368,14 +362,165 @@ static __always_inline enum np_verdict np6_egress(const struct pkt6 *pkt, struct
 {
 	struct rnat6_val *rnat;
 
-	if (pkt->fragment)
-		return NP_PASS;
 	rnat = ebpflb_rnat6.lookup((struct flow6 *)&pkt->flow);
 	if (!rnat || (rnat->flags & RNAT_F_SNAT))
 		return NP_PASS;
 	np6_reply(pkt, rnat, bpf_ktime_get_ns(), out);
 	addr6_copy(out->daddr, pkt->flow.daddr); /* the client, unchanged */
 	out->dport = pkt->flow.dport;
+	return NP_XLATE;
+}
+
+/* The reply tuple of the flow an ICMP error's embedded packet belongs to, whichever way
+ * that packet went: the embedded tuple reversed. Towards a backend, it is the key of the
+ * reply translation (ebpflb_rnat4); towards the client, of the flow's conntrack entry. */
+static __always_inline void icmp4_flow_key(struct flow4 *key, const struct flow4 *inner)
+{
+	key->saddr = inner->daddr;
+	key->daddr = inner->saddr;
+	key->sport = inner->dport;
+	key->dport = inner->sport;
+	key->proto = inner->proto;
+}
+
+/* icmp4_flow_key's twin. */
+static __always_inline void icmp6_flow_key(struct flow6 *key, const struct flow6 *inner)
+{
+	addr6_copy(key->saddr, inner->daddr);
+	addr6_copy(key->daddr, inner->saddr);
+	key->sport = inner->dport;
+	key->dport = inner->sport;
+	key->proto = inner->proto;
+}
+
+/* An ICMP error arriving on a node interface about a flow this node translates, sent (as
+ * errors are) to the source of the packet it is about:
+ * - to a SNAT source, about a packet of the client's sent on to the backend (a router on
+ *   the way, or the backend itself, answering it): shown to the client as about its own
+ *   packet to the frontend, and from the frontend when the backend itself answered (as
+ *   the backend's replies are);
+ * - to a frontend, about a reply this node sent as the frontend (a router on the client's
+ *   side): shown to the backend as about its own reply.
+ * NP_XLATE with the outer header's new addresses in *out and err->inner turned into the
+ * embedded packet's new tuple (the rewrite reads the old one from the packet); NP_PASS when
+ * it is about no flow of ours. */
+static __always_inline enum np_verdict np4_icmp_ingress(const struct pkt4 *pkt,
+							struct icmp4_err *err,
+							struct xlate4 *out)
+{
+	struct flow4 key = {};
+	struct rnat4_val *rnat;
+	struct ct4_entry *ct;
+
+	if (pkt->flow.daddr != err->inner.saddr)
+		return NP_PASS;
+	icmp4_flow_key(&key, &err->inner);
+	rnat = ebpflb_rnat4.lookup(&key);
+	if (rnat && (rnat->flags & RNAT_F_SNAT)) {
+		out->daddr = rnat->client_addr;
+		out->saddr = pkt->flow.saddr == key.saddr ? rnat->frontend_addr : pkt->flow.saddr;
+		err->inner.saddr = rnat->client_addr;
+		err->inner.sport = rnat->client_port;
+		err->inner.daddr = rnat->frontend_addr;
+		err->inner.dport = rnat->frontend_port;
+		return NP_XLATE;
+	}
+	ct = ct4_get(&key);
+	if (!ct || ct->expires < bpf_ktime_get_ns())
+		return NP_PASS;
+	err->inner.saddr = ct->backend_addr;
+	err->inner.sport = ct->backend_port;
+	err->inner.daddr = (ct->flags & CT_F_SNAT) ? ct->nat_addr : key.saddr;
+	err->inner.dport = (ct->flags & CT_F_SNAT) ? ct->nat_port : key.sport;
+	out->daddr = ct->backend_addr;
+	out->saddr = pkt->flow.saddr;
+	return NP_XLATE;
+}
+
+/* np4_icmp_ingress' twin. */
+static __always_inline enum np_verdict np6_icmp_ingress(const struct pkt6 *pkt,
+							struct icmp6_err *err,
+							struct xlate6 *out)
+{
+	struct flow6 key = {};
+	struct rnat6_val *rnat;
+	struct ct6_entry *ct;
+
+	if (!addr6_equal(pkt->flow.daddr, err->inner.saddr))
+		return NP_PASS;
+	icmp6_flow_key(&key, &err->inner);
+	rnat = ebpflb_rnat6.lookup(&key);
+	if (rnat && (rnat->flags & RNAT_F_SNAT)) {
+		addr6_copy(out->daddr, rnat->client_addr);
+		if (addr6_equal(pkt->flow.saddr, key.saddr)) /* the backend itself answered */
+			addr6_copy(out->saddr, rnat->frontend_addr);
+		else
+			addr6_copy(out->saddr, pkt->flow.saddr);
+		addr6_copy(err->inner.saddr, rnat->client_addr);
+		err->inner.sport = rnat->client_port;
+		addr6_copy(err->inner.daddr, rnat->frontend_addr);
+		err->inner.dport = rnat->frontend_port;
+		return NP_XLATE;
+	}
+	ct = ct6_get(&key);
+	if (!ct || ct->expires < bpf_ktime_get_ns())
+		return NP_PASS;
+	addr6_copy(err->inner.saddr, ct->backend_addr);
+	err->inner.sport = ct->backend_port;
+	if (ct->flags & CT_F_SNAT) {
+		addr6_copy(err->inner.daddr, ct->nat_addr);
+		err->inner.dport = ct->nat_port;
+	} else {
+		addr6_copy(err->inner.daddr, key.saddr);
+		err->inner.dport = key.sport;
+	}
+	addr6_copy(out->daddr, ct->backend_addr);
+	addr6_copy(out->saddr, pkt->flow.saddr);
+	return NP_XLATE;
+}
+
+/* An ICMP error leaving a node interface towards a client about the client's packet to a
+ * local backend (the backend answering it, or this node's own forwarding path: too big
+ * for the next hop, handed the packet DNATed): shown as about the client's packet to the
+ * frontend, from the frontend. NP_PASS when it is about no flow of ours. */
+static __always_inline enum np_verdict np4_icmp_egress(const struct pkt4 *pkt,
+						       struct icmp4_err *err,
+						       struct xlate4 *out)
+{
+	struct flow4 key = {};
+	struct rnat4_val *rnat;
+
+	if (pkt->flow.daddr != err->inner.saddr)
+		return NP_PASS;
+	icmp4_flow_key(&key, &err->inner);
+	rnat = ebpflb_rnat4.lookup(&key);
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS;
+	err->inner.daddr = rnat->frontend_addr;
+	err->inner.dport = rnat->frontend_port;
+	out->saddr = rnat->frontend_addr;
+	out->daddr = pkt->flow.daddr;
+	return NP_XLATE;
+}
+
+/* np4_icmp_egress' twin. */
+static __always_inline enum np_verdict np6_icmp_egress(const struct pkt6 *pkt,
+						       struct icmp6_err *err,
+						       struct xlate6 *out)
+{
+	struct flow6 key = {};
+	struct rnat6_val *rnat;
+
+	if (!addr6_equal(pkt->flow.daddr, err->inner.saddr))
+		return NP_PASS;
+	icmp6_flow_key(&key, &err->inner);
+	rnat = ebpflb_rnat6.lookup(&key);
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS;
+	addr6_copy(err->inner.daddr, rnat->frontend_addr);
+	err->inner.dport = rnat->frontend_port;
+	addr6_copy(out->saddr, rnat->frontend_addr);
+	addr6_copy(out->daddr, pkt->flow.daddr);
 	return NP_XLATE;
 }
 

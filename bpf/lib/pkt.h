@@ -26,7 +26,11 @@
 #include "csum.h"
 #include "structs.h"
 
-#define IP_FRAG_MASK 0x3fff /* MF flag + fragment offset, host order after ntohs */
+#define IP_FRAG_MASK 0x3fff   /* MF flag + fragment offset, host order after ntohs */
+#define IP_OFFSET_MASK 0x1fff /* the fragment offset alone */
+#ifndef IP_DF
+#define IP_DF 0x4000 /* do not fragment, host order */
+#endif
 #define TCP_FLAGS_OFF 13    /* byte of the TCP header holding the flags below */
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
@@ -39,22 +43,45 @@
 #define NEXTHDR_ROUTING 43
 #define NEXTHDR_FRAGMENT 44
 #define NEXTHDR_DEST 60        /* destination options */
+#ifndef IPPROTO_ICMPV6
+#define IPPROTO_ICMPV6 58
+#endif
+#define IP6_OFFSET_MASK 0xfff8 /* a fragment header's offset (host order; M is bit 0) */
+
+/* The IPv6 fragment header (RFC 8200 4.5). */
+struct frag_hdr6 {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off;       /* offset in 8-byte units << 3 | M flag */
+	__be32 identification; /* the datagram's id, with its source and destination */
+};
 
 /* What parsing a packet found. */
 enum pkt_parse {
 	PKT_OK,          /* a TCP/UDP packet (or a fragment of one), parsed */
 	PKT_NOT_OURS,    /* anything else: passed untouched */
 	PKT_EXT_HEADERS, /* IPv6 extension headers the programs do not walk: counted, passed */
+	PKT_ICMP,        /* an ICMP (ICMPv6) message, not a fragment: lib/icmp.h looks closer */
+};
+
+/* Where a packet stands in its datagram. A first fragment carries the L4 header, so its
+ * ports are parsed; a later one has none: its ports are the first one's, remembered by
+ * lib/frag.h under the datagram's (source, destination, protocol, identification). */
+enum pkt_frag {
+	FRAG_NONE,  /* a whole datagram */
+	FRAG_FIRST, /* offset 0, more fragments follow: ports parsed */
+	FRAG_LATER, /* offset > 0: no L4 header, ports unknown until recalled */
 };
 
 /* What the programs need of one packet. Offsets are from the start of the skb data. */
 struct pkt4 {
-	struct flow4 flow; /* addresses and ports as on the wire */
+	struct flow4 flow; /* addresses and ports as on the wire (a later fragment's: recalled) */
 	__u32 l3_off;      /* IPv4 header */
-	__u32 l4_off;      /* TCP/UDP header */
+	__u32 l4_off;      /* TCP/UDP (or ICMP) header; a later fragment: its payload */
 	__u32 len;         /* skb length, for byte counters */
 	__u8 tcp_flags;    /* TCP_FLAG_*; 0 for UDP */
-	__u8 fragment;     /* 1: a fragment, ports unknown (or not the first) */
+	__u8 frag;         /* enum pkt_frag */
+	__be16 frag_id;    /* IPv4 identification, when a fragment */
 };
 
 /* New addresses and ports for a translated packet. */
@@ -68,12 +95,13 @@ struct xlate4 {
 
 /* struct pkt4's twin for IPv6. */
 struct pkt6 {
-	struct flow6 flow; /* addresses and ports as on the wire */
+	struct flow6 flow; /* addresses and ports as on the wire (a later fragment's: recalled) */
 	__u32 l3_off;      /* IPv6 header */
-	__u32 l4_off;      /* TCP/UDP header, after any extension headers */
+	__u32 l4_off;      /* TCP/UDP (or ICMPv6) header, after any extension headers */
 	__u32 len;         /* packet length, for byte counters */
 	__u8 tcp_flags;    /* TCP_FLAG_*; 0 for UDP */
-	__u8 fragment;     /* 1: a fragment, ports unknown (or not the first) */
+	__u8 frag;         /* enum pkt_frag */
+	__be32 frag_id;    /* the fragment header's identification, when a fragment */
 };
 
 /* struct xlate4's twin: new addresses and ports of a translated packet. */
@@ -98,13 +126,38 @@ static __always_inline void addr6_copy(__be32 dst[4], const __be32 src[4])
 	dst[3] = src[3];
 }
 
-/* An IPv4 TCP/UDP packet parsed into *pkt (PKT_OK), or PKT_NOT_OURS. Takes the packet
- * bounds rather than a context so tc (skb) and xdp share it. */
+/* The ports (and TCP flags) of the TCP/UDP header at `l4`; false when it is cut short. */
+static __always_inline bool l4_ports_parse(void *l4, void *data_end, __u8 proto, __be16 *sport,
+					   __be16 *dport, __u8 *tcp_flags)
+{
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *tcp = l4;
+
+		if ((void *)(tcp + 1) > data_end)
+			return false;
+		*sport = tcp->source;
+		*dport = tcp->dest;
+		*tcp_flags = ((__u8 *)tcp)[TCP_FLAGS_OFF];
+		return true;
+	}
+	struct udphdr *udp = l4;
+
+	if ((void *)(udp + 1) > data_end)
+		return false;
+	*sport = udp->source;
+	*dport = udp->dest;
+	return true;
+}
+
+/* An IPv4 TCP/UDP packet or fragment parsed into *pkt (PKT_OK), an ICMP message
+ * (PKT_ICMP: addresses and l4_off set), or PKT_NOT_OURS. Takes the packet bounds rather
+ * than a context so tc (skb) and xdp share it. */
 static __always_inline enum pkt_parse pkt4_parse(void *data, void *data_end, __u32 len,
 						 struct pkt4 *pkt)
 {
 	struct ethhdr *eth = data;
 	struct iphdr *ip;
+	__u16 frag_off;
 	__u32 ihl;
 
 	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
@@ -112,10 +165,20 @@ static __always_inline enum pkt_parse pkt4_parse(void *data, void *data_end, __u
 	ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > data_end || ip->version != 4)
 		return PKT_NOT_OURS;
-	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
-		return PKT_NOT_OURS;
 	ihl = ip->ihl * 4;
 	if (ihl < sizeof(*ip))
+		return PKT_NOT_OURS;
+	frag_off = bpf_ntohs(ip->frag_off) & IP_FRAG_MASK;
+	if (ip->protocol == IPPROTO_ICMP && !frag_off) {
+		pkt->flow.saddr = ip->saddr;
+		pkt->flow.daddr = ip->daddr;
+		pkt->flow.proto = IPPROTO_ICMP;
+		pkt->l3_off = sizeof(*eth);
+		pkt->l4_off = sizeof(*eth) + ihl;
+		pkt->len = len;
+		return PKT_ICMP;
+	}
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
 		return PKT_NOT_OURS;
 	pkt->flow.saddr = ip->saddr;
 	pkt->flow.daddr = ip->daddr;
@@ -124,31 +187,25 @@ static __always_inline enum pkt_parse pkt4_parse(void *data, void *data_end, __u
 	pkt->l4_off = sizeof(*eth) + ihl;
 	pkt->len = len;
 	pkt->tcp_flags = 0;
-	pkt->fragment = (bpf_ntohs(ip->frag_off) & IP_FRAG_MASK) != 0;
-	if (pkt->fragment)
-		return PKT_OK;
-	if (ip->protocol == IPPROTO_TCP) {
-		struct tcphdr *tcp = data + pkt->l4_off;
-
-		if ((void *)(tcp + 1) > data_end)
-			return PKT_NOT_OURS;
-		pkt->flow.sport = tcp->source;
-		pkt->flow.dport = tcp->dest;
-		pkt->tcp_flags = ((__u8 *)tcp)[TCP_FLAGS_OFF];
-	} else {
-		struct udphdr *udp = data + pkt->l4_off;
-
-		if ((void *)(udp + 1) > data_end)
-			return PKT_NOT_OURS;
-		pkt->flow.sport = udp->source;
-		pkt->flow.dport = udp->dest;
+	pkt->frag = FRAG_NONE;
+	if (frag_off) {
+		pkt->frag_id = ip->id;
+		if (frag_off & IP_OFFSET_MASK) {
+			pkt->frag = FRAG_LATER;
+			return PKT_OK;
+		}
+		pkt->frag = FRAG_FIRST;
 	}
+	if (!l4_ports_parse(data + pkt->l4_off, data_end, pkt->flow.proto, &pkt->flow.sport,
+			    &pkt->flow.dport, &pkt->tcp_flags))
+		return PKT_NOT_OURS;
 	return PKT_OK;
 }
 
 /* pkt4_parse's twin: PKT_EXT_HEADERS for extension headers the programs do not walk (a
  * routing header, more than IPV6_MAX_EXT_HEADERS, or longer ones than PKT6_L4_OFF_MAX
- * allows). */
+ * allows). A fragment header is the last header walked: a first fragment's L4 header
+ * follows it. */
 static __always_inline enum pkt_parse pkt6_parse(void *data, void *data_end, __u32 len,
 						 struct pkt6 *pkt)
 {
@@ -167,7 +224,7 @@ static __always_inline enum pkt_parse pkt6_parse(void *data, void *data_end, __u
 	pkt->l3_off = sizeof(*eth);
 	pkt->len = len;
 	pkt->tcp_flags = 0;
-	pkt->fragment = 0;
+	pkt->frag = FRAG_NONE;
 	next = ip6->nexthdr;
 	off = sizeof(*eth) + sizeof(*ip6);
 #pragma unroll
@@ -185,30 +242,29 @@ static __always_inline enum pkt_parse pkt6_parse(void *data, void *data_end, __u
 	    off > PKT6_L4_OFF_MAX)
 		return PKT_EXT_HEADERS;
 	if (next == NEXTHDR_FRAGMENT) {
-		pkt->flow.proto = 0;
-		pkt->fragment = 1;
-		return PKT_OK;
+		struct frag_hdr6 *frag = data + off;
+
+		if ((void *)(frag + 1) > data_end)
+			return PKT_NOT_OURS;
+		next = frag->nexthdr;
+		pkt->frag_id = frag->identification;
+		off += sizeof(*frag);
+		pkt->frag = bpf_ntohs(frag->frag_off) & IP6_OFFSET_MASK ? FRAG_LATER : FRAG_FIRST;
+	}
+	if (next == IPPROTO_ICMPV6 && pkt->frag == FRAG_NONE) {
+		pkt->flow.proto = IPPROTO_ICMPV6;
+		pkt->l4_off = off;
+		return PKT_ICMP;
 	}
 	if (next != IPPROTO_TCP && next != IPPROTO_UDP)
 		return PKT_NOT_OURS;
 	pkt->flow.proto = next;
 	pkt->l4_off = off;
-	if (next == IPPROTO_TCP) {
-		struct tcphdr *tcp = data + off;
-
-		if ((void *)(tcp + 1) > data_end)
-			return PKT_NOT_OURS;
-		pkt->flow.sport = tcp->source;
-		pkt->flow.dport = tcp->dest;
-		pkt->tcp_flags = ((__u8 *)tcp)[TCP_FLAGS_OFF];
-	} else {
-		struct udphdr *udp = data + off;
-
-		if ((void *)(udp + 1) > data_end)
-			return PKT_NOT_OURS;
-		pkt->flow.sport = udp->source;
-		pkt->flow.dport = udp->dest;
-	}
+	if (pkt->frag == FRAG_LATER)
+		return PKT_OK;
+	if (!l4_ports_parse(data + (off & PKT6_L4_OFF_MAX), data_end, next, &pkt->flow.sport,
+			    &pkt->flow.dport, &pkt->tcp_flags))
+		return PKT_NOT_OURS;
 	return PKT_OK;
 }
 
@@ -249,9 +305,13 @@ static __always_inline int pkt4_rewrite(struct __sk_buff *skb, const struct pkt4
 	__be16 old_port = is_src ? pkt->flow.sport : pkt->flow.dport;
 	__u64 l4_flags = pkt4_l4_csum_flags(pkt);
 
+	/* A later fragment has no L4 header: the first fragment's checksum covers the whole
+	 * datagram and takes the address change. */
+	bool has_l4 = pkt->frag != FRAG_LATER;
+
 	if (addr != old_addr) {
-		if (bpf_l4_csum_replace(skb, csum_off, old_addr, addr,
-					l4_flags | BPF_F_PSEUDO_HDR | sizeof(addr)) < 0)
+		if (has_l4 && bpf_l4_csum_replace(skb, csum_off, old_addr, addr,
+						  l4_flags | BPF_F_PSEUDO_HDR | sizeof(addr)) < 0)
 			return -1;
 		if (bpf_l3_csum_replace(skb, pkt->l3_off + offsetof(struct iphdr, check),
 					old_addr, addr, sizeof(addr)) < 0)
@@ -259,7 +319,7 @@ static __always_inline int pkt4_rewrite(struct __sk_buff *skb, const struct pkt4
 		if (bpf_skb_store_bytes(skb, addr_off, &addr, sizeof(addr), 0) < 0)
 			return -1;
 	}
-	if (port != old_port) {
+	if (has_l4 && port != old_port) {
 		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, l4_flags | sizeof(port)) < 0)
 			return -1;
 		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0) < 0)
@@ -283,18 +343,21 @@ static __always_inline int pkt6_rewrite(struct __sk_buff *skb, const struct pkt6
 
 	/* Both addresses are on the stack already (struct pkt6, struct xlate6): the helpers
 	 * read them there (casts: BCC's prototypes take non-const pointers). */
+	bool has_l4 = pkt->frag != FRAG_LATER; /* see pkt4_rewrite */
+
 	if (!addr6_equal(addr, old_addr)) {
 		/* A 32-bit sum, unfolded before Linux 6.12 on x86, which BCC's `int` return type
 		 * shows as negative from 2^31 on: not an error (the helper fails only for sizes
 		 * that are not multiples of 4, and these are constant). */
 		diff = (__u32)bpf_csum_diff((void *)old_addr, 16, (void *)addr, 16, 0);
 		/* size 0: `diff` is a checksum difference, not one old/new field */
-		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, l4_flags | BPF_F_PSEUDO_HDR) < 0)
+		if (has_l4 &&
+		    bpf_l4_csum_replace(skb, csum_off, 0, diff, l4_flags | BPF_F_PSEUDO_HDR) < 0)
 			return -1;
 		if (bpf_skb_store_bytes(skb, addr_off, (void *)addr, 16, 0) < 0)
 			return -1;
 	}
-	if (port != old_port) {
+	if (has_l4 && port != old_port) {
 		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, l4_flags | sizeof(port)) < 0)
 			return -1;
 		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0) < 0)

@@ -219,6 +219,39 @@ struct addr6 {
 	__be32 addr[4]; /* a global IPv6 address of the interface */
 };
 
+/* A fragmented IPv4 datagram: the key of ebpflb_frag4 (RFC 791: source, destination,
+ * protocol and identification name one datagram). */
+struct frag4_key {
+	__be32 saddr; /* source address */
+	__be32 daddr; /* destination address */
+	__be16 id;    /* IP identification */
+	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;     /* zero */
+};
+
+/* struct frag4_key's twin: an IPv6 datagram in fragments (its fragment header's id). */
+struct frag6_key {
+	__be32 saddr[4]; /* source address */
+	__be32 daddr[4]; /* destination address */
+	__be32 id;       /* the fragment header's identification */
+	__u8 proto;      /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[3];     /* zero */
+};
+
+/* The ports of a fragmented datagram, from its first fragment: the later ones follow. */
+struct frag_ports {
+	__be16 sport; /* source port */
+	__be16 dport; /* destination port */
+};
+
+/* Per-CPU room for the ICMP error path's working set (lib/icmp.h struct icmp4_work and
+ * icmp6_work: the packet, what it is about, copies of the embedded headers it rewrites):
+ * next to the rest of a tc program's path they do not fit its 512-byte stack. Opaque
+ * here: only that path reads it, and only while it runs (the element is this CPU's). */
+struct scratch {
+	__u8 bytes[EBPFLB_SCRATCH_SIZE]; /* the path's struct, at the start */
+};
+
 /* Per-frontend datapath counters: value of the per-CPU ebpflb_svcstats, keyed by
  * lb_svc_val.svc_id (the agent zeroes an id's element before a new frontend takes it). */
 struct lb_svc_stats {

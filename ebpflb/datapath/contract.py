@@ -38,8 +38,10 @@ CType: TypeAlias = "type[ct.Structure] | type[ct._SimpleCData[Any]]"
 # ---- fixed constants (consts.h) ------------------------------------------------------------
 
 SVC_NAME_LEN = 144  # EBPFLB_SVC_NAME_LEN: "namespace/name:port" + NUL in ebpflb_svcmeta
-MAX_IFACES = 64  # EBPFLB_MAX_IFACES: entries of ebpflb_ifaddr4
-STAT_MAX = 24  # entries of ebpflb_stats: the counters below, and room for new ones
+MAX_IFACES = 64  # EBPFLB_MAX_IFACES: entries of ebpflb_ifaddr4, ebpflb_ifaddr6, ebpflb_ifmtu
+FRAG_MAX = 8192  # EBPFLB_FRAG_MAX: fragmented datagrams remembered (ebpflb_frag4, _frag6)
+SCRATCH_SIZE = 512  # EBPFLB_SCRATCH_SIZE: bytes of ebpflb_scratch's per-CPU element
+STAT_MAX = 32  # entries of ebpflb_stats: the counters below, and room for new ones
 SLOTS_PER_ELEMENT = 2  # struct lb_slot_pair: two Maglev slots per 8-byte array element
 # src_range4_key.prefixlen counts the service id's bits before the address prefix.
 SRC_RANGE_ID_PREFIXLEN = 32
@@ -112,6 +114,9 @@ class Counter(enum.IntEnum):
     NP_REJECT = 19
     NP6_EXT_HEADER = 20
     MTU_EXCEEDED = 21
+    ICMP_XLATED = 22
+    TOO_BIG_SENT = 23
+    FRAG_UNKNOWN = 24
 
     @property
     def label(self) -> str:
@@ -135,6 +140,8 @@ def c_constants() -> dict[str, int]:
     found = {
         "EBPFLB_SVC_NAME_LEN": SVC_NAME_LEN,
         "EBPFLB_MAX_IFACES": MAX_IFACES,
+        "EBPFLB_FRAG_MAX": FRAG_MAX,
+        "EBPFLB_SCRATCH_SIZE": SCRATCH_SIZE,
         "STAT_MAX": STAT_MAX,
         "SRC_RANGE_ID_PREFIXLEN": SRC_RANGE_ID_PREFIXLEN,
         "SRC_RANGE_EXACT_PREFIXLEN": SRC_RANGE_EXACT_PREFIXLEN,
@@ -164,7 +171,7 @@ class Lb4SvcKey(ct.Structure):
     _network_order_ = ("addr", "port")
 
 
-class Lb4SvcVal(ct.Structure):
+class LbSvcVal(ct.Structure):
     """struct lb_svc_val"""
 
     _fields_ = [
@@ -177,7 +184,7 @@ class Lb4SvcVal(ct.Structure):
     _network_order_ = ()
 
 
-class Lb4SlotPair(ct.Structure):
+class LbSlotPair(ct.Structure):
     """struct lb_slot_pair"""
 
     _fields_ = [("backend_id", ct.c_uint32 * SLOTS_PER_ELEMENT)]
@@ -243,7 +250,7 @@ class Lb6RevskVal(ct.Structure):
     _network_order_ = ("addr", "port")
 
 
-class Lb4SvcMeta(ct.Structure):
+class LbSvcMeta(ct.Structure):
     """struct lb_svc_meta"""
 
     _fields_ = [("name", ct.c_char * SVC_NAME_LEN)]
@@ -423,7 +430,47 @@ class Addr6(ct.Structure):
     _network_order_ = ("addr",)
 
 
-class Lb4SvcStats(ct.Structure):
+class Frag4Key(ct.Structure):
+    """struct frag4_key"""
+
+    _fields_ = [
+        ("saddr", ct.c_uint32),
+        ("daddr", ct.c_uint32),
+        ("id", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("pad", ct.c_uint8),
+    ]
+    _network_order_ = ("saddr", "daddr", "id")
+
+
+class Frag6Key(ct.Structure):
+    """struct frag6_key"""
+
+    _fields_ = [
+        ("saddr", ct.c_uint32 * 4),
+        ("daddr", ct.c_uint32 * 4),
+        ("id", ct.c_uint32),
+        ("proto", ct.c_uint8),
+        ("pad", ct.c_uint8 * 3),
+    ]
+    _network_order_ = ("saddr", "daddr", "id")
+
+
+class FragPorts(ct.Structure):
+    """struct frag_ports"""
+
+    _fields_ = [("sport", ct.c_uint16), ("dport", ct.c_uint16)]
+    _network_order_ = ("sport", "dport")
+
+
+class Scratch(ct.Structure):
+    """struct scratch"""
+
+    _fields_ = [("bytes", ct.c_uint8 * SCRATCH_SIZE)]
+    _network_order_ = ()
+
+
+class LbSvcStats(ct.Structure):
     """struct lb_svc_stats (one CPU's counters of one frontend)"""
 
     _fields_ = [
@@ -436,7 +483,7 @@ class Lb4SvcStats(ct.Structure):
     _network_order_ = ()
 
 
-class Aff4Key(ct.Structure):
+class AffKey(ct.Structure):
     """struct aff_key (client: a netns cookie, or an IPv4 address in network order in
     its first four bytes; the control plane never writes it)"""
 
@@ -449,7 +496,7 @@ class Aff4Key(ct.Structure):
     _network_order_ = ()
 
 
-class Aff4Val(ct.Structure):
+class AffVal(ct.Structure):
     """struct aff_val"""
 
     _fields_ = [
@@ -460,7 +507,7 @@ class Aff4Val(ct.Structure):
     _network_order_ = ()
 
 
-class Aff4MatchKey(ct.Structure):
+class AffMatchKey(ct.Structure):
     """struct aff_match_key"""
 
     _fields_ = [
@@ -472,10 +519,10 @@ class Aff4MatchKey(ct.Structure):
 
 STRUCTS: dict[str, type[ct.Structure]] = {
     "lb4_svc_key": Lb4SvcKey,
-    "lb_svc_val": Lb4SvcVal,
-    "lb_slot_pair": Lb4SlotPair,
+    "lb_svc_val": LbSvcVal,
+    "lb_slot_pair": LbSlotPair,
     "lb4_backend": Lb4Backend,
-    "lb_svc_meta": Lb4SvcMeta,
+    "lb_svc_meta": LbSvcMeta,
     "lb6_svc_key": Lb6SvcKey,
     "lb6_backend": Lb6Backend,
     "lb6_revsk_key": Lb6RevskKey,
@@ -493,10 +540,14 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "rnat6_val": Rnat6Val,
     "src_range6_key": SrcRange6Key,
     "addr6": Addr6,
-    "lb_svc_stats": Lb4SvcStats,
-    "aff_key": Aff4Key,
-    "aff_val": Aff4Val,
-    "aff_match_key": Aff4MatchKey,
+    "frag4_key": Frag4Key,
+    "frag6_key": Frag6Key,
+    "frag_ports": FragPorts,
+    "scratch": Scratch,
+    "lb_svc_stats": LbSvcStats,
+    "aff_key": AffKey,
+    "aff_val": AffVal,
+    "aff_match_key": AffMatchKey,
 }
 
 
@@ -585,6 +636,10 @@ class MapName(enum.StrEnum):
     REPLY_NAT6 = "ebpflb_rnat6"
     SOURCE_RANGES6 = "ebpflb_srcrng6"
     IFACE_ADDRS6 = "ebpflb_ifaddr6"
+    IFACE_MTUS = "ebpflb_ifmtu"
+    FRAGMENTS = "ebpflb_frag4"
+    FRAGMENTS6 = "ebpflb_frag6"
+    SCRATCH = "ebpflb_scratch"
 
 
 class MapType(enum.IntEnum):
@@ -650,7 +705,7 @@ MAPS: dict[MapName, MapSpec] = {
             MapName.SERVICES,
             MapType.HASH,
             Lb4SvcKey,
-            Lb4SvcVal,
+            LbSvcVal,
             MAX_SERVICES,
             flags=BPF_F_NO_PREALLOC,
         ),
@@ -660,7 +715,7 @@ MAPS: dict[MapName, MapSpec] = {
             MapName.SERVICES6,
             MapType.HASH,
             Lb6SvcKey,
-            Lb4SvcVal,
+            LbSvcVal,
             MAX_SERVICES,
             flags=BPF_F_NO_PREALLOC,
         ),
@@ -670,7 +725,7 @@ MAPS: dict[MapName, MapSpec] = {
             MapName.SLOTS,
             MapType.ARRAY,
             ct.c_uint32,
-            Lb4SlotPair,
+            LbSlotPair,
             SLOT_POOL_SIZE,
             per_entry=SLOTS_PER_ELEMENT,
             flags=BPF_F_MMAPABLE | BPF_F_INNER_MAP,
@@ -681,7 +736,7 @@ MAPS: dict[MapName, MapSpec] = {
             MapName.SERVICE_META,
             MapType.HASH,
             ct.c_uint32,
-            Lb4SvcMeta,
+            LbSvcMeta,
             MAX_SERVICES,
             flags=BPF_F_NO_PREALLOC,
         ),
@@ -756,11 +811,23 @@ MAPS: dict[MapName, MapSpec] = {
             MAX_IFACES,
             flags=BPF_F_NO_PREALLOC,
         ),
-        MapSpec(MapName.AFFINITY, MapType.LRU_HASH, Aff4Key, Aff4Val, AFFINITY_MAX),
+        MapSpec(
+            MapName.IFACE_MTUS,
+            MapType.HASH,
+            ct.c_uint32,
+            ct.c_uint32,
+            MAX_IFACES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
+        MapSpec(MapName.FRAGMENTS, MapType.LRU_HASH, Frag4Key, FragPorts, FRAG_MAX),
+        MapSpec(MapName.FRAGMENTS6, MapType.LRU_HASH, Frag6Key, FragPorts, FRAG_MAX),
+        # The ICMP error path's per-CPU working set: one element.
+        MapSpec(MapName.SCRATCH, MapType.PERCPU_ARRAY, ct.c_uint32, Scratch, 1),
+        MapSpec(MapName.AFFINITY, MapType.LRU_HASH, AffKey, AffVal, AFFINITY_MAX),
         MapSpec(
             MapName.AFFINITY_MATCH,
             MapType.HASH,
-            Aff4MatchKey,
+            AffMatchKey,
             ct.c_uint32,
             AFFINITY_MAX,
             flags=BPF_F_NO_PREALLOC,
@@ -771,7 +838,7 @@ MAPS: dict[MapName, MapSpec] = {
             MapName.SERVICE_STATS,
             MapType.PERCPU_ARRAY,
             ct.c_uint32,
-            Lb4SvcStats,
+            LbSvcStats,
             MAX_SERVICES,
             extra=1,
         ),

@@ -26,6 +26,7 @@ from ebpflb.errors import MapError
 from ebpflb.model import Backend, BackendFlags, Frontend, IPAddress, Proto, SvcFlags, host_port
 
 __all__ = [  # MapName and SLOTS_PER_ELEMENT are the contract's, re-exported for convenience
+    "PRIMARY_IFINDEX",
     "SLOTS_PER_ELEMENT",
     "AddrPort",
     "AffinityMatch",
@@ -256,11 +257,15 @@ class FamilyKeyValueMap(KeyValueMap[K, V], Protocol):
         ...
 
 
+PRIMARY_IFINDEX = 0  # no interface has it: the entry of the node's primary address
+
+
 @dataclass(frozen=True, slots=True)
 class InterfaceAddresses:
     """ebpflb_ifaddr4 and ebpflb_ifaddr6: ifindex -> the node address of each family that
-    NodePort flows arriving on that interface are SNATed to. An interface without an
-    address of a family has no entry there (the programs count snat_no_addr)."""
+    NodePort flows leaving by that interface are SNATed to, and PRIMARY_IFINDEX -> the
+    node's primary address, for an egress interface without one (no entry at all: the
+    programs count snat_no_addr)."""
 
     v4: Mapping[int, IPv4Address] = field(default_factory=dict)
     v6: Mapping[int, IPv6Address] = field(default_factory=dict)
@@ -389,6 +394,10 @@ class MapSet(Protocol):
     def interface_addresses(self) -> InterfaceAddresses:
         """ifindex -> the node address SNAT uses on that interface, per family
         (ebpflb_ifaddr4, ebpflb_ifaddr6)."""
+        ...
+
+    def interface_mtus(self) -> dict[int, int]:
+        """ifindex -> MTU (ebpflb_ifmtu)."""
         ...
 
     def counters(self) -> dict[str, int]:

@@ -82,8 +82,8 @@ class AffinityTable(Protocol):
     def items(self) -> Iterator[tuple[AffinityKey, AffinityEntry]]: ...
 
 
-def encode_key(key: AffinityKey) -> contract.Aff4Key:
-    raw = contract.Aff4Key()
+def encode_key(key: AffinityKey) -> contract.AffKey:
+    raw = contract.AffKey()
     if isinstance(key.client, IPv4Address):
         # The C code stores the packet's __be32 source zero-extended into the u64.
         raw.client = layout.addr_to_be32(key.client)
@@ -95,7 +95,7 @@ def encode_key(key: AffinityKey) -> contract.Aff4Key:
     return raw
 
 
-def decode_key(raw: contract.Aff4Key) -> AffinityKey:
+def decode_key(raw: contract.AffKey) -> AffinityKey:
     """ValueError for a kind no program writes (a newer layout, or garbage)."""
     kind, svc_id = AffClient(int(raw.netns)), int(raw.svc_id)
     if kind is AffClient.NETNS:
@@ -105,11 +105,11 @@ def decode_key(raw: contract.Aff4Key) -> AffinityKey:
     return AffinityKey(layout.be32_to_addr(int(raw.client) & 0xFFFFFFFF), svc_id)
 
 
-def encode_value(entry: AffinityEntry) -> contract.Aff4Val:
-    return contract.Aff4Val(entry.last_used_ns, entry.backend_id, 0)
+def encode_value(entry: AffinityEntry) -> contract.AffVal:
+    return contract.AffVal(entry.last_used_ns, entry.backend_id, 0)
 
 
-def decode_value(raw: contract.Aff4Val) -> AffinityEntry:
+def decode_value(raw: contract.AffVal) -> AffinityEntry:
     return AffinityEntry(int(raw.last_used), int(raw.backend_id))
 
 
@@ -131,8 +131,8 @@ class PinnedAffinity:
             raise
         self._map: KernelMap[AffinityKey, AffinityEntry] = KernelMap(
             self._pinned,
-            Codec(contract.Aff4Key, encode_key, decode_key),
-            Codec(contract.Aff4Val, encode_value, decode_value),
+            Codec(contract.AffKey, encode_key, decode_key),
+            Codec(contract.AffVal, encode_value, decode_value),
         )
 
     def get(self, key: AffinityKey) -> AffinityEntry | None:

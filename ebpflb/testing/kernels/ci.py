@@ -66,6 +66,8 @@ PLACEMENTS: Sequence[Placement] = (
     _every("test_socket_lb6.py"),
     _every("test_nodeport.py"),
     _every("test_bulk.py"),
+    _every("test_real_networks.py"),
+    _every("test_overlay.py"),
     _every("test_semantics_policy.py"),
     _every("test_semantics_affinity.py"),
     _every("test_semantics_udp.py"),
