@@ -14,11 +14,12 @@
  *   follow their datagram's first fragment (lib/frag.h).
  * egress (ebpflb_np_out): a reply from a local backend (no SNAT) gets the frontend as its
  *   source again, and so does an ICMP error about such a flow (the backend's own, or the
- *   forwarding path's about a DNATed packet that did not fit).
+ *   forwarding path's about a DNATed packet that did not fit); the fragments the stack
+ *   made of a packet left to it get their translated source.
  *
  * Return codes: TC_ACT_OK lets the (possibly rewritten) packet continue; TC_ACT_SHOT drops
- * it (source outside loadBalancerSourceRanges, no usable backend, no SNAT port, no route,
- * too big without DF); a packet to a service with no endpoint at all is answered instead
+ * it (source outside loadBalancerSourceRanges, no usable backend, no SNAT port, no route);
+ * a packet to a service with no endpoint at all is answered instead
  * (TCP RST, ICMP or ICMPv6 port unreachable: lib/answer.h);
  * TC_ACT_REDIRECT (from bpf_redirect*) sends it out of the chosen interface.
  */
@@ -51,6 +52,8 @@ static __always_inline int np4_forward(struct __sk_buff *skb, const struct pkt4 
 	case FIB_SEND:
 		break;
 	case FIB_TOO_BIG:
+		if (tc_may_fragment4(skb, pkt))
+			return tc_fragment4(skb, pkt, out);
 		return tc_too_big4(skb, pkt, mtu);
 	default:
 		return TC_ACT_SHOT;
@@ -274,6 +277,8 @@ static EBPFLB_NOINLINE int np4_out(struct __sk_buff *skb)
 	struct xlate4 out = {};
 	struct pkt4 pkt = {};
 
+	int rc;
+
 	switch (pkt4_parse(data, data_end, skb->len, &pkt)) {
 	case PKT_OK:
 		break;
@@ -282,6 +287,8 @@ static EBPFLB_NOINLINE int np4_out(struct __sk_buff *skb)
 	default:
 		return TC_ACT_OK;
 	}
+	if (pkt.frag != FRAG_NONE && tc_fragmented4_out(skb, &pkt, &rc))
+		return rc;
 	if (pkt.frag == FRAG_LATER && !frag4_recall(&pkt))
 		return TC_ACT_OK;
 	if (np4_egress(&pkt, &out) != NP_XLATE)

@@ -8,9 +8,10 @@
  *   ip6tables' REJECT does by default; Linux fails a connecting TCP socket with
  *   ECONNREFUSED on it), so the client fails at once instead of retrying until it times
  *   out;
- * - a packet this node must forward that does not fit the next hop: fragmentation needed
- *   (IPv4 with DF) or packet too big (IPv6), with the next hop's MTU, as a router's
- *   forwarding path does, so the sender's path MTU discovery works through the node. The
+ * - a packet this node must forward that does not fit the next hop and may not be
+ *   fragmented: fragmentation needed (IPv4 with DF, and GRO aggregates) or packet too big
+ *   (IPv6), with the next hop's MTU, as a router's forwarding path does, so the sender's
+ *   path MTU discovery works through the node (IPv4 without DF is fragmented: frag.h). The
  *   answer embeds the packet as its sender sent it (before any translation): that is the
  *   flow the sender's stack matches it to.
  *
@@ -179,19 +180,22 @@ static __always_inline int tc_reject4_udp(struct __sk_buff *skb, const struct pk
 	return tc_icmp4_answer(skb, pkt, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0, STAT_NP_REJECT);
 }
 
-/* A packet to forward that does not fit the next hop (`mtu`; 0: unknown): fragmentation
- * needed when it may not be fragmented (DF), as the forwarding path answers; without DF
- * the stack would fragment it, which a program cannot: dropped, counted. */
-static __always_inline int tc_too_big4(struct __sk_buff *skb, const struct pkt4 *pkt, __u32 mtu)
+/* Whether an IPv4 packet too big for the next hop may be fragmented instead of answered:
+ * DF clear, and not a GRO aggregate (whose segments the stack cuts, not fragments). */
+static __always_inline bool tc_may_fragment4(struct __sk_buff *skb, const struct pkt4 *pkt)
 {
 	__be16 frag_off;
 
-	if (bpf_skb_load_bytes(skb, pkt->l3_off + offsetof(struct iphdr, frag_off), &frag_off,
-			       sizeof(frag_off)) < 0 ||
-	    !(frag_off & bpf_htons(IP_DF))) {
-		stat_inc(STAT_MTU_EXCEEDED);
-		return TC_ACT_SHOT;
-	}
+	if (skb->gso_size || bpf_skb_load_bytes(skb, pkt->l3_off + offsetof(struct iphdr, frag_off),
+						&frag_off, sizeof(frag_off)) < 0)
+		return false;
+	return !(frag_off & bpf_htons(IP_DF));
+}
+
+/* A packet to forward that does not fit the next hop (`mtu`; 0: unknown) and may not be
+ * fragmented: fragmentation needed, as the forwarding path answers. */
+static __always_inline int tc_too_big4(struct __sk_buff *skb, const struct pkt4 *pkt, __u32 mtu)
+{
 	/* RFC 1191: the next-hop MTU in the low 16 bits of the second word; with none known,
 	 * 0 (the sender falls back to RFC 1191's plateaus) */
 	return tc_icmp4_answer(skb, pkt, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,

@@ -208,10 +208,11 @@
 #define STAT_AFFINITY_HIT    18 /* new connection sent to the client's affinity backend */
 #define STAT_NP_REJECT       19 /* RST / ICMP port unreachable sent (SVC_F_REJECT) */
 #define STAT_NP6_EXT_HEADER  20 /* IPv6 extension headers not walked: passed untranslated */
-#define STAT_MTU_EXCEEDED    21 /* dropped: too big for the next hop, no ICMP possible (IPv4 DF clear) */
+#define STAT_MTU_EXCEEDED    21 /* dropped: too big for the next hop, and neither answered nor fragmented */
 #define STAT_ICMP_XLATED     22 /* ICMP/ICMPv6 error about a translated flow translated back */
 #define STAT_TOO_BIG_SENT    23 /* fragmentation needed / packet too big sent back for a packet */
 #define STAT_FRAG_UNKNOWN    24 /* later fragment of no remembered datagram: passed untranslated */
+#define STAT_FRAGMENTED      25 /* too big without DF: handed to the stack to fragment (IPv4) */
 #define STAT_MAX             32 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

@@ -125,6 +125,12 @@ BPF_TABLE_PINNED("hash", __u32, __u32, ebpflb_ifmtu,
 BPF_TABLE_PINNED("lru_hash", struct frag4_key, struct frag_ports, ebpflb_frag4,
 		 EBPFLB_FRAG_MAX, EBPFLB_PIN_DIR "/ebpflb_frag4");
 
+/* (source, translated destination, protocol, id) of an IPv4 datagram the stack fragments
+ * -> the source its fragments leave with (lib/frag.h). IPv6 needs none: its routers never
+ * fragment, packet too big is always the answer. */
+BPF_TABLE_PINNED("lru_hash", struct frag4_key, struct defer4_val, ebpflb_defer4,
+		 EBPFLB_FRAG_MAX, EBPFLB_PIN_DIR "/ebpflb_defer4");
+
 /* ebpflb_frag4's twin for IPv6 fragment headers. */
 BPF_TABLE_PINNED("lru_hash", struct frag6_key, struct frag_ports, ebpflb_frag6,
 		 EBPFLB_FRAG_MAX, EBPFLB_PIN_DIR "/ebpflb_frag6");

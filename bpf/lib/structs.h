@@ -238,6 +238,15 @@ struct frag6_key {
 	__u8 pad[3];     /* zero */
 };
 
+/* The source an IPv4 packet handed to the stack to fragment (too big for the next hop, DF
+ * clear) gets on its way out, with the datagram's id in the key (struct frag4_key, its
+ * destination already translated): every fragment the stack makes of it finds it. */
+struct defer4_val {
+	__be32 saddr; /* the node address it leaves from (SNAT, or the frontend of a reply) */
+	__be16 sport; /* and port (the first fragment's L4 header) */
+	__u16 pad;    /* zero */
+};
+
 /* The ports of a fragmented datagram, from its first fragment: the later ones follow. */
 struct frag_ports {
 	__be16 sport; /* source port */

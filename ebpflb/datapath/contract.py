@@ -117,6 +117,7 @@ class Counter(enum.IntEnum):
     ICMP_XLATED = 22
     TOO_BIG_SENT = 23
     FRAG_UNKNOWN = 24
+    FRAGMENTED = 25
 
     @property
     def label(self) -> str:
@@ -456,6 +457,13 @@ class Frag6Key(ct.Structure):
     _network_order_ = ("saddr", "daddr", "id")
 
 
+class Defer4Val(ct.Structure):
+    """struct defer4_val"""
+
+    _fields_ = [("saddr", ct.c_uint32), ("sport", ct.c_uint16), ("pad", ct.c_uint16)]
+    _network_order_ = ("saddr", "sport")
+
+
 class FragPorts(ct.Structure):
     """struct frag_ports"""
 
@@ -543,6 +551,7 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "frag4_key": Frag4Key,
     "frag6_key": Frag6Key,
     "frag_ports": FragPorts,
+    "defer4_val": Defer4Val,
     "scratch": Scratch,
     "lb_svc_stats": LbSvcStats,
     "aff_key": AffKey,
@@ -640,6 +649,7 @@ class MapName(enum.StrEnum):
     FRAGMENTS = "ebpflb_frag4"
     FRAGMENTS6 = "ebpflb_frag6"
     SCRATCH = "ebpflb_scratch"
+    FRAG_DEFER = "ebpflb_defer4"
 
 
 class MapType(enum.IntEnum):
@@ -821,6 +831,7 @@ MAPS: dict[MapName, MapSpec] = {
         ),
         MapSpec(MapName.FRAGMENTS, MapType.LRU_HASH, Frag4Key, FragPorts, FRAG_MAX),
         MapSpec(MapName.FRAGMENTS6, MapType.LRU_HASH, Frag6Key, FragPorts, FRAG_MAX),
+        MapSpec(MapName.FRAG_DEFER, MapType.LRU_HASH, Frag4Key, Defer4Val, FRAG_MAX),
         # The ICMP error path's per-CPU working set: one element.
         MapSpec(MapName.SCRATCH, MapType.PERCPU_ARRAY, ct.c_uint32, Scratch, 1),
         MapSpec(MapName.AFFINITY, MapType.LRU_HASH, AffKey, AffVal, AFFINITY_MAX),

@@ -147,14 +147,11 @@ def curl(
     """One curl run in `netns` over `urls` (one connection, kept alive between them, when
     they share a host); with `upload`, each is a PUT of that file. Bodies go to /dev/null
     but for their size."""
-    argv = ["curl", "-sS", "--max-time", str(int(timeout)), "-o", "/dev/null"]
-    argv += ["-w", CURL_FORMAT]
+    argv = ["curl", "-sS", "--max-time", str(int(timeout)), "-w", CURL_FORMAT]
     if upload is not None:
         argv += ["-T", str(upload)]
-    for url in urls:
-        argv += [url]
-        if url is not urls[-1]:
-            argv += ["-o", "/dev/null"]
+    for url in urls:  # each -o names the next URL's output
+        argv += ["-o", "/dev/null", url]
     done = namespaces.run(netns, argv, cgroup, timeout=timeout + 10)  # type: ignore[arg-type]
     if done.returncode != 0:
         raise RuntimeError(f"curl {' '.join(urls)}: exit {done.returncode}: {done.stderr.strip()}")

@@ -363,6 +363,7 @@ GRO_PAYLOAD = bytes(range(256)) * 11  # 2,816 bytes: the skb is 2,870 > MTU 1,50
 GRO_SEGMENT6 = 1428  # 1500 - 40 (IPv6) - 32
 GRO_NEW = "a GRO aggregate (gso_size set) of a new flow to a remote backend: forwarded whole"
 GRO6_NEW = "IPv6: a GRO aggregate of a new flow to a remote backend: forwarded whole"
+BIG_NO_DF = "one packet larger than the next hop's MTU, DF clear: left to the stack to fragment"
 # The same bytes with DF set, as TCP sends them: too big for the next hop, answered.
 BIG_DF = (
     Ether(src=MAC[CLIENT], dst=MAC["eth0"])
@@ -607,20 +608,83 @@ CASES: tuple[Case, ...] = (
         flows=(REMOTE6_FLOW,),
         gso_size=GRO_SEGMENT6,
     ),
-    # The same bytes as one packet (no gso_size) do not fit the next hop. Without DF the
-    # stack would fragment it, which a program cannot: not sent, counted (never silently).
-    # XDP leaves it to tc, which sees the flow XDP started.
+    # The same bytes as one packet (no gso_size) do not fit the next hop. Without DF a
+    # router fragments it, which a program cannot: the stack does, the destination
+    # translated here, the source on the way out (the next two cases). XDP leaves it to
+    # tc, which sees the flow XDP started.
     Case(
-        "one packet larger than the next hop's MTU, DF clear: not forwarded, counted",
+        BIG_NO_DF,
         Program.TC_INGRESS,
         client(40001, (NODE, 30081), tcp_flags="A", payload=GRO_PAYLOAD),
-        SHOT,
-        UNCHECKED,
-        counters={NEW: 1, Counter.MTU_EXCEEDED: 1},
+        OK,
+        Frame(
+            MAC[CLIENT], MAC["eth0"], (CLIENT, 40001), NODE2_POD, tcp_flags="A", payload=GRO_PAYLOAD
+        ),
+        counters={NEW: 1, Counter.FRAGMENTED: 1},
         flows=(REMOTE_FLOW,),
     ),
     Case(
-        "one packet larger than the next hop's MTU, DF clear: left to tc untranslated",
+        "the stack's first fragment of it leaves with the flow's SNAT source",
+        Program.TC_EGRESS,
+        Frame(
+            MAC["eth1"],
+            MAC[NODE2],
+            (CLIENT, 40001),
+            NODE2_POD,
+            tcp_flags="A",
+            ttl=63,
+            payload=GRO_PAYLOAD[:1448],
+            frag_id=1,
+            more_fragments=True,
+        ),
+        OK,
+        Frame(
+            MAC["eth1"],
+            MAC[NODE2],
+            (NODE_ETH1, Ref.SNAT_PORT),
+            NODE2_POD,
+            tcp_flags="A",
+            ttl=63,
+            payload=GRO_PAYLOAD[:1448],
+            frag_id=1,
+            more_fragments=True,
+        ),
+        counters={Counter.FRAGMENT: 1},
+        flows=(REMOTE_FLOW,),
+        after=(BIG_NO_DF,),
+        link="eth1",
+    ),
+    Case(
+        "the stack's later fragment of it leaves with the SNAT address",
+        Program.TC_EGRESS,
+        Frame(
+            MAC["eth1"],
+            MAC[NODE2],
+            (CLIENT, 40001),
+            NODE2_POD,
+            ttl=63,
+            payload=GRO_PAYLOAD[1468:2016],
+            frag_id=1,
+            frag_offset=185,
+        ),
+        OK,
+        Frame(
+            MAC["eth1"],
+            MAC[NODE2],
+            (NODE_ETH1, 0),
+            NODE2_POD,
+            ttl=63,
+            payload=GRO_PAYLOAD[1468:2016],
+            frag_id=1,
+            frag_offset=185,
+        ),
+        counters={Counter.FRAGMENT: 1},
+        flows=(REMOTE_FLOW,),
+        after=(BIG_NO_DF,),
+        link="eth1",
+    ),
+    Case(
+        "one packet larger than the next hop's MTU, DF clear: left to tc",
         Program.XDP,
         client(40001, (NODE, 30081), tcp_flags="A", payload=GRO_PAYLOAD),
         PASS,

@@ -20,6 +20,9 @@ NO_TWIN = {
     "tc_reject4_tcp": "tc_reject6 answers TCP and UDP alike with ICMPv6 port unreachable"
     " (ip6tables' default REJECT); IPv4 answers TCP with a RST as iptables' REJECT does",
     "tc_reject4_udp": "see tc_reject4_tcp: one IPv6 answer for both protocols",
+    "tc_may_fragment4": "IPv6 routers never fragment: too big is always packet too big",
+    "tc_fragment4": "see tc_may_fragment4",
+    "tc_fragmented4_out": "see tc_may_fragment4",
 }
 
 

@@ -52,6 +52,7 @@ def max_entries(maps: FakeMapSet) -> dict[MapName, int]:
         MapName.IFACE_MTUS: 64,
         MapName.FRAGMENTS: 8192,
         MapName.FRAGMENTS6: 8192,
+        MapName.FRAG_DEFER: 8192,
     }
 
 
@@ -71,6 +72,7 @@ def counted(maps: FakeMapSet) -> dict[MapName, int]:
         MapName.IFACE_MTUS: 3,
         MapName.FRAGMENTS: 0,
         MapName.FRAGMENTS6: 0,
+        MapName.FRAG_DEFER: 0,
     }
 
 
@@ -142,6 +144,7 @@ def test_an_agent_reports_every_pinned_map() -> None:
             MapName.IFACE_MTUS,
             MapName.FRAGMENTS,
             MapName.FRAGMENTS6,
+            MapName.FRAG_DEFER,
         ]
     )
     assert levels["ebpflb_affpair4"].entries == len(maps.affinity_match)  # the reconciler's
