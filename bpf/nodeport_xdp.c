@@ -1,8 +1,10 @@
 /* The NodePort/LoadBalancer/external-IP ingress path in XDP (--xdp native|generic), for
  * IPv4 and IPv6.
  *
- * Same decisions as the tc ingress program (lib/nodeport.h, lib/nodeport6.h, shared
- * conntrack and maps), taken before the kernel allocates an skb. A packet whose source
+ * Same decisions as the tc ingress program (lib/nodeport.h, shared conntrack and maps),
+ * taken before the kernel allocates an skb. ICMP errors and IP fragments go on to tc,
+ * which translates them (its skb helpers reach embedded headers; a fragment follows its
+ * datagram's first there). A packet whose source
  * becomes a node address is sent on here (XDP_TX back out of the same interface, or
  * XDP_REDIRECT); a DNAT-only packet goes on to the stack (XDP_PASS). When the next hop's
  * MAC is unknown XDP cannot resolve it, so the packet goes to the stack untranslated and
@@ -13,7 +15,6 @@
 
 #include "lib/fib.h"
 #include "lib/nodeport.h"
-#include "lib/nodeport6.h"
 
 /* After a translation: XDP_TX or a redirect for a packet whose source became a node
  * address (`forward`, *fib looked up), else XDP_PASS. */
@@ -34,9 +35,11 @@ static __always_inline int np4_xdp(struct xdp_md *ctx, void *data, void *data_en
 	struct pkt4 pkt = {};
 	bool forward;
 
-	if (pkt4_parse(data, data_end, data_end - data, &pkt) < 0)
+	/* ICMP and fragments are tc's (the skb helpers rewrite embedded headers; a later
+	 * fragment follows its first one there) */
+	if (pkt4_parse(data, data_end, data_end - data, &pkt) != PKT_OK || pkt.frag != FRAG_NONE)
 		return XDP_PASS;
-	switch (np4_ingress(&pkt, ctx->ingress_ifindex, &out)) {
+	switch (np4_ingress(ctx, &pkt, ctx->ingress_ifindex, &out)) {
 	case NP_DROP:
 		return XDP_DROP;
 	case NP_PASS:
@@ -47,7 +50,7 @@ static __always_inline int np4_xdp(struct xdp_md *ctx, void *data, void *data_en
 	}
 	/* The source becomes a node address: this program must forward the packet. */
 	forward = out.saddr != pkt.flow.saddr;
-	if (forward && fib4_lookup(ctx, ctx->ingress_ifindex, &pkt, out.saddr, out.daddr,
+	if (forward && fib4_lookup(ctx, ctx->ingress_ifindex, pkt.flow.proto, out.saddr, out.daddr,
 				   pkt.len - pkt.l3_off, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return XDP_PASS; /* untranslated: tc resolves the neighbour and translates */
 	if (pkt4_xlate_xdp(ctx, &out) < 0)
@@ -67,9 +70,9 @@ static __always_inline int np6_xdp(struct xdp_md *ctx, void *data, void *data_en
 	bool forward;
 
 	/* Extension headers past the walk are counted by tc, which sees the packet next. */
-	if (pkt6_parse(data, data_end, data_end - data, &pkt) < 0)
+	if (pkt6_parse(data, data_end, data_end - data, &pkt) != PKT_OK || pkt.frag != FRAG_NONE)
 		return XDP_PASS;
-	switch (np6_ingress(&pkt, ctx->ingress_ifindex, &out)) {
+	switch (np6_ingress(ctx, &pkt, ctx->ingress_ifindex, &out)) {
 	case NP_DROP:
 		return XDP_DROP;
 	case NP_PASS:
@@ -79,7 +82,7 @@ static __always_inline int np6_xdp(struct xdp_md *ctx, void *data, void *data_en
 		break;
 	}
 	forward = !addr6_equal(out.saddr, pkt.flow.saddr);
-	if (forward && fib6_lookup(ctx, ctx->ingress_ifindex, &pkt, out.saddr, out.daddr,
+	if (forward && fib6_lookup(ctx, ctx->ingress_ifindex, pkt.flow.proto, out.saddr, out.daddr,
 				   pkt.len - pkt.l3_off, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return XDP_PASS;
 	if (pkt6_xlate_xdp(ctx, &pkt, &out) < 0)

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from ebpflb.clock import RealClock
 from ebpflb.config import Config, XdpMode, place_snat_ports
 from ebpflb.datapath import addrwatch, probes
-from ebpflb.datapath.contract import MapName
+from ebpflb.datapath.contract import MAX_IFACES, MapName
 from ebpflb.datapath.maps import InterfaceAddresses, pins
 from ebpflb.datapath.maps.kernel import KernelMapSet
 from ebpflb.datapath.programs import loader, netdev
@@ -123,6 +123,31 @@ def _pause_gc() -> Callable[[], None]:
         _release_free_memory()
 
     return settle
+
+
+def write_interface_maps(
+    maps: KernelMapSet,
+    previous: InterfaceAddresses,
+    state: addrwatch.AddressState,
+    metrics: Metrics,
+) -> InterfaceAddresses:
+    """Every interface's SNAT source and MTU into the maps (ebpflb_ifaddr4/6, ebpflb_ifmtu);
+    the sources written. Interfaces beyond the maps' size are left out, logged and counted:
+    flows leaving by one of them take the node's primary address."""
+    sources, left_out = addrwatch.snat_sources(previous, state)
+    if left_out:
+        log.error(
+            "%d interfaces with a node address do not fit ebpflb_ifaddr4/6 (EBPFLB_MAX_IFACES"
+            " = %d, the primary address's entry included): flows leaving by them are SNATed"
+            " to the primary address",
+            left_out,
+            MAX_IFACES,
+        )
+        metrics.map_errors.labels(MapName.IFACE_ADDRS.value, "full").inc(left_out)
+    if sources != previous:
+        maps.set_interface_addresses(sources)
+    maps.set_interface_mtus(addrwatch.interface_mtus(state))
+    return sources
 
 
 def _release_free_memory() -> None:
@@ -259,8 +284,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
         _release_free_memory()  # what the compiler freed
         with KernelMapSet(config.bpffs_dir, config.slot_pool_size) as maps:
-            snat = addrwatch.snat_sources(InterfaceAddresses(), addresses, watched)
-            maps.set_interface_addresses(snat)
+            snat = write_interface_maps(maps, InterfaceAddresses(), addresses, metrics)
             if nodeport is not None:
                 modes = nodeport.attach(interfaces)
                 status.interfaces_attached({name: mode.value for name, mode in modes.items()})
@@ -313,10 +337,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
 
                 def addresses_changed(state: addrwatch.AddressState) -> None:
                     nonlocal snat
-                    sources = addrwatch.snat_sources(snat, state, watched)
-                    if sources != snat:
-                        maps.set_interface_addresses(sources)
-                        snat = sources
+                    snat = write_interface_maps(maps, snat, state, metrics)
                     agent.set_node_addresses(
                         state.node_addresses(watched), state.primary_addresses()
                     )

@@ -22,7 +22,8 @@ log() { printf 'setup: %s\n' "$*"; }
 packages=(python3-bpfcc libbpfcc bpftool linux-headers-amd64 iproute2 iptables nftables
           python3-venv python3-dev util-linux procps kmod ethtool  # python3-dev: ebpflb/maglev/fill.c
           gcc libc6-dev conntrack nfacct  # ebpflb bench: its client, conntrack flushes, kube-proxy counters
-          iperf3)  # bulk TCP through a NodePort (tests/kernel/nodeport/test_bulk.py, ebpflb bench bulk)
+          iperf3  # bulk TCP through a NodePort (tests/kernel/nodeport/test_bulk.py, ebpflb bench bulk)
+          nginx-core curl dnsmasq-base bind9-dnsutils)  # real servers and clients in namespaces
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,8 +31,16 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # Packages with a service (nginx) must not start it on the machine itself: the tests run
+    # their own servers inside namespaces. policy-rc.d tells invoke-rc.d to start nothing.
+    policy=/usr/sbin/policy-rc.d
+    own_policy=
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && own_policy=1
+    fi
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    [ -z "$own_policy" ] || rm -f "$policy"
 fi
 
 kernel=$(uname -r)

@@ -67,8 +67,19 @@
 #define EBPFLB_AFFINITY_MAX 65536
 #endif
 
-/* Interfaces the tc/xdp programs are attached to (ebpflb_ifaddr4, ebpflb_ifaddr6). */
+/* Interfaces with a node address or an MTU the programs need (ebpflb_ifaddr4,
+ * ebpflb_ifaddr6, ebpflb_ifmtu): every interface of the node's network namespace with an
+ * address (the SNAT source is the egress interface's), and key 0 for the node's primary
+ * address (egress interfaces with none of their own). */
 #define EBPFLB_MAX_IFACES 64
+
+/* Fragmented datagrams in flight whose first fragment's ports are remembered
+ * (ebpflb_frag4, ebpflb_frag6; LRU: an old datagram's entry goes first). Cilium's
+ * bpf-fragments-map-max default. */
+#define EBPFLB_FRAG_MAX 8192
+
+/* Bytes of the per-CPU scratch element (ebpflb_scratch): the ICMP path's working set. */
+#define EBPFLB_SCRATCH_SIZE 512
 
 /* SNAT source ports, host order, inclusive: by default outside Linux's ephemeral ports
  * (net.ipv4.ip_local_port_range 32768-60999) and the NodePort range; the agent places
@@ -126,7 +137,7 @@
 #define LB_SCOPE_EXTERNAL 0 /* the entry every hook looks up first */
 #define LB_SCOPE_INTERNAL 1 /* in-node clients' entry, when SVC_F_INTERNAL_SCOPE says so */
 
-/* lb4_svc_val.flags: service type of the frontend and per-service behaviour. */
+/* lb_svc_val.flags: service type of the frontend and per-service behaviour. */
 #define SVC_F_CLUSTER_IP    (1 << 0) /* frontend is the ClusterIP */
 #define SVC_F_NODE_PORT     (1 << 1) /* frontend is a node address on its nodePort */
 #define SVC_F_LOADBALANCER  (1 << 2) /* frontend is a status.loadBalancer ingress IP */
@@ -155,7 +166,7 @@
 #define SRC_RANGE_EXACT_PREFIXLEN (SRC_RANGE_ID_PREFIXLEN + 32) /* one source address */
 #define SRC_RANGE6_EXACT_PREFIXLEN (SRC_RANGE_ID_PREFIXLEN + 128) /* one IPv6 source */
 
-/* aff4_key.netns: what aff4_key.client identifies. */
+/* aff_key.netns: what aff_key.client identifies. */
 #define AFF_CLIENT_ADDR4 0 /* tc/XDP: an IPv4 source address (its first four bytes) */
 #define AFF_CLIENT_NETNS 1 /* socket-LB: the client's network namespace cookie */
 #define AFF_CLIENT_ADDR6 2 /* tc/XDP: an IPv6 source address folded to 64 bits */
@@ -190,14 +201,18 @@
 #define STAT_SNAT_EXHAUSTED  11 /* dropped: every SNAT port tried is held by a live flow */
 #define STAT_SRC_RANGE_DROP  12 /* dropped: source outside loadBalancerSourceRanges */
 #define STAT_CT_CREATE_FAIL  13 /* dropped: conntrack entry could not be stored */
-#define STAT_FRAGMENT        14 /* IP fragment passed untranslated (no L4 header to match) */
+#define STAT_FRAGMENT        14 /* IP fragment translated (ports: its datagram's first fragment's) */
 #define STAT_FIB_FAIL        15 /* dropped: no route for a translated packet */
 #define STAT_SNAT_NO_ADDR    16 /* dropped: SNAT needed, no node address on the interface */
 #define STAT_RNAT_STORE_FAIL 17 /* dropped: reply translation not stored (ebpflb_rnat4 full) */
 #define STAT_AFFINITY_HIT    18 /* new connection sent to the client's affinity backend */
 #define STAT_NP_REJECT       19 /* RST / ICMP port unreachable sent (SVC_F_REJECT) */
 #define STAT_NP6_EXT_HEADER  20 /* IPv6 extension headers not walked: passed untranslated */
-#define STAT_MTU_EXCEEDED    21 /* dropped: translated packet (or its GSO segments) too big for the next hop */
-#define STAT_MAX             24 /* array size; spare room for new counters */
+#define STAT_MTU_EXCEEDED    21 /* dropped: too big for the next hop, and neither answered nor fragmented */
+#define STAT_ICMP_XLATED     22 /* ICMP/ICMPv6 error about a translated flow translated back */
+#define STAT_TOO_BIG_SENT    23 /* fragmentation needed / packet too big sent back for a packet */
+#define STAT_FRAG_UNKNOWN    24 /* later fragment of no remembered datagram: passed untranslated */
+#define STAT_FRAGMENTED      25 /* too big without DF: handed to the stack to fragment (IPv4) */
+#define STAT_MAX             32 /* array size; spare room for new counters */
 
 #endif /* EBPFLB_CONSTS_H */

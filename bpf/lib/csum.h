@@ -1,6 +1,7 @@
-/* One's-complement checksum updates (RFC 1624) for headers rewritten in place (XDP, where
- * the skb checksum helpers do not exist). They work on 16-bit words as they sit in
- * memory: the sum is byte-order independent, so no conversion is needed. */
+/* One's-complement checksums: updates (RFC 1624) for headers rewritten in place (XDP, and
+ * headers copied to the stack, where the skb checksum helpers do not reach), and folding
+ * bpf_csum_diff's 32-bit sums. They work on 16-bit words as they sit in memory: the sum is
+ * byte-order independent, so no conversion is needed. */
 #ifndef EBPFLB_CSUM_H
 #define EBPFLB_CSUM_H
 
@@ -29,6 +30,16 @@ static __always_inline void csum_replace4(__u16 *sum, __u32 from, __u32 to)
 {
 	csum_replace2(sum, (__u16)(from >> 16), (__u16)(to >> 16));
 	csum_replace2(sum, (__u16)from, (__u16)to);
+}
+
+/* The checksum of data whose 32-bit one's-complement sum is `sum` (bpf_csum_diff's). */
+static __always_inline __u16 csum_fold32(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
 }
 
 #endif /* EBPFLB_CSUM_H */

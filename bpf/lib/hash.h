@@ -54,7 +54,7 @@ static __always_inline __u32 flow6_hash(const struct flow6 *flow)
 	return jhash_3words(flow->daddr[2], flow->daddr[3], ports ^ flow->proto, h);
 }
 
-/* An IPv6 source as an affinity client (aff4_key.client, AFF_CLIENT_ADDR6): the two
+/* An IPv6 source as an affinity client (aff_key.client, AFF_CLIENT_ADDR6): the two
  * halves XORed, so the addresses of one /64 (one prefix, many interface ids) stay
  * distinct. Two clients that collide share an affinity entry, nothing more. */
 static __always_inline __u64 addr6_fold(const __be32 addr[4])

@@ -7,7 +7,7 @@
 #include "maps.h"
 #include "stats.h"
 
-static __always_inline struct lb4_svc_val *lb4_lookup_service(__be32 addr, __be16 port,
+static __always_inline struct lb_svc_val *lb4_lookup_service(__be32 addr, __be16 port,
 							       __u8 proto, __u8 scope)
 {
 	struct lb4_svc_key key = {
@@ -24,10 +24,10 @@ static __always_inline struct lb4_svc_val *lb4_lookup_service(__be32 addr, __be1
  * to an internal-scope entry (externalTrafficPolicy=Local: external traffic is limited to
  * local backends, traffic from inside the cluster is not, as with kube-proxy). A missing
  * internal entry (written just after its external one) leaves the external one in use. */
-static __always_inline struct lb4_svc_val *lb4_lookup_service_in_node(__be32 addr, __be16 port,
+static __always_inline struct lb_svc_val *lb4_lookup_service_in_node(__be32 addr, __be16 port,
 								       __u8 proto)
 {
-	struct lb4_svc_val *svc, *internal;
+	struct lb_svc_val *svc, *internal;
 
 	svc = lb4_lookup_service(addr, port, proto, LB_SCOPE_EXTERNAL);
 	if (!svc || !(svc->flags & SVC_F_INTERNAL_SCOPE))
@@ -55,10 +55,10 @@ static __always_inline void *lb_backend_lookup(__u32 backend_id, bool v6)
  * when the service has no usable backend (table_size == 0) or, counted as
  * STAT_SLOT_MISS, when a slot or backend is missing. The slot pool is shared by both
  * families: the frontend's family says which backend array its ids index. */
-static __always_inline void *lb_select_backend(const struct lb4_svc_val *svc, __u32 hash,
+static __always_inline void *lb_select_backend(const struct lb_svc_val *svc, __u32 hash,
 					       __u32 *backend_id_out, bool v6)
 {
-	struct lb4_slot_pair *pair;
+	struct lb_slot_pair *pair;
 	__u32 slot, pair_index, backend_id, pool_index = 0;
 	void *pool, *backend;
 
@@ -89,15 +89,15 @@ miss:
  * one of the frontend's (ebpflb_affpair4, which also gives the timeout) and the timeout
  * has not passed since the client's last new connection. Service ids are shared by both
  * families, so the affinity maps are too. */
-static __always_inline void *lb_affinity_backend(const struct aff4_key *key, __u64 now,
+static __always_inline void *lb_affinity_backend(const struct aff_key *key, __u64 now,
 						 __u32 *backend_id_out, bool v6)
 {
-	struct aff4_match_key match = {};
-	struct aff4_val *aff;
+	struct aff_match_key match = {};
+	struct aff_val *aff;
 	__u32 *timeout;
 	void *backend;
 
-	aff = ebpflb_aff4.lookup((struct aff4_key *)key);
+	aff = ebpflb_aff4.lookup((struct aff_key *)key);
 	if (!aff)
 		return NULL;
 	match.svc_id = key->svc_id;
@@ -115,12 +115,12 @@ static __always_inline void *lb_affinity_backend(const struct aff4_key *key, __u
  * with SVC_F_AFFINITY the client's affinity backend while it holds (kube-proxy's
  * `recent --rcheck --seconds`), else the Maglev slot at `hash`, remembered as the
  * client's affinity with the time of this connection (`recent --set`). */
-static __always_inline void *lb_pick_backend(const struct lb4_svc_val *svc, __u32 hash,
+static __always_inline void *lb_pick_backend(const struct lb_svc_val *svc, __u32 hash,
 					     __u64 client, __u8 netns, __u32 *backend_id_out,
 					     bool v6)
 {
-	struct aff4_key key = {};
-	struct aff4_val val = {};
+	struct aff_key key = {};
+	struct aff_val val = {};
 	void *backend;
 	__u64 now;
 
@@ -143,15 +143,24 @@ static __always_inline void *lb_pick_backend(const struct lb4_svc_val *svc, __u3
 	return backend;
 }
 
-static __always_inline struct lb4_backend *lb4_pick_backend(const struct lb4_svc_val *svc,
+/* lb_pick_backend for an IPv4 frontend (its table's ids index ebpflb_be4). */
+static __always_inline struct lb4_backend *lb4_pick_backend(const struct lb_svc_val *svc,
 							    __u32 hash, __u64 client, __u8 netns,
 							    __u32 *backend_id_out)
 {
 	return lb_pick_backend(svc, hash, client, netns, backend_id_out, false);
 }
 
+/* lb4_pick_backend's twin: an IPv6 frontend's table's ids index ebpflb_be6. */
+static __always_inline struct lb6_backend *lb6_pick_backend(const struct lb_svc_val *svc,
+							    __u32 hash, __u64 client, __u8 netns,
+							    __u32 *backend_id_out)
+{
+	return lb_pick_backend(svc, hash, client, netns, backend_id_out, true);
+}
+
 /* IPv6 frontend lookups: lb4_lookup_service and lb4_lookup_service_in_node's twins. */
-static __always_inline struct lb4_svc_val *lb6_lookup_service(const __be32 addr[4],
+static __always_inline struct lb_svc_val *lb6_lookup_service(const __be32 addr[4],
 							       __be16 port, __u8 proto,
 							       __u8 scope)
 {
@@ -165,10 +174,10 @@ static __always_inline struct lb4_svc_val *lb6_lookup_service(const __be32 addr[
 	return ebpflb_svc6.lookup(&key);
 }
 
-static __always_inline struct lb4_svc_val *lb6_lookup_service_in_node(const __be32 addr[4],
+static __always_inline struct lb_svc_val *lb6_lookup_service_in_node(const __be32 addr[4],
 								       __be16 port, __u8 proto)
 {
-	struct lb4_svc_val *svc, *internal;
+	struct lb_svc_val *svc, *internal;
 
 	svc = lb6_lookup_service(addr, port, proto, LB_SCOPE_EXTERNAL);
 	if (!svc || !(svc->flags & SVC_F_INTERNAL_SCOPE))

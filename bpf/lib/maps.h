@@ -12,7 +12,7 @@
 #include "structs.h"
 
 /* Frontend -> service: table location, flags. The first lookup of every translation. */
-BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
+BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb_svc_val, ebpflb_svc4,
 		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svc4", BPF_F_NO_PREALLOC);
 
 /* Backend id -> address; shared by every service that uses the backend. An array indexed by
@@ -23,8 +23,8 @@ BPF_TABLE_PINNED("hash", struct lb4_svc_key, struct lb4_svc_val, ebpflb_svc4,
 BPF_TABLE_PINNED("array", __u32, struct lb4_backend, ebpflb_be4,
 		 EBPFLB_MAX_BACKENDS + 1, EBPFLB_PIN_DIR "/ebpflb_be4");
 
-/* IPv6 frontend -> service (struct lb4_svc_val: same ids, slot pool and flags as IPv4). */
-BPF_TABLE_PINNED("hash", struct lb6_svc_key, struct lb4_svc_val, ebpflb_svc6,
+/* IPv6 frontend -> service (struct lb_svc_val: same ids, slot pool and flags as IPv4). */
+BPF_TABLE_PINNED("hash", struct lb6_svc_key, struct lb_svc_val, ebpflb_svc6,
 		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svc6", BPF_F_NO_PREALLOC);
 
 /* Backend id -> IPv6 address: ebpflb_be4's twin for the ids of IPv6 backends (one id
@@ -42,7 +42,7 @@ BPF_TABLE_PINNED("array_of_maps$ebpflb_slots", __u32, __u32, ebpflb_slotref,
 		 1, EBPFLB_PIN_DIR "/ebpflb_slotref");
 
 /* Service id -> "namespace/name:port", for dumps and agent restarts only. */
-BPF_TABLE_PINNED("hash", __u32, struct lb4_svc_meta, ebpflb_svcmeta,
+BPF_TABLE_PINNED("hash", __u32, struct lb_svc_meta, ebpflb_svcmeta,
 		 EBPFLB_MAX_SERVICES, EBPFLB_PIN_DIR "/ebpflb_svcmeta", BPF_F_NO_PREALLOC);
 
 /* (socket cookie, backend) -> frontend, for recvmsg4/getpeername4: every socket's entry
@@ -71,7 +71,7 @@ BPF_TABLE_PINNED("sk_storage", int, struct lb6_sock_rev, ebpflb_sockrev6, 0,
 /* NodePort/LB flows: original tuple -> backend, SNAT, lifetime. The table itself
  * (ebpflb_ct4: an LRU hash of struct flow4 -> struct ct4_entry, at most EBPFLB_CT_MAX
  * entries) starts small and grows like the slot pool: the programs reach it through this
- * one-slot map (lib/ct.h ct4_table). */
+ * one-slot map (lib/conntrack.h ct4_table). */
 BPF_TABLE_PINNED("array_of_maps$ebpflb_ct4", __u32, __u32, ebpflb_ct4ref,
 		 1, EBPFLB_PIN_DIR "/ebpflb_ct4ref");
 
@@ -97,21 +97,47 @@ BPF_TABLE_PINNED("lpm_trie", struct src_range6_key, __u8, ebpflb_srcrng6,
 		 EBPFLB_SRC_RANGE_MAX, EBPFLB_PIN_DIR "/ebpflb_srcrng6", BPF_F_NO_PREALLOC);
 
 /* (service id, client) -> backend and last use: ClientIP session affinity. */
-BPF_TABLE_PINNED("lru_hash", struct aff4_key, struct aff4_val, ebpflb_aff4,
+BPF_TABLE_PINNED("lru_hash", struct aff_key, struct aff_val, ebpflb_aff4,
 		 EBPFLB_AFFINITY_MAX, EBPFLB_PIN_DIR "/ebpflb_aff4");
 
 /* (service id, backend id) -> affinity timeout in seconds, written by the control plane
  * for the backends of every frontend with session affinity. */
-BPF_TABLE_PINNED("hash", struct aff4_match_key, __u32, ebpflb_affpair4,
+BPF_TABLE_PINNED("hash", struct aff_match_key, __u32, ebpflb_affpair4,
 		 EBPFLB_AFFINITY_MAX, EBPFLB_PIN_DIR "/ebpflb_affpair4", BPF_F_NO_PREALLOC);
 
-/* ifindex -> the node address on it: the SNAT source for flows arriving there. */
+/* ifindex -> the node address on it: the SNAT source of flows leaving through it (key 0:
+ * the node's primary address, for interfaces without one). */
 BPF_TABLE_PINNED("hash", __u32, __be32, ebpflb_ifaddr4,
 		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifaddr4", BPF_F_NO_PREALLOC);
 
-/* ifindex -> the IPv6 node address on it: the SNAT source for IPv6 flows arriving there. */
+/* ifindex -> the IPv6 node address on it: ebpflb_ifaddr4's twin. */
 BPF_TABLE_PINNED("hash", __u32, struct addr6, ebpflb_ifaddr6,
 		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifaddr6", BPF_F_NO_PREALLOC);
+
+/* ifindex -> the interface's MTU, written by the agent for every interface of the node's
+ * namespace: the next hop's MTU where bpf_fib_lookup does not give it (5.10, and GRO
+ * aggregates whose segments are checked). */
+BPF_TABLE_PINNED("hash", __u32, __u32, ebpflb_ifmtu,
+		 EBPFLB_MAX_IFACES, EBPFLB_PIN_DIR "/ebpflb_ifmtu", BPF_F_NO_PREALLOC);
+
+/* (source, destination, protocol, id) of a fragmented datagram -> its ports, from its
+ * first fragment, so its later fragments are translated as the first one was. */
+BPF_TABLE_PINNED("lru_hash", struct frag4_key, struct frag_ports, ebpflb_frag4,
+		 EBPFLB_FRAG_MAX, EBPFLB_PIN_DIR "/ebpflb_frag4");
+
+/* (source, translated destination, protocol, id) of an IPv4 datagram the stack fragments
+ * -> the source its fragments leave with (lib/frag.h). IPv6 needs none: its routers never
+ * fragment, packet too big is always the answer. */
+BPF_TABLE_PINNED("lru_hash", struct frag4_key, struct defer4_val, ebpflb_defer4,
+		 EBPFLB_FRAG_MAX, EBPFLB_PIN_DIR "/ebpflb_defer4");
+
+/* ebpflb_frag4's twin for IPv6 fragment headers. */
+BPF_TABLE_PINNED("lru_hash", struct frag6_key, struct frag_ports, ebpflb_frag6,
+		 EBPFLB_FRAG_MAX, EBPFLB_PIN_DIR "/ebpflb_frag6");
+
+/* One element per CPU: the ICMP error path's working set (lib/icmp.h). */
+BPF_TABLE_PINNED("percpu_array", __u32, struct scratch, ebpflb_scratch,
+		 1, EBPFLB_PIN_DIR "/ebpflb_scratch");
 
 /* Per-CPU event counters (STAT_*), summed by the agent at scrape time. */
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, ebpflb_stats,
@@ -119,7 +145,7 @@ BPF_TABLE_PINNED("percpu_array", __u32, __u64, ebpflb_stats,
 
 /* Service id -> per-CPU counters of that frontend (lib/stats.h svc_stats_*), summed by the
  * agent at scrape time. Ids run from 1 to EBPFLB_MAX_SERVICES; element 0 is never used. */
-BPF_TABLE_PINNED("percpu_array", __u32, struct lb4_svc_stats, ebpflb_svcstats,
+BPF_TABLE_PINNED("percpu_array", __u32, struct lb_svc_stats, ebpflb_svcstats,
 		 EBPFLB_MAX_SERVICES + 1, EBPFLB_PIN_DIR "/ebpflb_svcstats");
 
 #endif /* EBPFLB_MAPS_H */

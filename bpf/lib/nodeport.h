@@ -1,11 +1,20 @@
-/* What a NodePort/LoadBalancer/external-IP packet becomes: the decisions shared by the tc
- * and XDP entry points. These functions only read and write maps and return a verdict and
- * the new header values; each hook applies them with its own helpers. */
+/* What a NodePort/LoadBalancer/external-IP packet becomes, for both families: the
+ * decisions shared by the tc and XDP entry points. These functions only read and write
+ * maps and return a verdict and the new header values; each hook applies them with its
+ * own helpers. Both families follow the same rules (backend by Maglev slot at the flow
+ * hash, remembered in conntrack; SNAT to the egress interface's node address for a
+ * remote backend under externalTrafficPolicy=Cluster; source ranges; session affinity by
+ * source; ICMP errors about a flow translated as the flow is); service ids, the slot pool
+ * and affinity are shared, the flows are the family's. Each IPv6 function follows its
+ * IPv4 twin. A later fragment reaches these functions with its first fragment's ports
+ * (lib/frag.h). */
 #ifndef EBPFLB_NODEPORT_H
 #define EBPFLB_NODEPORT_H
 
-#include "ct.h"
+#include "conntrack.h"
+#include "fib.h"
 #include "hash.h"
+#include "icmp.h"
 #include "lb.h"
 #include "nat.h"
 #include "pkt.h"
@@ -15,11 +24,11 @@ enum np_verdict {
 	NP_PASS,  /* not ours: leave the packet alone */
 	NP_DROP,  /* ours, but must not be forwarded */
 	NP_XLATE, /* rewrite to *out, then let it continue */
-	NP_REJECT, /* ours, no endpoint anywhere: answer it (lib/reject.h) or drop it */
+	NP_REJECT, /* ours, no endpoint anywhere: answer it (lib/answer.h) or drop it */
 };
 
 /* Whether a LoadBalancer frontend with source ranges accepts this source. */
-static __always_inline bool src_range_allowed(__u32 svc_id, __be32 saddr)
+static __always_inline bool src_range4_allowed(__u32 svc_id, __be32 saddr)
 {
 	struct src_range4_key key = {
 		.prefixlen = SRC_RANGE_EXACT_PREFIXLEN,
@@ -28,6 +37,18 @@ static __always_inline bool src_range_allowed(__u32 svc_id, __be32 saddr)
 	};
 
 	return ebpflb_srcrng4.lookup(&key) != NULL;
+}
+
+/* Whether an IPv6 LoadBalancer frontend with source ranges accepts this source. */
+static __always_inline bool src_range6_allowed(__u32 svc_id, const __be32 saddr[4])
+{
+	struct src_range6_key key = {
+		.prefixlen = SRC_RANGE6_EXACT_PREFIXLEN,
+		.svc_id = bpf_htonl(svc_id),
+		.addr = {saddr[0], saddr[1], saddr[2], saddr[3]},
+	};
+
+	return ebpflb_srcrng6.lookup(&key) != NULL;
 }
 
 /* Reply direction: backend -> client, shown as frontend -> client. */
@@ -40,7 +61,7 @@ static __always_inline void np4_reply(const struct pkt4 *pkt, struct rnat4_val *
 	rnat4_orig(&orig, rnat, pkt->flow.proto);
 	ct = ct4_get(&orig);
 	if (ct)
-		rnat->expires = ct_touch(ct, pkt, 1, now);
+		rnat->expires = ct4_touch(ct, pkt, 1, now);
 	else /* conntrack entry evicted: keep answering the flow as long as it talks */
 		rnat->expires = now + ct_lifetime(pkt->flow.proto, CT_F_REPLY_SEEN);
 	out->saddr = rnat->frontend_addr;
@@ -50,9 +71,29 @@ static __always_inline void np4_reply(const struct pkt4 *pkt, struct rnat4_val *
 	stat_inc(STAT_NP_REPLY);
 }
 
+/* np4_reply's twin. */
+static __always_inline void np6_reply(const struct pkt6 *pkt, struct rnat6_val *rnat, __u64 now,
+				      struct xlate6 *out)
+{
+	struct flow6 orig = {};
+	struct ct6_entry *ct;
+
+	rnat6_orig(&orig, rnat, pkt->flow.proto);
+	ct = ct6_get(&orig);
+	if (ct)
+		rnat->expires = ct6_touch(ct, pkt, 1, now);
+	else /* conntrack entry evicted: keep answering the flow as long as it talks */
+		rnat->expires = now + ct_lifetime(pkt->flow.proto, CT_F_REPLY_SEEN);
+	addr6_copy(out->saddr, rnat->frontend_addr);
+	out->sport = rnat->frontend_port;
+	addr6_copy(out->daddr, rnat->client_addr);
+	out->dport = rnat->client_port;
+	stat_inc(STAT_NP_REPLY);
+}
+
 /* Start a flow: pick the backend, decide on SNAT, reserve the reply translation. */
-static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
-						    const struct lb4_svc_val *svc, __u32 ifindex,
+static __always_inline enum np_verdict np4_new_flow(void *ctx, const struct pkt4 *pkt,
+						    const struct lb_svc_val *svc, __u32 ifindex,
 						    __u64 now, struct ct4_entry *ct)
 {
 	const struct flow4 *flow = &pkt->flow;
@@ -77,7 +118,7 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 	ct->svc_id = svc->svc_id;
 	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
 	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
-		nat_addr = ebpflb_ifaddr4.lookup(&ifindex);
+		nat_addr = snat4_source(ctx, ifindex, flow->proto, flow->saddr, backend->addr);
 		if (!nat_addr) {
 			stat_inc(STAT_SNAT_NO_ADDR);
 			return NP_DROP;
@@ -108,6 +149,63 @@ static __always_inline enum np_verdict np4_new_flow(const struct pkt4 *pkt,
 	return NP_XLATE;
 }
 
+/* Start an IPv6 flow: pick the backend, decide on SNAT, reserve the reply translation. */
+static __always_inline enum np_verdict np6_new_flow(void *ctx, const struct pkt6 *pkt,
+						    const struct lb_svc_val *svc, __u32 ifindex,
+						    __u64 now, struct ct6_entry *ct)
+{
+	const struct flow6 *flow = &pkt->flow;
+	__u32 hash = flow6_hash(flow);
+	struct lb6_backend *backend;
+	enum snat_result reserved;
+	struct addr6 *nat_addr;
+	__u64 deadline;
+
+	backend = lb6_pick_backend(svc, hash, addr6_fold(flow->saddr), AFF_CLIENT_ADDR6,
+				   &ct->backend_id);
+	if (!backend) {
+		if (svc->flags & SVC_F_REJECT)
+			return NP_REJECT; /* counted where the answer is built (tc) */
+		stat_inc(STAT_NP_NO_BACKEND);
+		svc_stats_refused(svc->svc_id);
+		return NP_DROP;
+	}
+	addr6_copy(ct->backend_addr, backend->addr);
+	ct->backend_port = backend->port;
+	ct->svc_id = svc->svc_id;
+	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
+	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
+		nat_addr = snat6_source(ctx, ifindex, flow->proto, flow->saddr, backend->addr);
+		if (!nat_addr) {
+			stat_inc(STAT_SNAT_NO_ADDR);
+			return NP_DROP;
+		}
+		ct->flags |= CT_F_SNAT;
+		addr6_copy(ct->nat_addr, nat_addr->addr);
+	}
+	deadline = now + ct_lifetime(flow->proto, ct->flags);
+	ct->expires = deadline;
+	ct->packets = 1;
+	ct->bytes = pkt->len;
+	if (ct->flags & CT_F_SNAT) {
+		reserved = snat6_reserve(ct, flow, hash, deadline);
+		if (reserved != SNAT_OK) {
+			stat_inc(reserved == SNAT_MAP_FULL ? STAT_RNAT_STORE_FAIL : STAT_SNAT_EXHAUSTED);
+			return NP_DROP;
+		}
+	} else if (rnat6_store_local(ct, flow, deadline) != 0) {
+		stat_inc(STAT_RNAT_STORE_FAIL);
+		return NP_DROP;
+	}
+	if (ct6_store(flow, ct) != 0) {
+		stat_inc(STAT_CT_CREATE_FAIL);
+		return NP_DROP;
+	}
+	stat_inc(STAT_NP_NEW_FLOW);
+	svc_stats_np_flow(svc->svc_id);
+	return NP_XLATE;
+}
+
 /* Record a packet of a known flow and keep its reply translation alive (one lookup).
  * False when a SNATed flow's port reservation is no longer its own: the flow starts over. */
 static __always_inline bool np4_flow_continue(struct ct4_entry *ct, const struct pkt4 *pkt,
@@ -122,27 +220,43 @@ static __always_inline bool np4_flow_continue(struct ct4_entry *ct, const struct
 	owned = rnat && rnat4_owned_by(rnat, &pkt->flow);
 	if (!owned && (ct->flags & CT_F_SNAT))
 		return false;
-	ct_touch(ct, pkt, 0, now);
+	ct4_touch(ct, pkt, 0, now);
 	if (owned)
 		rnat->expires = ct->expires;
 	return true;
 }
 
-/* Ingress on a node interface. */
-static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32 ifindex,
-						   struct xlate4 *out)
+/* A packet of a known IPv6 flow; false when a SNATed flow's port reservation is no longer
+ * its own (the flow starts over). */
+static __always_inline bool np6_flow_continue(struct ct6_entry *ct, const struct pkt6 *pkt,
+					      __u64 now)
+{
+	struct flow6 key = {};
+	struct rnat6_val *rnat;
+	bool owned;
+
+	rnat6_key(&key, ct, &pkt->flow);
+	rnat = ebpflb_rnat6.lookup(&key);
+	owned = rnat && rnat6_owned_by(rnat, &pkt->flow);
+	if (!owned && (ct->flags & CT_F_SNAT))
+		return false;
+	ct6_touch(ct, pkt, 0, now);
+	if (owned)
+		rnat->expires = ct->expires;
+	return true;
+}
+
+/* Ingress on a node interface (`ctx`: the skb or the xdp_md). */
+static __always_inline enum np_verdict np4_ingress(void *ctx, const struct pkt4 *pkt,
+						   __u32 ifindex, struct xlate4 *out)
 {
 	const struct flow4 *flow = &pkt->flow;
 	struct ct4_entry new_ct = {}, *ct;
-	struct lb4_svc_val *svc;
+	struct lb_svc_val *svc;
 	struct rnat4_val *rnat;
 	enum np_verdict verdict;
 	__u64 now;
 
-	if (pkt->fragment) {
-		stat_inc(STAT_FRAGMENT);
-		return NP_PASS;
-	}
 	now = bpf_ktime_get_ns();
 	/* Replies to SNATed flows come back to a port of the SNAT range: only those packets
 	 * pay for the reply-translation lookup. */
@@ -157,7 +271,7 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 	svc = lb4_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
 	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
 		return NP_PASS;
-	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range_allowed(svc->svc_id, flow->saddr)) {
+	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range4_allowed(svc->svc_id, flow->saddr)) {
 		stat_inc(STAT_SRC_RANGE_DROP);
 		return NP_DROP;
 	}
@@ -165,7 +279,7 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 	if (ct && np4_flow_continue(ct, pkt, now)) {
 		stat_inc(STAT_NP_FWD);
 	} else {
-		verdict = np4_new_flow(pkt, svc, ifindex, now, &new_ct);
+		verdict = np4_new_flow(ctx, pkt, svc, ifindex, now, &new_ct);
 		out->svc_id = svc->svc_id; /* NP_REJECT: the tc hook counts the refusal */
 		if (verdict != NP_XLATE)
 			return verdict;
@@ -179,19 +293,234 @@ static __always_inline enum np_verdict np4_ingress(const struct pkt4 *pkt, __u32
 	return NP_XLATE;
 }
 
+/* np4_ingress' twin. */
+static __always_inline enum np_verdict np6_ingress(void *ctx, const struct pkt6 *pkt,
+						   __u32 ifindex, struct xlate6 *out)
+{
+	const struct flow6 *flow = &pkt->flow;
+	struct ct6_entry new_ct = {}, *ct;
+	struct lb_svc_val *svc;
+	struct rnat6_val *rnat;
+	enum np_verdict verdict;
+	__u64 now;
+
+	now = bpf_ktime_get_ns();
+	if (bpf_ntohs(flow->dport) >= EBPFLB_SNAT_PORT_MIN &&
+	    bpf_ntohs(flow->dport) <= EBPFLB_SNAT_PORT_MAX) {
+		rnat = ebpflb_rnat6.lookup((struct flow6 *)flow);
+		if (rnat && (rnat->flags & RNAT_F_SNAT)) {
+			np6_reply(pkt, rnat, now, out);
+			return NP_XLATE;
+		}
+	}
+	svc = lb6_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
+	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
+		return NP_PASS;
+	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range6_allowed(svc->svc_id, flow->saddr)) {
+		stat_inc(STAT_SRC_RANGE_DROP);
+		return NP_DROP;
+	}
+	ct = ct6_lookup(flow, pkt, now);
+	if (ct && np6_flow_continue(ct, pkt, now)) {
+		stat_inc(STAT_NP_FWD);
+	} else {
+		verdict = np6_new_flow(ctx, pkt, svc, ifindex, now, &new_ct);
+		out->svc_id = svc->svc_id;
+		if (verdict != NP_XLATE)
+			return verdict;
+		ct = &new_ct;
+	}
+	addr6_copy(out->daddr, ct->backend_addr);
+	out->dport = ct->backend_port;
+	if (ct->flags & CT_F_SNAT) {
+		addr6_copy(out->saddr, ct->nat_addr);
+		out->sport = ct->nat_port;
+	} else {
+		addr6_copy(out->saddr, flow->saddr);
+		out->sport = flow->sport;
+	}
+	out->svc_id = svc->svc_id;
+	return NP_XLATE;
+}
+
 /* Egress on a node interface: replies of flows DNATed to a local backend. */
 static __always_inline enum np_verdict np4_egress(const struct pkt4 *pkt, struct xlate4 *out)
 {
 	struct rnat4_val *rnat;
 
-	if (pkt->fragment)
-		return NP_PASS;
 	rnat = ebpflb_rnat4.lookup((struct flow4 *)&pkt->flow);
 	if (!rnat || (rnat->flags & RNAT_F_SNAT))
 		return NP_PASS;
 	np4_reply(pkt, rnat, bpf_ktime_get_ns(), out);
 	out->daddr = pkt->flow.daddr; /* the client, unchanged */
 	out->dport = pkt->flow.dport;
+	return NP_XLATE;
+}
+
+/* Egress on a node interface: replies of IPv6 flows DNATed to a local backend. */
+static __always_inline enum np_verdict np6_egress(const struct pkt6 *pkt, struct xlate6 *out)
+{
+	struct rnat6_val *rnat;
+
+	rnat = ebpflb_rnat6.lookup((struct flow6 *)&pkt->flow);
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS;
+	np6_reply(pkt, rnat, bpf_ktime_get_ns(), out);
+	addr6_copy(out->daddr, pkt->flow.daddr); /* the client, unchanged */
+	out->dport = pkt->flow.dport;
+	return NP_XLATE;
+}
+
+/* The reply tuple of the flow an ICMP error's embedded packet belongs to, whichever way
+ * that packet went: the embedded tuple reversed. Towards a backend, it is the key of the
+ * reply translation (ebpflb_rnat4); towards the client, of the flow's conntrack entry. */
+static __always_inline void icmp4_flow_key(struct flow4 *key, const struct flow4 *inner)
+{
+	key->saddr = inner->daddr;
+	key->daddr = inner->saddr;
+	key->sport = inner->dport;
+	key->dport = inner->sport;
+	key->proto = inner->proto;
+}
+
+/* icmp4_flow_key's twin. */
+static __always_inline void icmp6_flow_key(struct flow6 *key, const struct flow6 *inner)
+{
+	addr6_copy(key->saddr, inner->daddr);
+	addr6_copy(key->daddr, inner->saddr);
+	key->sport = inner->dport;
+	key->dport = inner->sport;
+	key->proto = inner->proto;
+}
+
+/* An ICMP error arriving on a node interface about a flow this node translates, sent (as
+ * errors are) to the source of the packet it is about:
+ * - to a SNAT source, about a packet of the client's sent on to the backend (a router on
+ *   the way, or the backend itself, answering it): shown to the client as about its own
+ *   packet to the frontend, and from the frontend when the backend itself answered (as
+ *   the backend's replies are);
+ * - to a frontend, about a reply this node sent as the frontend (a router on the client's
+ *   side): shown to the backend as about its own reply.
+ * NP_XLATE with the outer header's new addresses in *out and err->inner turned into the
+ * embedded packet's new tuple (the rewrite reads the old one from the packet); NP_PASS when
+ * it is about no flow of ours. */
+static __always_inline enum np_verdict np4_icmp_ingress(const struct pkt4 *pkt,
+							struct icmp4_err *err,
+							struct xlate4 *out)
+{
+	struct flow4 key = {};
+	struct rnat4_val *rnat;
+	struct ct4_entry *ct;
+
+	if (pkt->flow.daddr != err->inner.saddr)
+		return NP_PASS;
+	icmp4_flow_key(&key, &err->inner);
+	rnat = ebpflb_rnat4.lookup(&key);
+	if (rnat && (rnat->flags & RNAT_F_SNAT)) {
+		out->daddr = rnat->client_addr;
+		out->saddr = pkt->flow.saddr == key.saddr ? rnat->frontend_addr : pkt->flow.saddr;
+		err->inner.saddr = rnat->client_addr;
+		err->inner.sport = rnat->client_port;
+		err->inner.daddr = rnat->frontend_addr;
+		err->inner.dport = rnat->frontend_port;
+		return NP_XLATE;
+	}
+	ct = ct4_get(&key);
+	if (!ct || ct->expires < bpf_ktime_get_ns())
+		return NP_PASS;
+	err->inner.saddr = ct->backend_addr;
+	err->inner.sport = ct->backend_port;
+	err->inner.daddr = (ct->flags & CT_F_SNAT) ? ct->nat_addr : key.saddr;
+	err->inner.dport = (ct->flags & CT_F_SNAT) ? ct->nat_port : key.sport;
+	out->daddr = ct->backend_addr;
+	out->saddr = pkt->flow.saddr;
+	return NP_XLATE;
+}
+
+/* np4_icmp_ingress' twin. */
+static __always_inline enum np_verdict np6_icmp_ingress(const struct pkt6 *pkt,
+							struct icmp6_err *err,
+							struct xlate6 *out)
+{
+	struct flow6 key = {};
+	struct rnat6_val *rnat;
+	struct ct6_entry *ct;
+
+	if (!addr6_equal(pkt->flow.daddr, err->inner.saddr))
+		return NP_PASS;
+	icmp6_flow_key(&key, &err->inner);
+	rnat = ebpflb_rnat6.lookup(&key);
+	if (rnat && (rnat->flags & RNAT_F_SNAT)) {
+		addr6_copy(out->daddr, rnat->client_addr);
+		if (addr6_equal(pkt->flow.saddr, key.saddr)) /* the backend itself answered */
+			addr6_copy(out->saddr, rnat->frontend_addr);
+		else
+			addr6_copy(out->saddr, pkt->flow.saddr);
+		addr6_copy(err->inner.saddr, rnat->client_addr);
+		err->inner.sport = rnat->client_port;
+		addr6_copy(err->inner.daddr, rnat->frontend_addr);
+		err->inner.dport = rnat->frontend_port;
+		return NP_XLATE;
+	}
+	ct = ct6_get(&key);
+	if (!ct || ct->expires < bpf_ktime_get_ns())
+		return NP_PASS;
+	addr6_copy(err->inner.saddr, ct->backend_addr);
+	err->inner.sport = ct->backend_port;
+	if (ct->flags & CT_F_SNAT) {
+		addr6_copy(err->inner.daddr, ct->nat_addr);
+		err->inner.dport = ct->nat_port;
+	} else {
+		addr6_copy(err->inner.daddr, key.saddr);
+		err->inner.dport = key.sport;
+	}
+	addr6_copy(out->daddr, ct->backend_addr);
+	addr6_copy(out->saddr, pkt->flow.saddr);
+	return NP_XLATE;
+}
+
+/* An ICMP error leaving a node interface towards a client about the client's packet to a
+ * local backend (the backend answering it, or this node's own forwarding path: too big
+ * for the next hop, handed the packet DNATed): shown as about the client's packet to the
+ * frontend, from the frontend. NP_PASS when it is about no flow of ours. */
+static __always_inline enum np_verdict np4_icmp_egress(const struct pkt4 *pkt,
+						       struct icmp4_err *err,
+						       struct xlate4 *out)
+{
+	struct flow4 key = {};
+	struct rnat4_val *rnat;
+
+	if (pkt->flow.daddr != err->inner.saddr)
+		return NP_PASS;
+	icmp4_flow_key(&key, &err->inner);
+	rnat = ebpflb_rnat4.lookup(&key);
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS;
+	err->inner.daddr = rnat->frontend_addr;
+	err->inner.dport = rnat->frontend_port;
+	out->saddr = rnat->frontend_addr;
+	out->daddr = pkt->flow.daddr;
+	return NP_XLATE;
+}
+
+/* np4_icmp_egress' twin. */
+static __always_inline enum np_verdict np6_icmp_egress(const struct pkt6 *pkt,
+						       struct icmp6_err *err,
+						       struct xlate6 *out)
+{
+	struct flow6 key = {};
+	struct rnat6_val *rnat;
+
+	if (!addr6_equal(pkt->flow.daddr, err->inner.saddr))
+		return NP_PASS;
+	icmp6_flow_key(&key, &err->inner);
+	rnat = ebpflb_rnat6.lookup(&key);
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS;
+	addr6_copy(err->inner.daddr, rnat->frontend_addr);
+	err->inner.dport = rnat->frontend_port;
+	addr6_copy(out->saddr, rnat->frontend_addr);
+	addr6_copy(out->daddr, pkt->flow.daddr);
 	return NP_XLATE;
 }
 

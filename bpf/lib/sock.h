@@ -17,7 +17,7 @@ enum sys_verdict {
 };
 
 /* Refuse a connect()/sendmsg() to a frontend without usable backend, counted. */
-static __always_inline enum sys_verdict sock_refuse(const struct lb4_svc_val *svc)
+static __always_inline enum sys_verdict sock_refuse(const struct lb_svc_val *svc)
 {
 	stat_inc(STAT_NO_BACKEND);
 	svc_stats_refused(svc->svc_id);
@@ -34,7 +34,7 @@ static __always_inline enum sys_verdict sock4_xlate_fwd(struct bpf_sock_addr *ct
 {
 	__be32 vaddr = *addr;
 	__be16 vport = *port;
-	struct lb4_svc_val *svc;
+	struct lb_svc_val *svc;
 	struct lb4_backend *backend;
 	__u32 backend_id;
 	__u64 client;
@@ -114,7 +114,7 @@ static __always_inline enum sys_verdict sock6_xlate_fwd(struct bpf_sock_addr *ct
 							__u32 stat, bool check_first)
 {
 	__be16 vport = (__be16)ctx->user_port;
-	struct lb4_svc_val *svc;
+	struct lb_svc_val *svc;
 	struct lb6_backend *backend;
 	__be32 vaddr[4];
 	__u32 backend_id;
@@ -137,7 +137,7 @@ static __always_inline enum sys_verdict sock6_xlate_fwd(struct bpf_sock_addr *ct
 	if (!svc)
 		return SYS_PROCEED;
 	client = svc->flags & SVC_F_AFFINITY ? bpf_get_netns_cookie(ctx) : 0;
-	backend = lb_pick_backend(svc, hash, client, AFF_CLIENT_NETNS, &backend_id, true);
+	backend = lb6_pick_backend(svc, hash, client, AFF_CLIENT_NETNS, &backend_id);
 	if (!backend)
 		return sock_refuse(svc);
 #if EBPFLB_HAVE_SK_STORAGE

@@ -15,14 +15,14 @@ static __always_inline void stat_inc(__u32 idx)
 }
 
 /* The frontend's counters on this CPU; NULL only for an id beyond the array. */
-static __always_inline struct lb4_svc_stats *svc_stats(__u32 svc_id)
+static __always_inline struct lb_svc_stats *svc_stats(__u32 svc_id)
 {
 	return ebpflb_svcstats.lookup(&svc_id);
 }
 
 static __always_inline void svc_stats_sock_xlated(__u32 svc_id)
 {
-	struct lb4_svc_stats *stats = svc_stats(svc_id);
+	struct lb_svc_stats *stats = svc_stats(svc_id);
 
 	if (stats)
 		stats->sock_xlated += 1;
@@ -30,7 +30,7 @@ static __always_inline void svc_stats_sock_xlated(__u32 svc_id)
 
 static __always_inline void svc_stats_refused(__u32 svc_id)
 {
-	struct lb4_svc_stats *stats = svc_stats(svc_id);
+	struct lb_svc_stats *stats = svc_stats(svc_id);
 
 	if (stats)
 		stats->refused += 1;
@@ -38,7 +38,7 @@ static __always_inline void svc_stats_refused(__u32 svc_id)
 
 static __always_inline void svc_stats_np_flow(__u32 svc_id)
 {
-	struct lb4_svc_stats *stats = svc_stats(svc_id);
+	struct lb_svc_stats *stats = svc_stats(svc_id);
 
 	if (stats)
 		stats->np_flows += 1;
@@ -47,7 +47,7 @@ static __always_inline void svc_stats_np_flow(__u32 svc_id)
 /* One packet translated towards a backend; svc_id 0 (a reply) is not counted. */
 static __always_inline void svc_stats_np_packet(__u32 svc_id, __u32 len)
 {
-	struct lb4_svc_stats *stats;
+	struct lb_svc_stats *stats;
 
 	if (!svc_id)
 		return;

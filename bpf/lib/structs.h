@@ -2,7 +2,9 @@
  * ebpflb/datapath/contract.py (tests/unit/test_contract.py compares names, order, sizes and
  * byte order with this file; tests/kernel/test_layout.py with BCC's generated Key/Leaf
  * types). Padding is explicit so both sides agree without relying on compiler layout.
- * Fields typed __be* hold network byte order.
+ * Fields typed __be* hold network byte order. A struct serving both families has no family
+ * in its name (lb_svc_val, aff_key...); a family's struct sits right before (IPv4) or after
+ * (IPv6) its twin.
  */
 #ifndef EBPFLB_STRUCTS_H
 #define EBPFLB_STRUCTS_H
@@ -17,10 +19,20 @@ struct lb4_svc_key {
 	__u8 scope;   /* LB_SCOPE_*: which backend set this entry describes */
 };
 
+/* An IPv6 frontend: the key of ebpflb_svc6. Its value is a struct lb_svc_val, as an IPv4
+ * frontend's: service ids, the Maglev slot pool and its table layout are shared by both
+ * families; only the backend ids in an IPv6 frontend's table index ebpflb_be6. */
+struct lb6_svc_key {
+	__be32 addr[4]; /* frontend IPv6 address */
+	__be16 port;    /* frontend port */
+	__u8 proto;     /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 scope;     /* LB_SCOPE_* */
+};
+
 /* Where a frontend's Maglev table lives. Invariant: table_size == 0 <=> no usable backend
  * (the programs refuse); otherwise slots [table_off, table_off + table_size) of
  * ebpflb_slots each hold a backend id present in ebpflb_be4; table_off is even. */
-struct lb4_svc_val {
+struct lb_svc_val {
 	__u32 svc_id;        /* dense service id, key of ebpflb_svcmeta */
 	__u32 table_off;     /* first slot of the table in ebpflb_slots */
 	__u32 table_size;    /* M, a prime; 0 = refuse */
@@ -30,7 +42,7 @@ struct lb4_svc_val {
 
 /* Two consecutive Maglev slots: element k of ebpflb_slots holds slots 2k and 2k+1.
  * Tables start at even slots, so no element is shared by two tables. */
-struct lb4_slot_pair {
+struct lb_slot_pair {
 	__u32 backend_id[2]; /* backend id in slot 2k, 2k+1; 0 = empty */
 };
 
@@ -44,16 +56,6 @@ struct lb4_backend {
 	__u8 flags;   /* BE_F_* */
 };
 
-/* An IPv6 frontend: the key of ebpflb_svc6. Its value is a struct lb4_svc_val, as an IPv4
- * frontend's: service ids, the Maglev slot pool and its table layout are shared by both
- * families; only the backend ids in an IPv6 frontend's table index ebpflb_be6. */
-struct lb6_svc_key {
-	__be32 addr[4]; /* frontend IPv6 address */
-	__be16 port;    /* frontend port */
-	__u8 proto;     /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 scope;     /* LB_SCOPE_* */
-};
-
 /* An IPv6 backend: element of ebpflb_be6, indexed by a backend id from the same id space
  * as ebpflb_be4's (an id names a backend of one family only). All zero: no backend. */
 struct lb6_backend {
@@ -63,34 +65,9 @@ struct lb6_backend {
 	__u8 flags;     /* BE_F_* */
 };
 
-/* Socket-LB reverse translation of an IPv6 socket: key of ebpflb_revsk6 (UDP, and TCP
- * without EBPFLB_HAVE_SK_STORAGE; a socket talking to an IPv4-mapped frontend uses the
- * IPv4 entries instead). */
-struct lb6_revsk_key {
-	__u64 cookie;   /* bpf_get_socket_cookie() of the client socket */
-	__be32 addr[4]; /* backend IPv6 address the socket was sent to */
-	__be16 port;    /* backend port */
-	__u16 pad[3];   /* zero */
-};
-
-struct lb6_revsk_val {
-	__be32 addr[4]; /* frontend address the application asked for */
-	__be16 port;    /* frontend port */
-	__u16 pad;      /* zero */
-};
-
-/* Value of ebpflb_sockrev6 (socket storage): struct lb4_sock_rev's twin for a TCP
- * socket connected to an IPv6 frontend. */
-struct lb6_sock_rev {
-	__be32 backend_addr[4];  /* the backend connect() was sent to */
-	__be32 frontend_addr[4]; /* the frontend the application asked for */
-	__be16 backend_port;
-	__be16 frontend_port;
-};
-
 /* Control-plane metadata for a service id, read by `ebpflb maps dump` and by a restarted
  * agent; the programs never read it. */
-struct lb4_svc_meta {
+struct lb_svc_meta {
 	char name[EBPFLB_SVC_NAME_LEN]; /* "namespace/name:port", NUL-terminated */
 };
 
@@ -110,12 +87,37 @@ struct lb4_revsk_val {
 	__u16 pad;    /* zero */
 };
 
+/* Socket-LB reverse translation of an IPv6 socket: key of ebpflb_revsk6 (UDP, and TCP
+ * without EBPFLB_HAVE_SK_STORAGE; a socket talking to an IPv4-mapped frontend uses the
+ * IPv4 entries instead). */
+struct lb6_revsk_key {
+	__u64 cookie;   /* bpf_get_socket_cookie() of the client socket */
+	__be32 addr[4]; /* backend IPv6 address the socket was sent to */
+	__be16 port;    /* backend port */
+	__u16 pad[3];   /* zero */
+};
+
+struct lb6_revsk_val {
+	__be32 addr[4]; /* frontend address the application asked for */
+	__be16 port;    /* frontend port */
+	__u16 pad;      /* zero */
+};
+
 /* Value of ebpflb_sockrev4 (socket storage): what a TCP socket's connect() was translated
  * from and to. The backend is kept so that a socket whose later connect() was not
  * translated (a retry to another address) is not shown a stale frontend. */
 struct lb4_sock_rev {
 	__be32 backend_addr;  /* the backend connect() was sent to */
 	__be32 frontend_addr; /* the frontend the application asked for */
+	__be16 backend_port;
+	__be16 frontend_port;
+};
+
+/* Value of ebpflb_sockrev6 (socket storage): struct lb4_sock_rev's twin for a TCP
+ * socket connected to an IPv6 frontend. */
+struct lb6_sock_rev {
+	__be32 backend_addr[4];  /* the backend connect() was sent to */
+	__be32 frontend_addr[4]; /* the frontend the application asked for */
 	__be16 backend_port;
 	__be16 frontend_port;
 };
@@ -129,6 +131,17 @@ struct flow4 {
 	__be16 dport; /* destination port */
 	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 pad[3];  /* zero */
+};
+
+/* struct flow4's twin for IPv6: the key of ebpflb_ct6 (client -> frontend) and of
+ * ebpflb_rnat6 (backend -> where the backend replies to). */
+struct flow6 {
+	__be32 saddr[4]; /* source address */
+	__be32 daddr[4]; /* destination address */
+	__be16 sport;    /* source port */
+	__be16 dport;    /* destination port */
+	__u8 proto;      /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[3];     /* zero */
 };
 
 /* One NodePort/LoadBalancer/external-IP flow: where its packets go. Holds the backend's
@@ -147,46 +160,6 @@ struct ct4_entry {
 	__u64 bytes;         /* client -> backend bytes */
 };
 
-/* How to undo a flow's translation on its replies: the client's original view. */
-struct rnat4_val {
-	__be32 client_addr;   /* where the reply must go */
-	__be32 frontend_addr; /* what the reply must come from */
-	__be16 client_port;   /* client's port */
-	__be16 frontend_port; /* frontend port */
-	__u16 flags;          /* RNAT_F_* */
-	__u16 pad;            /* zero */
-	__u64 expires;        /* bpf_ktime_get_ns() after which the SNAT port may be reused */
-};
-
-/* loadBalancerSourceRanges entry: LPM key over (service id, source prefix). prefixlen
- * counts the bits of svc_id (SRC_RANGE_ID_PREFIXLEN) plus the prefix length. */
-struct src_range4_key {
-	__u32 prefixlen; /* SRC_RANGE_ID_PREFIXLEN + CIDR prefix length */
-	__u32 svc_id;    /* LoadBalancer frontend's service id, big-endian for the LPM match */
-	__be32 addr;     /* allowed source prefix */
-};
-
-/* Per-frontend datapath counters: value of the per-CPU ebpflb_svcstats, keyed by
- * lb4_svc_val.svc_id (the agent zeroes an id's element before a new frontend takes it). */
-struct lb4_svc_stats {
-	__u64 sock_xlated; /* socket-LB: connect()/sendmsg() translated to a backend */
-	__u64 refused;     /* refused (socket-LB) or dropped (NodePort): no usable backend */
-	__u64 np_flows;    /* NodePort/LB/external-IP flows started towards a backend */
-	__u64 np_packets;  /* NodePort/LB/external-IP packets translated towards a backend */
-	__u64 np_bytes;    /* their bytes, as the hook saw them (L2 header included) */
-};
-
-/* struct flow4's twin for IPv6: the key of ebpflb_ct6 (client -> frontend) and of
- * ebpflb_rnat6 (backend -> where the backend replies to). */
-struct flow6 {
-	__be32 saddr[4]; /* source address */
-	__be32 daddr[4]; /* destination address */
-	__be16 sport;    /* source port */
-	__be16 dport;    /* destination port */
-	__u8 proto;      /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 pad[3];     /* zero */
-};
-
 /* struct ct4_entry's twin: one IPv6 NodePort/LoadBalancer/external-IP flow. */
 struct ct6_entry {
 	__be32 backend_addr[4]; /* DNAT destination */
@@ -202,6 +175,17 @@ struct ct6_entry {
 	__u64 bytes;            /* client -> backend bytes */
 };
 
+/* How to undo a flow's translation on its replies: the client's original view. */
+struct rnat4_val {
+	__be32 client_addr;   /* where the reply must go */
+	__be32 frontend_addr; /* what the reply must come from */
+	__be16 client_port;   /* client's port */
+	__be16 frontend_port; /* frontend port */
+	__u16 flags;          /* RNAT_F_* */
+	__u16 pad;            /* zero */
+	__u64 expires;        /* bpf_ktime_get_ns() after which the SNAT port may be reused */
+};
+
 /* struct rnat4_val's twin: how to restore an IPv6 client's view on the way back. */
 struct rnat6_val {
 	__be32 client_addr[4];   /* where the reply must go */
@@ -211,6 +195,14 @@ struct rnat6_val {
 	__u16 flags;             /* RNAT_F_* */
 	__u16 pad;               /* zero */
 	__u64 expires;           /* bpf_ktime_get_ns() after which the SNAT port may be reused */
+};
+
+/* loadBalancerSourceRanges entry: LPM key over (service id, source prefix). prefixlen
+ * counts the bits of svc_id (SRC_RANGE_ID_PREFIXLEN) plus the prefix length. */
+struct src_range4_key {
+	__u32 prefixlen; /* SRC_RANGE_ID_PREFIXLEN + CIDR prefix length */
+	__u32 svc_id;    /* LoadBalancer frontend's service id, big-endian for the LPM match */
+	__be32 addr;     /* allowed source prefix */
 };
 
 /* struct src_range4_key's twin: an IPv6 loadBalancerSourceRanges prefix. prefixlen
@@ -227,8 +219,60 @@ struct addr6 {
 	__be32 addr[4]; /* a global IPv6 address of the interface */
 };
 
+/* A fragmented IPv4 datagram: the key of ebpflb_frag4 (RFC 791: source, destination,
+ * protocol and identification name one datagram). */
+struct frag4_key {
+	__be32 saddr; /* source address */
+	__be32 daddr; /* destination address */
+	__be16 id;    /* IP identification */
+	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;     /* zero */
+};
+
+/* struct frag4_key's twin: an IPv6 datagram in fragments (its fragment header's id). */
+struct frag6_key {
+	__be32 saddr[4]; /* source address */
+	__be32 daddr[4]; /* destination address */
+	__be32 id;       /* the fragment header's identification */
+	__u8 proto;      /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[3];     /* zero */
+};
+
+/* The source an IPv4 packet handed to the stack to fragment (too big for the next hop, DF
+ * clear) gets on its way out, with the datagram's id in the key (struct frag4_key, its
+ * destination already translated): every fragment the stack makes of it finds it. */
+struct defer4_val {
+	__be32 saddr; /* the node address it leaves from (SNAT, or the frontend of a reply) */
+	__be16 sport; /* and port (the first fragment's L4 header) */
+	__u16 pad;    /* zero */
+};
+
+/* The ports of a fragmented datagram, from its first fragment: the later ones follow. */
+struct frag_ports {
+	__be16 sport; /* source port */
+	__be16 dport; /* destination port */
+};
+
+/* Per-CPU room for the ICMP error path's working set (lib/icmp.h struct icmp4_work and
+ * icmp6_work: the packet, what it is about, copies of the embedded headers it rewrites):
+ * next to the rest of a tc program's path they do not fit its 512-byte stack. Opaque
+ * here: only that path reads it, and only while it runs (the element is this CPU's). */
+struct scratch {
+	__u8 bytes[EBPFLB_SCRATCH_SIZE]; /* the path's struct, at the start */
+};
+
+/* Per-frontend datapath counters: value of the per-CPU ebpflb_svcstats, keyed by
+ * lb_svc_val.svc_id (the agent zeroes an id's element before a new frontend takes it). */
+struct lb_svc_stats {
+	__u64 sock_xlated; /* socket-LB: connect()/sendmsg() translated to a backend */
+	__u64 refused;     /* refused (socket-LB) or dropped (NodePort): no usable backend */
+	__u64 np_flows;    /* NodePort/LB/external-IP flows started towards a backend */
+	__u64 np_packets;  /* NodePort/LB/external-IP packets translated towards a backend */
+	__u64 np_bytes;    /* their bytes, as the hook saw them (L2 header included) */
+};
+
 /* ClientIP session affinity: one client of one frontend. */
-struct aff4_key {
+struct aff_key {
 	__u64 client; /* AFF_CLIENT_*: a netns cookie, an IPv4 address, an IPv6 one folded */
 	__u32 svc_id; /* the frontend's service id */
 	__u8 netns;   /* AFF_CLIENT_*: what `client` is */
@@ -236,7 +280,7 @@ struct aff4_key {
 };
 
 /* The backend a client was last sent to, and when. */
-struct aff4_val {
+struct aff_val {
 	__u64 last_used;  /* bpf_ktime_get_ns() of the client's last new connection */
 	__u32 backend_id; /* key of ebpflb_be4 */
 	__u32 pad;        /* zero */
@@ -245,7 +289,7 @@ struct aff4_val {
 /* Key of ebpflb_affpair4: present while the backend is one of the frontend's backends,
  * its value the frontend's affinity timeout in seconds. An affinity entry naming a backend
  * that left (or a frontend whose affinity was switched off) is then ignored at once. */
-struct aff4_match_key {
+struct aff_match_key {
 	__u32 svc_id;     /* the frontend's service id */
 	__u32 backend_id; /* a backend of its table */
 };

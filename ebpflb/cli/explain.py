@@ -82,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
         netns_cookie=args.netns_cookie,
     )
     seed = Config(hash_seed=args.hash_seed).flow_hash_seed
-    settings = Settings(seed, args.snat_port_range, socket.if_nametoindex)
+    from ebpflb.datapath.addrwatch import route_egress
+
+    settings = Settings(seed, args.snat_port_range, socket.if_nametoindex, route_egress)
     with KernelMapSet(args.bpffs) as maps, PinnedAffinity(args.bpffs) as affinity:
         result = explain(maps, query, settings, affinity)
     print(json.dumps(result.to_json(), indent=2) if args.json else render_text(result))

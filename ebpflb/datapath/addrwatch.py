@@ -1,22 +1,27 @@
-"""Follows the node's addresses, IPv4 and global IPv6, as they are added and removed
-(netlink), so that NodePorts answer on the addresses the node has now, not on those it had
-at start, and each interface's SNAT source of each family is one it still holds.
+"""Follows the node's addresses, IPv4 and global IPv6, and its interfaces' MTUs as they
+change (netlink), so that NodePorts answer on the addresses the node has now, not on those
+it had at start, each interface's SNAT source of each family is one it still holds, and the
+programs know each next hop's MTU.
 
 IPv6 addresses count once usable: global scope (not link-local fe80::/10, which a NodePort
 cannot be reached on from another link, nor ::1), and neither tentative (duplicate address
 detection still running: the kernel does not accept packets to it yet) nor dadfailed. The
 kernel announces the end of DAD with a new RTM_NEWADDR, so the address comes in then.
 
-Netlink events (RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR, and the ROUTE groups of both for
-the default routes that --nodeport-addresses=primary depends on) only wake the watcher up:
+Netlink events (RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR, RTMGRP_LINK for MTUs, and the
+ROUTE groups of both families for the default routes that --nodeport-addresses=primary
+and the primary SNAT source depend on) only wake the watcher up:
 on each wake-up it dumps the whole address and default-route state again and reports it
 if it differs from the last report. Level-triggered, so a lost event (the socket's buffer
 overrun, ENOBUFS) or a burst of them costs nothing but one more dump, and a periodic dump
 every `resync_interval` catches anything the events missed. The dump is a few messages
 on a node with a handful of interfaces.
 
-Only the interfaces the agent attached its programs to are followed (`watched`): an
-address on another interface gets no tc program to answer there anyway.
+NodePorts answer on the addresses of the interfaces the agent attached its programs to
+(`watched`): an address on another interface gets no tc program to answer there anyway.
+SNAT sources and MTUs are every interface's: a translated packet leaves by whichever
+interface its route takes (an overlay's tunnel device, say), and kube-proxy's MASQUERADE
+takes that interface's address.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
+from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import (
@@ -35,9 +41,11 @@ from pyroute2.netlink.rtnl import (
     RTMGRP_IPV4_ROUTE,
     RTMGRP_IPV6_IFADDR,
     RTMGRP_IPV6_ROUTE,
+    RTMGRP_LINK,
 )
 
-from ebpflb.datapath.maps import InterfaceAddresses
+from ebpflb.datapath.contract import MAX_IFACES
+from ebpflb.datapath.maps import PRIMARY_IFINDEX, InterfaceAddresses
 from ebpflb.model import IPAddress
 
 log = logging.getLogger(__name__)
@@ -59,6 +67,7 @@ class AddressState:
     addresses: Mapping[int, tuple[IPAddress, ...]] = field(default_factory=dict)
     default_ifindex: int | None = None  # of the IPv4 default route
     default6_ifindex: int | None = None  # of the IPv6 default route
+    mtus: Mapping[int, int] = field(default_factory=dict)  # every interface's, by ifindex
 
     def node_addresses(self, watched: Mapping[int, str]) -> tuple[IPAddress, ...]:
         """The addresses of the watched interfaces, each once, in ifindex order."""
@@ -80,17 +89,19 @@ class AddressState:
 
 
 def snat_sources(
-    previous: InterfaceAddresses, state: AddressState, watched: Mapping[int, str]
-) -> InterfaceAddresses:
+    previous: InterfaceAddresses, state: AddressState
+) -> tuple[InterfaceAddresses, int]:
     """ifindex -> the address of each family masqueraded NodePort flows leaving that
-    interface use (ebpflb_ifaddr4, ebpflb_ifaddr6). An interface keeps its source while it
-    still holds it (a new secondary address changes nothing); else it takes its first
-    address of the family now; an interface with none of a family has no entry there, and
-    the programs count snat_no_addr for flows needing one."""
+    interface use (ebpflb_ifaddr4, ebpflb_ifaddr6), for every interface with one, and
+    PRIMARY_IFINDEX -> the node's primary address of each family (the default route's
+    interface's, else the lowest ifindex's), for flows leaving by an interface without
+    one; and how many interfaces did not fit the maps (EBPFLB_MAX_IFACES entries, the
+    primary one included: the lowest ifindexes are kept). An interface keeps its source
+    while it still holds it (a new secondary address changes nothing); else it takes its
+    first address of the family now."""
     v4: dict[int, IPv4Address] = {}
     v6: dict[int, IPv6Address] = {}
-    for index in watched:
-        held = state.addresses.get(index, ())
+    for index, held in sorted(state.addresses.items()):
         held4 = [a for a in held if isinstance(a, IPv4Address)]
         held6 = [a for a in held if isinstance(a, IPv6Address)]
         before4, before6 = previous.v4.get(index), previous.v6.get(index)
@@ -98,7 +109,27 @@ def snat_sources(
             v4[index] = before4 if before4 in held4 else held4[0]
         if held6:
             v6[index] = before6 if before6 in held6 else held6[0]
-    return InterfaceAddresses(v4, v6)
+    left_out = 0
+    tables: tuple[tuple[dict[int, Any], int | None], ...] = (
+        (v4, state.default_ifindex),
+        (v6, state.default6_ifindex),
+    )
+    for table, default in tables:
+        if not table:
+            continue
+        primary = table.get(default) if default is not None else None
+        table[PRIMARY_IFINDEX] = primary if primary is not None else table[min(table)]
+        for index in sorted(table)[MAX_IFACES:]:
+            del table[index]
+            left_out += 1
+    return InterfaceAddresses(v4, v6), left_out
+
+
+def interface_mtus(state: AddressState) -> dict[int, int]:
+    """ifindex -> MTU of every interface (ebpflb_ifmtu), the lowest ifindexes first when
+    there are more than the map holds (the others: their next hop's MTU is then what the
+    kernel's route lookup says, or unknown)."""
+    return dict(sorted(state.mtus.items())[:MAX_IFACES])
 
 
 def _usable6(address: IPv6Address, scope: int, flags: int) -> bool:
@@ -129,7 +160,23 @@ def read_state(ipr: IPRoute | None = None) -> AddressState:
         {i: tuple(a) for i, a in addresses.items()},
         _default_ifindex(ipr, AF_INET),
         _default_ifindex(ipr, AF_INET6),
+        {int(link["index"]): int(link.get_attr("IFLA_MTU")) for link in ipr.get_links()},
     )
+
+
+def route_egress(address: IPAddress) -> int | None:
+    """The interface this namespace's route to `address` leaves by (`ip route get`), or
+    None without a route."""
+    try:
+        with IPRoute() as ipr:
+            routes = ipr.route("get", dst=str(address))
+    except OSError:  # no route (ENETUNREACH), or not for this family
+        return None
+    for route in routes:
+        oif = route.get_attr("RTA_OIF")
+        if oif is not None:
+            return int(oif)
+    return None
 
 
 def _default_ifindex(ipr: IPRoute, family: int) -> int | None:
@@ -168,7 +215,13 @@ class AddressWatcher:
 
     def start(self) -> None:
         # Bound before the first check, so a change between start and the loop is seen.
-        groups = RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_IFADDR | RTMGRP_IPV6_ROUTE
+        groups = (
+            RTMGRP_IPV4_IFADDR
+            | RTMGRP_IPV4_ROUTE
+            | RTMGRP_IPV6_IFADDR
+            | RTMGRP_IPV6_ROUTE
+            | RTMGRP_LINK
+        )
         self._events.bind((0, groups))
         self._thread = threading.Thread(target=self._loop, name="addrwatch", daemon=True)
         self._thread.start()

@@ -42,7 +42,7 @@ class Folded6:
 
 @dataclass(frozen=True, slots=True, order=True)
 class AffinityKey:
-    """struct aff4_key: one client of one frontend. Socket-LB knows a client by its network
+    """struct aff_key: one client of one frontend. Socket-LB knows a client by its network
     namespace (bpf_get_netns_cookie), tc/XDP by its source address: an IPv4 one as it is,
     an IPv6 one folded (`Folded6`). Build one for an address with `for_source`."""
 
@@ -58,7 +58,7 @@ class AffinityKey:
 
     @property
     def kind(self) -> AffClient:
-        """aff4_key.netns: what `client` is."""
+        """aff_key.netns: what `client` is."""
         if isinstance(self.client, IPv4Address):
             return AffClient.ADDR4
         return AffClient.ADDR6 if isinstance(self.client, Folded6) else AffClient.NETNS
@@ -73,7 +73,7 @@ class AffinityKey:
 
 @dataclass(frozen=True, slots=True)
 class AffinityEntry:
-    """struct aff4_val: the backend a client was last sent to, and when."""
+    """struct aff_val: the backend a client was last sent to, and when."""
 
     last_used_ns: int  # bpf_ktime_get_ns() (CLOCK_MONOTONIC) of its last new connection
     backend_id: int
@@ -85,8 +85,8 @@ class AffinityTable(Protocol):
     def items(self) -> Iterator[tuple[AffinityKey, AffinityEntry]]: ...
 
 
-def encode_key(key: AffinityKey) -> contract.Aff4Key:
-    raw = contract.Aff4Key()
+def encode_key(key: AffinityKey) -> contract.AffKey:
+    raw = contract.AffKey()
     if isinstance(key.client, IPv4Address):
         # The C code stores the packet's __be32 source zero-extended into the u64.
         raw.client = layout.addr_to_be32(key.client)
@@ -98,7 +98,7 @@ def encode_key(key: AffinityKey) -> contract.Aff4Key:
     return raw
 
 
-def decode_key(raw: contract.Aff4Key) -> AffinityKey:
+def decode_key(raw: contract.AffKey) -> AffinityKey:
     """ValueError for a kind no program writes (a newer layout, or garbage)."""
     kind, svc_id = AffClient(int(raw.netns)), int(raw.svc_id)
     if kind is AffClient.NETNS:
@@ -108,11 +108,11 @@ def decode_key(raw: contract.Aff4Key) -> AffinityKey:
     return AffinityKey(layout.be32_to_addr(int(raw.client) & 0xFFFFFFFF), svc_id)
 
 
-def encode_value(entry: AffinityEntry) -> contract.Aff4Val:
-    return contract.Aff4Val(entry.last_used_ns, entry.backend_id, 0)
+def encode_value(entry: AffinityEntry) -> contract.AffVal:
+    return contract.AffVal(entry.last_used_ns, entry.backend_id, 0)
 
 
-def decode_value(raw: contract.Aff4Val) -> AffinityEntry:
+def decode_value(raw: contract.AffVal) -> AffinityEntry:
     return AffinityEntry(int(raw.last_used), int(raw.backend_id))
 
 
@@ -135,8 +135,8 @@ class PinnedAffinity:
             raise
         self._map: KernelMap[AffinityKey, AffinityEntry] = KernelMap(
             self._pinned,
-            Codec(contract.Aff4Key, encode_key, decode_key),
-            Codec(contract.Aff4Val, encode_value, decode_value),
+            Codec(contract.AffKey, encode_key, decode_key),
+            Codec(contract.AffVal, encode_value, decode_value),
         )
 
     def get(self, key: AffinityKey) -> AffinityEntry | None:

@@ -15,9 +15,11 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from ipaddress import ip_address
 
 from ebpflb.datapath.contract import CtFlags, NatFlags
 from ebpflb.datapath.maps import (
+    PRIMARY_IFINDEX,
     AddrPort,
     BackendEntry,
     Flow,
@@ -55,6 +57,9 @@ class Settings:
     # The agent's --snat-port-range, when known (the first SNAT port tried is then named).
     snat_ports: tuple[int, int] | None = None
     ifindex: Callable[[str], int] | None = None  # interface name -> index (socket.if_nametoindex)
+    # The interface the route to an address leaves by (`ip route get`), when known: the
+    # SNAT source is that interface's address, as the programs find it.
+    egress: Callable[[IPAddress], int | None] | None = None
     now_ns: int | None = None  # CLOCK_MONOTONIC now (conntrack deadlines)
 
 
@@ -555,9 +560,10 @@ def outside_nat(work: Work) -> Explanation | None:
     elif chosen is None and all(c.local for c in work.candidates):
         work.nat = Nat(False, "every candidate runs on this node: DNAT only")
     else:
-        address = node_address(work)
-        if address is None and work.query.ingress is not None:
-            work.note("nat", f"no node address known for {work.query.ingress}")
+        backend = candidate_address(chosen) if chosen is not None else None
+        address = node_address(work, backend)
+        if address is None and chosen is not None:
+            work.note("nat", "no node address for the interface the backend is reached by")
             return work.done(Verdict.DROPPED, "SNAT needed, no node address: dropped")
         first = None
         sel, ports = work.selection, work.settings.snat_ports
@@ -570,8 +576,9 @@ def outside_nat(work: Work) -> Explanation | None:
         work.nat = Nat(
             True,
             f"{remote} (externalTrafficPolicy: Cluster): SNAT to the node's {family}address"
-            " on the ingress interface, as kube-proxy's masquerade",
-            str(address) if address is not None else "the ingress interface's address",
+            " on the interface the route to the backend leaves by, as kube-proxy's"
+            " masquerade (the primary address for one without)",
+            str(address) if address is not None else "the egress interface's address",
             first,
         )
     work.note("nat", work.nat.reason)
@@ -579,13 +586,22 @@ def outside_nat(work: Work) -> Explanation | None:
     return work.done(Verdict.TRANSLATED, f"DNAT to {target}" + (", SNAT" if work.nat.snat else ""))
 
 
-def node_address(work: Work) -> IPAddress | None:
-    """The SNAT source: the ingress interface's entry of the flow's family
-    (ebpflb_ifaddr4 or ebpflb_ifaddr6), or the one address all interfaces share."""
+def candidate_address(chosen: Candidate) -> IPAddress:
+    """A candidate's address, from its "IP:PORT" ("[IPv6]:PORT")."""
+    return ip_address(chosen.backend.rsplit(":", 1)[0].strip("[]"))
+
+
+def node_address(work: Work, backend: IPAddress | None) -> IPAddress | None:
+    """The SNAT source, as the programs pick it (snat4_source): the entry of the interface
+    the route to the backend leaves by, else the primary entry (ebpflb_ifaddr4 or
+    ebpflb_ifaddr6); without a route lookup, the one address all entries share."""
     addresses = work.maps.interface_addresses().of(work.query.client.version)
-    ingress, lookup = work.query.ingress, work.settings.ifindex
-    if ingress is not None and lookup is not None:
-        return addresses.get(lookup(ingress))
+    route = work.settings.egress
+    if backend is not None and route is not None:
+        egress = route(backend)
+        if egress is not None and egress in addresses:
+            return addresses[egress]
+        return addresses.get(PRIMARY_IFINDEX)
     distinct = set(addresses.values())
     return distinct.pop() if len(distinct) == 1 else None
 

@@ -62,7 +62,7 @@ def flow_hash(flow: Flow, seed: int) -> int:
 
 
 def addr6_fold(address: IPv6Address) -> int:
-    """addr6_fold(): an IPv6 source as an affinity client (aff4_key.client with
+    """addr6_fold(): an IPv6 source as an affinity client (aff_key.client with
     AFF_CLIENT_ADDR6), its two 64-bit halves XORed word by word."""
     a = addr_to_be32x4(address)
     return ((a[0] ^ a[2]) << 32) | (a[1] ^ a[3])

@@ -33,7 +33,7 @@ from ebpflb.reconcile.state import undersized as is_undersized
 Claims = dict[Frontend, tuple[NamespacedName, DesiredFrontend]]
 Desired = Mapping[NamespacedName, Mapping[Frontend, DesiredFrontend]]
 
-# struct lb4_svc_val.backend_count is a __u16 (bpf/lib/structs.h).
+# struct lb_svc_val.backend_count is a __u16 (bpf/lib/structs.h).
 MAX_BACKEND_COUNT = 0xFFFF
 
 

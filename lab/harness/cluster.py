@@ -49,7 +49,10 @@ class Cluster(Namespaces):
         *,
         ipv6: bool = False,
         clients6: dict[str, str] | None = None,
+        pod_routes: bool = True,
     ) -> Cluster:
+        """`pod_routes`: each node routes the others' pods over the wire (False: the caller
+        routes them, over a link of their own or an overlay)."""
         cluster = cls(prefix or f"elb{uuid.uuid4().hex[:6]}", ipv6=ipv6)
         try:
             wire = cluster.add_namespace("wire")
@@ -63,7 +66,7 @@ class Cluster(Namespaces):
                 cluster._plug(netns, node.ip, node.ip6)
                 cluster.nodes[node.name] = node
             for node in cluster.nodes.values():
-                for other in cluster.nodes.values():
+                for other in cluster.nodes.values() if pod_routes else ():
                     if other is not node:
                         sh(
                             "ip",
@@ -132,6 +135,121 @@ class Cluster(Namespaces):
             sh("ip", "-n", node.netns, "route", "add", f"{pod.ip6}/128", "dev", host_if)
         node.pods[name] = pod
         return pod
+
+    def link_nodes(
+        self, a: str, b: str, subnet: str, *, mtu: int = 1500, subnet6: str | None = None
+    ) -> tuple[str, str]:
+        """A direct link between nodes `a` and `b` (a second NIC each, not the wire):
+        interfaces n<a><b> and n<b><a>, addresses <subnet>.1 and .2 (/24), and with subnet6
+        <subnet6>1 and 2 (/64), both ends of `mtu`; routes over it are the caller's. The
+        interface names."""
+        na, nb = self.nodes[a], self.nodes[b]
+        if_a, if_b = f"n{a[-1]}{b[-1]}", f"n{b[-1]}{a[-1]}"
+        self.link(na.netns, if_a, nb.netns, if_b)
+        for netns, ifname, host in ((na.netns, if_a, 1), (nb.netns, if_b, 2)):
+            sh("ip", "-n", netns, "link", "set", ifname, "mtu", str(mtu))
+            sh("ip", "-n", netns, "addr", "add", f"{subnet}.{host}/24", "dev", ifname)
+            if subnet6 is not None:
+                sh("ip", "-n", netns, "addr", "add", f"{subnet6}{host}/64", "dev", ifname)
+        return if_a, if_b
+
+    def overlay(self, *, vni: int = 1, mtu: int = 1450, port: int = 8472) -> str:
+        """A VXLAN overlay between the nodes as flannel's vxlan backend builds it: on each
+        node a device flannel.<vni> over eth0 (no learning), its address the .0 of the
+        node's pod /24, and for every other node a route to its pods via its device's
+        address (onlink), a permanent neighbour entry for that address and a static FDB
+        entry sending the peer's MAC to its wire address. The device's name."""
+        name = f"flannel.{vni}"
+        macs = {n: f"02:fe:00:00:{vni:02x}:{i:02x}" for i, n in enumerate(self.nodes, start=1)}
+        for node_name, node in self.nodes.items():
+            ns = node.netns
+            sh(
+                "ip",
+                "-n",
+                ns,
+                "link",
+                "add",
+                name,
+                "type",
+                "vxlan",
+                "id",
+                str(vni),
+                "local",
+                node.ip,
+                "dev",
+                "eth0",
+                "dstport",
+                str(port),
+                "nolearning",
+            )
+            sh("ip", "-n", ns, "link", "set", name, "address", macs[node_name], "mtu", str(mtu))
+            sh("ip", "-n", ns, "link", "set", name, "up")
+            sh("ip", "-n", ns, "addr", "add", f"{node.pod_prefix}.0/32", "dev", name)
+        for node in self.nodes.values():
+            for other_name, other in self.nodes.items():
+                if other is node:
+                    continue
+                vtep = f"{other.pod_prefix}.0"
+                sh(
+                    "ip",
+                    "-n",
+                    node.netns,
+                    "route",
+                    "add",
+                    f"{other.pod_prefix}.0/24",
+                    "via",
+                    vtep,
+                    "dev",
+                    name,
+                    "onlink",
+                )
+                sh(
+                    "ip",
+                    "-n",
+                    node.netns,
+                    "neigh",
+                    "replace",
+                    vtep,
+                    "lladdr",
+                    macs[other_name],
+                    "dev",
+                    name,
+                    "nud",
+                    "permanent",
+                )
+                sh(
+                    "ip",
+                    "netns",
+                    "exec",
+                    node.netns,
+                    "bridge",
+                    "fdb",
+                    "append",
+                    macs[other_name],
+                    "dev",
+                    name,
+                    "dst",
+                    other.ip,
+                    "self",
+                    "permanent",
+                )
+        return name
+
+    def strict_rp_filter(self) -> None:
+        """Strict reverse-path filtering on every node (rp_filter=1, RHEL's default): a
+        packet is dropped unless the route back to its source leaves by the interface it
+        came in on. (The effective setting is the larger of all's and the interface's.)"""
+        for node in self.nodes.values():
+            sh(
+                "ip",
+                "netns",
+                "exec",
+                node.netns,
+                "sysctl",
+                "-qw",
+                "net.ipv4.conf.all.rp_filter=1",
+                "net.ipv4.conf.default.rp_filter=1",
+            )
 
     def route(self, netns: str, destination: str, via: str) -> None:
         """What an upstream router does for a LoadBalancer/external IP: send it to a node."""

@@ -2,7 +2,7 @@
 
     python -m lab.harness.echo serve --name pod1 --tcp 8080 --udp 5353 --lifetime 60
     python -m lab.harness.echo tcp 10.96.0.10:80 --count 100
-    python -m lab.harness.echo udp 10.96.0.53:53 --count 30 [--connected]
+    python -m lab.harness.echo udp 10.96.0.53:53 --count 30 [--connected] [--size 3000]
     python -m lab.harness.echo udp-burst 192.168.100.1:30053 --count 2000
     python -m lab.harness.echo tcp-hold 192.168.100.1:30080 --pings 20 --interval 0.2
     python -m lab.harness.echo udp-hold 192.168.100.1:30053 --pings 20 --interval 0.2
@@ -100,7 +100,7 @@ def _tcp_reply(conn: socket.socket, peer: tuple[str, int], name: str) -> None:
 
 def _udp_loop(sock: socket.socket, name: str) -> None:
     while True:
-        data, peer = sock.recvfrom(2048)
+        data, peer = sock.recvfrom(65535)  # --size: datagrams larger than one packet
         sock.sendto(f"{name} {peer[0]}:{peer[1]} ".encode() + data, peer)
 
 
@@ -126,27 +126,34 @@ def tcp_request(target: tuple[str, int], timeout: float) -> dict[str, Any]:
         s.close()
 
 
-def udp_request(target: tuple[str, int], timeout: float, connected: bool) -> dict[str, Any]:
+def udp_request(
+    target: tuple[str, int], timeout: float, connected: bool, size: int = 0
+) -> dict[str, Any]:
+    """One datagram and its answer. `size`: the request's payload, padded to that many
+    bytes (the answer echoes it: a datagram larger than one packet travels as fragments
+    both ways)."""
     s = socket.socket(_family(target[0]), socket.SOCK_DGRAM)
     s.settimeout(timeout)
     nonce = os.urandom(8).hex()
+    payload = nonce + "." * max(size - len(nonce), 0)
     try:
         if connected:
             s.connect(target)
-            s.send(nonce.encode())
-            data = s.recv(256)
+            s.send(payload.encode())
+            data = s.recv(65535)
             source = s.getpeername()
         else:
-            s.sendto(nonce.encode(), target)
-            data, source = s.recvfrom(256)
+            s.sendto(payload.encode(), target)
+            data, source = s.recvfrom(65535)
         reply = data.decode().split()
-        if reply[2:] != [nonce]:
-            return {"ok": False, "error": "MISMATCH", "reply": data.decode()}
+        if reply[2:] != [payload]:
+            return {"ok": False, "error": "MISMATCH", "reply": data.decode()[:200]}
         return {
             "ok": True,
             "server": reply[0],
             "seen_as": reply[1],
             "peer": _show(source),
+            "echoed": len(reply[2]),
         }
     except OSError as exc:
         return _error(exc)
@@ -275,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.add_argument("--timeout", type=float, default=2.0)
         if mode == "udp":
             cli.add_argument("--connected", action="store_true")
+            cli.add_argument("--size", type=int, default=0, help="pad requests to this size")
         if mode in ("tcp-hold", "udp-hold"):
             cli.add_argument("--pings", type=int, default=10)
             cli.add_argument("--interval", type=float, default=0.2)
@@ -294,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "tcp":
             result = tcp_request(args.target, args.timeout)
         else:
-            result = udp_request(args.target, args.timeout, args.connected)
+            result = udp_request(args.target, args.timeout, args.connected, args.size)
         print(json.dumps(result), flush=True)
     return 0
 

@@ -66,6 +66,8 @@ PLACEMENTS: Sequence[Placement] = (
     _every("socketlb/test_socket_lb6.py"),
     _every("nodeport/test_nodeport.py"),
     _every("nodeport/test_bulk.py"),
+    _every("nodeport/test_real_networks.py"),
+    _every("nodeport/test_overlay.py"),
     _every("semantics/test_policy.py"),
     _every("semantics/test_affinity.py"),
     _every("semantics/test_udp.py"),

@@ -11,9 +11,11 @@ from ebpflb.model import BackendFlags, Scope, SvcFlags
 # ---- fixed constants (consts.h) ------------------------------------------------------------
 
 SVC_NAME_LEN = 144  # EBPFLB_SVC_NAME_LEN: "namespace/name:port" + NUL in ebpflb_svcmeta
-MAX_IFACES = 64  # EBPFLB_MAX_IFACES: entries of ebpflb_ifaddr4
-STAT_MAX = 24  # entries of ebpflb_stats: the counters below, and room for new ones
-SLOTS_PER_ELEMENT = 2  # struct lb4_slot_pair: two Maglev slots per 8-byte array element
+MAX_IFACES = 64  # EBPFLB_MAX_IFACES: entries of ebpflb_ifaddr4, ebpflb_ifaddr6, ebpflb_ifmtu
+FRAG_MAX = 8192  # EBPFLB_FRAG_MAX: fragmented datagrams remembered (ebpflb_frag4, _frag6, _defer4)
+SCRATCH_SIZE = 512  # EBPFLB_SCRATCH_SIZE: bytes of ebpflb_scratch's per-CPU element
+STAT_MAX = 32  # entries of ebpflb_stats: the counters below, and room for new ones
+SLOTS_PER_ELEMENT = 2  # struct lb_slot_pair: two Maglev slots per 8-byte array element
 # src_range4_key.prefixlen counts the service id's bits before the address prefix.
 SRC_RANGE_ID_PREFIXLEN = 32
 SRC_RANGE_EXACT_PREFIXLEN = SRC_RANGE_ID_PREFIXLEN + 32  # a lookup of one address
@@ -49,7 +51,7 @@ class NatFlags(enum.IntFlag):
 
 
 class AffClient(enum.IntEnum):
-    """AFF_CLIENT_*: aff4_key.netns, what aff4_key.client identifies."""
+    """AFF_CLIENT_*: aff_key.netns, what aff_key.client identifies."""
 
     ADDR4 = 0
     NETNS = 1
@@ -82,6 +84,10 @@ class Counter(enum.IntEnum):
     NP_REJECT = 19
     NP6_EXT_HEADER = 20
     MTU_EXCEEDED = 21
+    ICMP_XLATED = 22
+    TOO_BIG_SENT = 23
+    FRAG_UNKNOWN = 24
+    FRAGMENTED = 25
 
     @property
     def label(self) -> str:
@@ -105,6 +111,8 @@ def c_constants() -> dict[str, int]:
     found = {
         "EBPFLB_SVC_NAME_LEN": SVC_NAME_LEN,
         "EBPFLB_MAX_IFACES": MAX_IFACES,
+        "EBPFLB_FRAG_MAX": FRAG_MAX,
+        "EBPFLB_SCRATCH_SIZE": SCRATCH_SIZE,
         "STAT_MAX": STAT_MAX,
         "SRC_RANGE_ID_PREFIXLEN": SRC_RANGE_ID_PREFIXLEN,
         "SRC_RANGE_EXACT_PREFIXLEN": SRC_RANGE_EXACT_PREFIXLEN,

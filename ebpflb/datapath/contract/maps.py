@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from ebpflb.config import Config
-from ebpflb.datapath.contract.consts import MAX_IFACES, SLOTS_PER_ELEMENT, STAT_MAX
+from ebpflb.datapath.contract.consts import FRAG_MAX, MAX_IFACES, SLOTS_PER_ELEMENT, STAT_MAX
 from ebpflb.datapath.contract.defines import (
     AFFINITY_MAX,
     CT_MAX,
@@ -25,29 +25,34 @@ from ebpflb.datapath.contract.defines import (
 )
 from ebpflb.datapath.contract.structs import (
     Addr6,
-    Aff4Key,
-    Aff4MatchKey,
-    Aff4Val,
+    AffKey,
+    AffMatchKey,
+    AffVal,
     Ct4Entry,
     Ct6Entry,
+    Defer4Val,
     Flow4,
     Flow6,
+    Frag4Key,
+    Frag6Key,
+    FragPorts,
     Lb4Backend,
     Lb4RevskKey,
     Lb4RevskVal,
-    Lb4SlotPair,
     Lb4SockRev,
     Lb4SvcKey,
-    Lb4SvcMeta,
-    Lb4SvcStats,
-    Lb4SvcVal,
     Lb6Backend,
     Lb6RevskKey,
     Lb6RevskVal,
     Lb6SockRev,
     Lb6SvcKey,
+    LbSlotPair,
+    LbSvcMeta,
+    LbSvcStats,
+    LbSvcVal,
     Rnat4Val,
     Rnat6Val,
+    Scratch,
     SrcRange4Key,
     SrcRange6Key,
 )
@@ -91,6 +96,11 @@ class MapName(enum.StrEnum):
     REPLY_NAT6 = "ebpflb_rnat6"
     SOURCE_RANGES6 = "ebpflb_srcrng6"
     IFACE_ADDRS6 = "ebpflb_ifaddr6"
+    IFACE_MTUS = "ebpflb_ifmtu"
+    FRAGMENTS = "ebpflb_frag4"
+    FRAGMENTS6 = "ebpflb_frag6"
+    FRAG_DEFER = "ebpflb_defer4"
+    SCRATCH = "ebpflb_scratch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +149,7 @@ MAPS: dict[MapName, MapSpec] = {
             MapName.SERVICES,
             MapType.HASH,
             Lb4SvcKey,
-            Lb4SvcVal,
+            LbSvcVal,
             MAX_SERVICES,
             flags=BPF_F_NO_PREALLOC,
         ),
@@ -149,7 +159,7 @@ MAPS: dict[MapName, MapSpec] = {
             MapName.SERVICES6,
             MapType.HASH,
             Lb6SvcKey,
-            Lb4SvcVal,
+            LbSvcVal,
             MAX_SERVICES,
             flags=BPF_F_NO_PREALLOC,
         ),
@@ -159,7 +169,7 @@ MAPS: dict[MapName, MapSpec] = {
             MapName.SLOTS,
             MapType.ARRAY,
             ct.c_uint32,
-            Lb4SlotPair,
+            LbSlotPair,
             SLOT_POOL_SIZE,
             per_entry=SLOTS_PER_ELEMENT,
             flags=BPF_F_MMAPABLE | BPF_F_INNER_MAP,
@@ -170,7 +180,7 @@ MAPS: dict[MapName, MapSpec] = {
             MapName.SERVICE_META,
             MapType.HASH,
             ct.c_uint32,
-            Lb4SvcMeta,
+            LbSvcMeta,
             MAX_SERVICES,
             flags=BPF_F_NO_PREALLOC,
         ),
@@ -245,11 +255,24 @@ MAPS: dict[MapName, MapSpec] = {
             MAX_IFACES,
             flags=BPF_F_NO_PREALLOC,
         ),
-        MapSpec(MapName.AFFINITY, MapType.LRU_HASH, Aff4Key, Aff4Val, AFFINITY_MAX),
+        MapSpec(
+            MapName.IFACE_MTUS,
+            MapType.HASH,
+            ct.c_uint32,
+            ct.c_uint32,
+            MAX_IFACES,
+            flags=BPF_F_NO_PREALLOC,
+        ),
+        MapSpec(MapName.FRAGMENTS, MapType.LRU_HASH, Frag4Key, FragPorts, FRAG_MAX),
+        MapSpec(MapName.FRAGMENTS6, MapType.LRU_HASH, Frag6Key, FragPorts, FRAG_MAX),
+        MapSpec(MapName.FRAG_DEFER, MapType.LRU_HASH, Frag4Key, Defer4Val, FRAG_MAX),
+        # The ICMP error path's per-CPU working set: one element.
+        MapSpec(MapName.SCRATCH, MapType.PERCPU_ARRAY, ct.c_uint32, Scratch, 1),
+        MapSpec(MapName.AFFINITY, MapType.LRU_HASH, AffKey, AffVal, AFFINITY_MAX),
         MapSpec(
             MapName.AFFINITY_MATCH,
             MapType.HASH,
-            Aff4MatchKey,
+            AffMatchKey,
             ct.c_uint32,
             AFFINITY_MAX,
             flags=BPF_F_NO_PREALLOC,
@@ -260,7 +283,7 @@ MAPS: dict[MapName, MapSpec] = {
             MapName.SERVICE_STATS,
             MapType.PERCPU_ARRAY,
             ct.c_uint32,
-            Lb4SvcStats,
+            LbSvcStats,
             MAX_SERVICES,
             extra=1,
         ),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes as ct
 
-from ebpflb.datapath.contract.consts import SLOTS_PER_ELEMENT, SVC_NAME_LEN
+from ebpflb.datapath.contract.consts import SCRATCH_SIZE, SLOTS_PER_ELEMENT, SVC_NAME_LEN
 
 # ---- struct mirrors (structs.h) --------------------------------------------------------
 # `_network_order_` names the fields C types __be16/__be32.
@@ -27,8 +27,8 @@ class Lb4SvcKey(ct.Structure):
     _network_order_ = ("addr", "port")
 
 
-class Lb4SvcVal(ct.Structure):
-    """struct lb4_svc_val"""
+class LbSvcVal(ct.Structure):
+    """struct lb_svc_val"""
 
     _fields_ = [
         ("svc_id", ct.c_uint32),
@@ -40,8 +40,8 @@ class Lb4SvcVal(ct.Structure):
     _network_order_ = ()
 
 
-class Lb4SlotPair(ct.Structure):
-    """struct lb4_slot_pair"""
+class LbSlotPair(ct.Structure):
+    """struct lb_slot_pair"""
 
     _fields_ = [("backend_id", ct.c_uint32 * SLOTS_PER_ELEMENT)]
     _network_order_ = ()
@@ -106,8 +106,8 @@ class Lb6RevskVal(ct.Structure):
     _network_order_ = ("addr", "port")
 
 
-class Lb4SvcMeta(ct.Structure):
-    """struct lb4_svc_meta"""
+class LbSvcMeta(ct.Structure):
+    """struct lb_svc_meta"""
 
     _fields_ = [("name", ct.c_char * SVC_NAME_LEN)]
     _network_order_ = ()
@@ -286,8 +286,55 @@ class Addr6(ct.Structure):
     _network_order_ = ("addr",)
 
 
-class Lb4SvcStats(ct.Structure):
-    """struct lb4_svc_stats (one CPU's counters of one frontend)"""
+class Frag4Key(ct.Structure):
+    """struct frag4_key"""
+
+    _fields_ = [
+        ("saddr", ct.c_uint32),
+        ("daddr", ct.c_uint32),
+        ("id", ct.c_uint16),
+        ("proto", ct.c_uint8),
+        ("pad", ct.c_uint8),
+    ]
+    _network_order_ = ("saddr", "daddr", "id")
+
+
+class Frag6Key(ct.Structure):
+    """struct frag6_key"""
+
+    _fields_ = [
+        ("saddr", ct.c_uint32 * 4),
+        ("daddr", ct.c_uint32 * 4),
+        ("id", ct.c_uint32),
+        ("proto", ct.c_uint8),
+        ("pad", ct.c_uint8 * 3),
+    ]
+    _network_order_ = ("saddr", "daddr", "id")
+
+
+class Defer4Val(ct.Structure):
+    """struct defer4_val"""
+
+    _fields_ = [("saddr", ct.c_uint32), ("sport", ct.c_uint16), ("pad", ct.c_uint16)]
+    _network_order_ = ("saddr", "sport")
+
+
+class FragPorts(ct.Structure):
+    """struct frag_ports"""
+
+    _fields_ = [("sport", ct.c_uint16), ("dport", ct.c_uint16)]
+    _network_order_ = ("sport", "dport")
+
+
+class Scratch(ct.Structure):
+    """struct scratch"""
+
+    _fields_ = [("bytes", ct.c_uint8 * SCRATCH_SIZE)]
+    _network_order_ = ()
+
+
+class LbSvcStats(ct.Structure):
+    """struct lb_svc_stats (one CPU's counters of one frontend)"""
 
     _fields_ = [
         ("sock_xlated", ct.c_uint64),
@@ -299,8 +346,8 @@ class Lb4SvcStats(ct.Structure):
     _network_order_ = ()
 
 
-class Aff4Key(ct.Structure):
-    """struct aff4_key (client: a netns cookie, or an IPv4 address in network order in
+class AffKey(ct.Structure):
+    """struct aff_key (client: a netns cookie, or an IPv4 address in network order in
     its first four bytes; the control plane never writes it)"""
 
     _fields_ = [
@@ -312,8 +359,8 @@ class Aff4Key(ct.Structure):
     _network_order_ = ()
 
 
-class Aff4Val(ct.Structure):
-    """struct aff4_val"""
+class AffVal(ct.Structure):
+    """struct aff_val"""
 
     _fields_ = [
         ("last_used", ct.c_uint64),
@@ -323,8 +370,8 @@ class Aff4Val(ct.Structure):
     _network_order_ = ()
 
 
-class Aff4MatchKey(ct.Structure):
-    """struct aff4_match_key"""
+class AffMatchKey(ct.Structure):
+    """struct aff_match_key"""
 
     _fields_ = [
         ("svc_id", ct.c_uint32),
@@ -335,10 +382,10 @@ class Aff4MatchKey(ct.Structure):
 
 STRUCTS: dict[str, type[ct.Structure]] = {
     "lb4_svc_key": Lb4SvcKey,
-    "lb4_svc_val": Lb4SvcVal,
-    "lb4_slot_pair": Lb4SlotPair,
+    "lb_svc_val": LbSvcVal,
+    "lb_slot_pair": LbSlotPair,
     "lb4_backend": Lb4Backend,
-    "lb4_svc_meta": Lb4SvcMeta,
+    "lb_svc_meta": LbSvcMeta,
     "lb6_svc_key": Lb6SvcKey,
     "lb6_backend": Lb6Backend,
     "lb6_revsk_key": Lb6RevskKey,
@@ -356,8 +403,13 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "rnat6_val": Rnat6Val,
     "src_range6_key": SrcRange6Key,
     "addr6": Addr6,
-    "lb4_svc_stats": Lb4SvcStats,
-    "aff4_key": Aff4Key,
-    "aff4_val": Aff4Val,
-    "aff4_match_key": Aff4MatchKey,
+    "frag4_key": Frag4Key,
+    "frag6_key": Frag6Key,
+    "defer4_val": Defer4Val,
+    "frag_ports": FragPorts,
+    "scratch": Scratch,
+    "lb_svc_stats": LbSvcStats,
+    "aff_key": AffKey,
+    "aff_val": AffVal,
+    "aff_match_key": AffMatchKey,
 }

@@ -31,6 +31,7 @@ from ebpflb.errors import MapError
 from ebpflb.model import Backend, BackendFlags, Frontend, IPAddress, Proto, SvcFlags, host_port
 
 __all__ = [  # MapName and SLOTS_PER_ELEMENT are the contract's, re-exported for convenience
+    "PRIMARY_IFINDEX",
     "SLOTS_PER_ELEMENT",
     "AddrPort",
     "AffinityMatch",
@@ -63,7 +64,7 @@ SlotArray = npt.NDArray[np.uint32]
 
 @dataclass(frozen=True, slots=True)
 class ServiceEntry:
-    """Value of ebpflb_svc4 and ebpflb_svc6 (struct lb4_svc_val). table_size == 0 means
+    """Value of ebpflb_svc4 and ebpflb_svc6 (struct lb_svc_val). table_size == 0 means
     "refuse"."""
 
     svc_id: int
@@ -183,7 +184,7 @@ class NatEntry:
 
 @dataclass(frozen=True, slots=True)
 class ServiceCounters:
-    """One frontend's ebpflb_svcstats element (struct lb4_svc_stats), summed over CPUs."""
+    """One frontend's ebpflb_svcstats element (struct lb_svc_stats), summed over CPUs."""
 
     sock_xlated: int = 0  # socket-LB connect()/sendmsg() calls translated to a backend
     refused: int = 0  # refused (socket-LB) or dropped (NodePort): no usable backend
@@ -261,11 +262,15 @@ class FamilyKeyValueMap(KeyValueMap[K, V], Protocol):
         ...
 
 
+PRIMARY_IFINDEX = 0  # no interface has it: the entry of the node's primary address
+
+
 @dataclass(frozen=True, slots=True)
 class InterfaceAddresses:
     """ebpflb_ifaddr4 and ebpflb_ifaddr6: ifindex -> the node address of each family that
-    NodePort flows arriving on that interface are SNATed to. An interface without an
-    address of a family has no entry there (the programs count snat_no_addr)."""
+    NodePort flows leaving by that interface are SNATed to, and PRIMARY_IFINDEX -> the
+    node's primary address, for an egress interface without one (no entry at all: the
+    programs count snat_no_addr)."""
 
     v4: Mapping[int, IPv4Address] = field(default_factory=dict)
     v6: Mapping[int, IPv6Address] = field(default_factory=dict)
@@ -286,7 +291,7 @@ class SlotWrite:
 
 
 class SlotPool(Protocol):
-    """The Maglev slot pool: backend ids, stored two per element (struct lb4_slot_pair).
+    """The Maglev slot pool: backend ids, stored two per element (struct lb_slot_pair).
 
     Tables start at even slots; writes go by whole elements, so a table's last element
     carries a padding slot that is never read (lookups stay below the table size)."""
@@ -394,6 +399,10 @@ class MapSet(Protocol):
     def interface_addresses(self) -> InterfaceAddresses:
         """ifindex -> the node address SNAT uses on that interface, per family
         (ebpflb_ifaddr4, ebpflb_ifaddr6)."""
+        ...
+
+    def interface_mtus(self) -> dict[int, int]:
+        """ifindex -> MTU (ebpflb_ifmtu)."""
         ...
 
     def counters(self) -> dict[str, int]:

@@ -78,7 +78,7 @@ FRONTEND: Codec[Frontend] = Codec(
     layout.frontends_from_array,
 )
 SERVICE: Codec[ServiceEntry] = Codec(
-    contract.Lb4SvcVal,
+    contract.LbSvcVal,
     layout.encode_service,
     layout.decode_service,
     layout.SVC_VAL_DTYPE,
@@ -101,7 +101,7 @@ BACKEND6: Codec[BackendEntry] = Codec(
     contract.Lb6Backend, layout.encode_backend6, layout.decode_backend6
 )
 META: Codec[str] = Codec(
-    contract.Lb4SvcMeta,
+    contract.LbSvcMeta,
     layout.encode_meta,
     layout.decode_meta,
     layout.META_DTYPE,
@@ -128,5 +128,5 @@ CONNTRACK6: Codec[ConntrackEntry] = Codec(
 NAT6: Codec[NatEntry] = Codec(contract.Rnat6Val, layout.encode_nat6, layout.decode_nat6)
 ADDR6: Codec[IPv6Address] = Codec(contract.Addr6, layout.encode_addr6, layout.decode_addr6)
 AFFINITY_MATCH: Codec[AffinityMatch] = Codec(
-    contract.Aff4MatchKey, layout.encode_affinity_match, layout.decode_affinity_match
+    contract.AffMatchKey, layout.encode_affinity_match, layout.decode_affinity_match
 )

@@ -191,6 +191,7 @@ class FakeMapSet:
         self.reply_nat6: FakeMap[Flow, NatEntry] = FakeMap(MapName.REPLY_NAT6.value, rnat_max)
         self.reply_nat = FamilyMap(self.reply_nat4, self.reply_nat6, flow_family)
         self.iface_addrs = InterfaceAddresses()
+        self.iface_mtus: dict[int, int] = {}
         self.service_counters = FakeServiceCounters(MapName.SERVICE_STATS.value, max_services + 1)
         self.affinity_match: FakeMap[AffinityMatch, int] = FakeMap(
             MapName.AFFINITY_MATCH.value, affinity_max
@@ -201,6 +202,9 @@ class FakeMapSet:
 
     def interface_addresses(self) -> InterfaceAddresses:
         return self.iface_addrs
+
+    def interface_mtus(self) -> dict[int, int]:
+        return dict(self.iface_mtus)
 
     def counters(self) -> dict[str, int]:
         return {counter.label: self.stats.get(counter, 0) for counter in Counter}

@@ -281,6 +281,25 @@ class KernelMapSet:
                 if err:
                     raise errno_error(f"update {pinned.name}[{ifindex}]", err)
 
+    def set_interface_mtus(self, mtus: Mapping[int, int]) -> None:
+        """ifindex -> MTU (ebpflb_ifmtu): entries of interfaces not named are deleted."""
+        pinned = self._pins[MapName.IFACE_MTUS]
+        for raw_key in list(raw_keys(pinned.fd, ct.c_uint32)):
+            if int(raw_key.value) not in mtus:
+                delete(pinned.fd, raw_key, f"{pinned.name}[{raw_key.value}]")
+        for ifindex, mtu in mtus.items():
+            key, value = ct.c_uint32(ifindex), ct.c_uint32(mtu)
+            err = bpfsys.update_elem(pinned.fd, ct.addressof(key), ct.addressof(value), BPF_ANY)
+            if err:
+                raise errno_error(f"update {pinned.name}[{ifindex}]", err)
+
+    def interface_mtus(self) -> dict[int, int]:
+        pinned = self._pins[MapName.IFACE_MTUS]
+        return {
+            int(k.value): int(v.value)
+            for k, v in raw_items(pinned.fd, ct.c_uint32, ct.c_uint32)
+        }
+
     def interface_addresses(self) -> InterfaceAddresses:
         v4, v6 = self._pins[MapName.IFACE_ADDRS], self._pins[MapName.IFACE_ADDRS6]
         return InterfaceAddresses(

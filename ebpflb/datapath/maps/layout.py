@@ -30,7 +30,7 @@ from ebpflb.datapath.contract import (
     SRC_RANGE_ID_PREFIXLEN,
     SVC_NAME_LEN,
     Addr6,
-    Aff4MatchKey,
+    AffMatchKey,
     Ct4Entry,
     Ct6Entry,
     CtFlags,
@@ -40,12 +40,12 @@ from ebpflb.datapath.contract import (
     Lb4RevskKey,
     Lb4RevskVal,
     Lb4SvcKey,
-    Lb4SvcMeta,
-    Lb4SvcVal,
     Lb6Backend,
     Lb6RevskKey,
     Lb6RevskVal,
     Lb6SvcKey,
+    LbSvcMeta,
+    LbSvcVal,
     NatFlags,
     Rnat4Val,
     Rnat6Val,
@@ -122,13 +122,13 @@ def decode_frontend(key: Lb4SvcKey) -> Frontend:
     )
 
 
-def encode_service(entry: ServiceEntry) -> Lb4SvcVal:
-    return Lb4SvcVal(
+def encode_service(entry: ServiceEntry) -> LbSvcVal:
+    return LbSvcVal(
         entry.svc_id, entry.table_off, entry.table_size, entry.backend_count, int(entry.flags)
     )
 
 
-def decode_service(val: Lb4SvcVal) -> ServiceEntry:
+def decode_service(val: LbSvcVal) -> ServiceEntry:
     return ServiceEntry(
         svc_id=val.svc_id,
         table_off=val.table_off,
@@ -196,15 +196,15 @@ def decode_reverse(
     return backend, be16_to_port(key.port), frontend, be16_to_port(val.port)
 
 
-def encode_meta(name: str) -> Lb4SvcMeta:
+def encode_meta(name: str) -> LbSvcMeta:
     raw = name.encode()
     if len(raw) >= SVC_NAME_LEN:
         # Kubernetes bounds namespace, name and port name, so only a bug gets here.
         raise ValueError(f"service name {name!r} exceeds {SVC_NAME_LEN - 1} bytes")
-    return Lb4SvcMeta(raw)
+    return LbSvcMeta(raw)
 
 
-def decode_meta(val: Lb4SvcMeta) -> str:
+def decode_meta(val: LbSvcMeta) -> str:
     return bytes(val.name).decode(errors="replace")
 
 
@@ -262,11 +262,11 @@ def decode_source_range6(raw: SrcRange6Key) -> SourceRange:
     )
 
 
-def encode_affinity_match(key: AffinityMatch) -> Aff4MatchKey:
-    return Aff4MatchKey(key.svc_id, key.backend_id)
+def encode_affinity_match(key: AffinityMatch) -> AffMatchKey:
+    return AffMatchKey(key.svc_id, key.backend_id)
 
 
-def decode_affinity_match(raw: Aff4MatchKey) -> AffinityMatch:
+def decode_affinity_match(raw: AffMatchKey) -> AffinityMatch:
     return AffinityMatch(int(raw.svc_id), int(raw.backend_id))
 
 
@@ -453,9 +453,9 @@ def record_dtype(struct: type[ct.Structure]) -> np.dtype[Any]:
 
 U32_DTYPE = np.dtype("=u4")
 SVC_KEY_DTYPE = record_dtype(Lb4SvcKey)
-SVC_VAL_DTYPE = record_dtype(Lb4SvcVal)
+SVC_VAL_DTYPE = record_dtype(LbSvcVal)
 BACKEND_DTYPE = record_dtype(Lb4Backend)
-META_DTYPE = record_dtype(Lb4SvcMeta)
+META_DTYPE = record_dtype(LbSvcMeta)
 
 # Enum members by value: calling an enum class is slow, and flags take few values.
 _PROTOS = {int(p): p for p in Proto}

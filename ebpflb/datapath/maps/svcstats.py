@@ -34,7 +34,7 @@ class KernelServiceCounters:
         self._fd = fd
         self._ncpus = ncpus
         # The kernel copies a per-CPU value for every possible CPU, each rounded to 8 bytes.
-        self._per_cpu = -(-ct.sizeof(contract.Lb4SvcStats) // 8) * 8
+        self._per_cpu = -(-ct.sizeof(contract.LbSvcStats) // 8) * 8
         self._io = ElementIO(fd, name, 4, self._per_cpu * ncpus)
 
     def _sum(self, raw: bytes, count: int) -> Sums:

@@ -163,6 +163,10 @@ class _ProgInfo(ct.Structure):
 _MAX_PROG_MAPS = 64  # map ids read per program; ebpflb's programs use fewer than 20
 
 
+VERIFIER_LOG_SIZE = 1 << 24  # enough for a log of a rejected program of ours
+VERIFIER_LOG_LINES = 12  # of its end, in the error
+
+
 class _ProgLoadAttr(ct.Structure):
     """The BPF_PROG_LOAD member of union bpf_attr, up to expected_attach_type (4.17)."""
 
@@ -288,9 +292,10 @@ def _raise_memlock_limit() -> bool:
 def prog_load(
     prog_type: int, insns: bytes, what: str, expected_attach_type: int = 0, name: str = ""
 ) -> int:
-    """Load a program given as raw instructions (8 bytes each), without a verifier log;
-    the caller owns the fd. BpfError keeps the kernel's errno (EINVAL for an unknown
-    program type, attach type or helper)."""
+    """Load a program given as raw instructions (8 bytes each); the caller owns the fd.
+    BpfError keeps the kernel's errno (EINVAL for an unknown program type, attach type or
+    helper). A rejected program is loaded once more with the verifier's log, whose last
+    lines the error then carries (the first attempt takes none: a log costs the kernel)."""
     code = ct.create_string_buffer(insns, len(insns))
     license_ = ct.create_string_buffer(b"GPL")
     attr = _ProgLoadAttr(
@@ -301,7 +306,20 @@ def prog_load(
         prog_name=name.encode()[:15],
         expected_attach_type=expected_attach_type,
     )
-    return _bpf_charged(BPF_PROG_LOAD, attr, f"loading {what}")
+    try:
+        return _bpf_charged(BPF_PROG_LOAD, attr, f"loading {what}")
+    except BpfError as exc:
+        if exc.errno not in (errno.EACCES, errno.EINVAL):
+            raise
+        log = ct.create_string_buffer(VERIFIER_LOG_SIZE)
+        attr.log_level, attr.log_size, attr.log_buf = 1, VERIFIER_LOG_SIZE, ct.addressof(log)
+        try:
+            fd = _bpf_charged(BPF_PROG_LOAD, attr, f"loading {what}")
+        except BpfError:
+            tail = log.value.decode(errors="replace").strip().splitlines()[-VERIFIER_LOG_LINES:]
+            detail = " | ".join(tail)
+            raise BpfError(f"loading {what} (verifier: {detail})", exc.errno) from exc
+        return fd  # accepted the second time (a transient failure): use it
 
 
 def map_create(

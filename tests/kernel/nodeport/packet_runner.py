@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from scapy.layers.inet import IP, TCP, UDP, IPOption
-from scapy.layers.inet6 import IPv6
+from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 
 from ebpflb.config import Config, XdpMode
 from ebpflb.datapath.contract import Counter, CtFlags, NatFlags
-from ebpflb.datapath.maps import AddrPort, InterfaceAddresses, pins
+from ebpflb.datapath.maps import PRIMARY_IFINDEX, AddrPort, InterfaceAddresses, pins
 from ebpflb.datapath.maps.kernel import KernelMapSet
 from ebpflb.datapath.programs import loader, testrun
 from ebpflb.desired import NodeView, frontends_for_port
@@ -39,7 +39,7 @@ from ebpflb.model import Frontend, Proto
 from ebpflb.reconcile import Reconciler
 from lab.harness.netns import Namespaces, sh
 from tests.kernel.nodeport import packet_cases as pc
-from tests.kernel.nodeport.packet_cases import Case, FlowRow, Frame, Out, Program, Ref
+from tests.kernel.nodeport.packet_cases import Case, FlowRow, Out, Program, Ref
 
 BPFFS = Path("/sys/fs/bpf")
 CLONE_NEWNET = 0x40000000
@@ -78,7 +78,9 @@ def build_node(namespaces: Namespaces) -> tuple[str, dict[str, int]]:
             neigh = ["neigh", "replace", address, "lladdr", mac, "dev", link.name]
             sh("ip", "-n", netns, *neigh, "nud", "permanent")
     for prefix, via in pc.ROUTES.items():
-        sh("ip", "-n", netns, "route", "add", prefix, "via", via)
+        # "dev NAME": on the link, no gateway (an interface without an address of its own)
+        hop = via.split() if via.startswith("dev ") else ["via", via]
+        sh("ip", "-n", netns, "route", "add", prefix, *hop)
     shown = subprocess.run(
         ["ip", "-n", netns, "-j", "link", "show"], check=True, capture_output=True, text=True
     )
@@ -158,17 +160,21 @@ def open_datapath(**config_overrides: Any) -> Iterator[Datapath]:
             maps.set_interface_addresses(
                 InterfaceAddresses(
                     {
-                        ifindex[link.name]: IPv4Address(link.address)
-                        for link in pc.LINKS
-                        if link.address
+                        **{
+                            ifindex[link.name]: IPv4Address(link.address)
+                            for link in pc.LINKS
+                            if link.address
+                        },
+                        PRIMARY_IFINDEX: IPv4Address(pc.PRIMARY),
                     },
-                    {
+                    {  # no IPv6 primary: a flow leaving by eth2 finds no IPv6 source
                         ifindex[link.name]: IPv6Address(link.address6)
                         for link in pc.LINKS
                         if link.address6
                     },
                 )
             )
+            maps.set_interface_mtus({ifindex[link.name]: pc.MTU for link in pc.LINKS})
             addresses = tuple(
                 ip_address(address)
                 for link in pc.LINKS
@@ -193,9 +199,11 @@ def open_datapath(**config_overrides: Any) -> Iterator[Datapath]:
 # ---- frames ------------------------------------------------------------------------------
 
 
-def build(frame: Frame | Packet, snat_port: Callable[[], int]) -> bytes:
+def build(frame: pc.Packetish, snat_port: Callable[[], int]) -> bytes:
     if isinstance(frame, Packet):
         return bytes(frame)
+    if callable(frame):  # a packet written around the flow's SNAT port
+        return bytes(frame(snat_port()))
 
     def port(value: int | Ref) -> int:
         return snat_port() if value is Ref.SNAT_PORT else value
@@ -204,10 +212,28 @@ def build(frame: Frame | Packet, snat_port: Callable[[], int]) -> bytes:
     ip: Packet
     if ":" in frame.src[0]:
         ip = IPv6(src=frame.src[0], dst=frame.dst[0], hlim=frame.ttl)
+        if frame.frag_id is not None:
+            ip = ip / IPv6ExtHdrFragment(
+                id=frame.frag_id, offset=frame.frag_offset, m=int(frame.more_fragments)
+            )
     else:
+        flags = frame.ip_flags or ("MF" if frame.more_fragments else "")
         ip = IP(
-            src=frame.src[0], dst=frame.dst[0], ttl=frame.ttl, flags=frame.ip_flags, options=options
+            src=frame.src[0],
+            dst=frame.dst[0],
+            ttl=frame.ttl,
+            flags=flags,
+            options=options,
+            id=1 if frame.frag_id is None else frame.frag_id,
+            frag=frame.frag_offset,
         )
+    if frame.frag_offset:  # a later fragment: no L4 header, the datagram's bytes go on
+        proto = 6 if frame.proto is Proto.TCP else 17
+        if isinstance(ip, IP):
+            ip.proto = proto
+        else:
+            ip[IPv6ExtHdrFragment].nh = proto
+        return bytes(Ether(src=frame.smac, dst=frame.dmac) / ip / Raw(frame.payload))
     sport, dport = port(frame.src[1]), port(frame.dst[1])
     l4 = (
         TCP(sport=sport, dport=dport, flags=frame.tcp_flags)
@@ -368,7 +394,7 @@ def run_case(dp: Datapath, case: Case) -> list[str]:
         problems.append(f"verdict: {case.verdict!r} != {run.verdict!r}")
     if case.out is Out.SAME:
         problems += frame_diff(frame, run.data)
-    elif isinstance(case.out, (Frame, Packet)):
+    elif not isinstance(case.out, Out):
         problems += frame_diff(build(case.out, flows.snat_port), run.data)
     moved = {c: after[c.label] - before[c.label] for c in Counter}
     want = {c: case.counters.get(c, 0) for c in Counter}

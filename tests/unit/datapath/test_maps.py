@@ -96,9 +96,9 @@ BACKENDS = [
     ("ctype", "dtype"),
     [
         (contract.Lb4SvcKey, layout.SVC_KEY_DTYPE),
-        (contract.Lb4SvcVal, layout.SVC_VAL_DTYPE),
+        (contract.LbSvcVal, layout.SVC_VAL_DTYPE),
         (contract.Lb4Backend, layout.BACKEND_DTYPE),
-        (contract.Lb4SvcMeta, layout.META_DTYPE),
+        (contract.LbSvcMeta, layout.META_DTYPE),
     ],
     ids=lambda t: getattr(t, "__name__", ""),
 )

@@ -49,6 +49,10 @@ def max_entries(maps: FakeMapSet) -> dict[MapName, int]:
         MapName.REPLY_NAT6: maps.reply_nat6.capacity,
         MapName.SOURCE_RANGES6: maps.source_ranges6.capacity,
         MapName.IFACE_ADDRS6: 64,
+        MapName.IFACE_MTUS: 64,
+        MapName.FRAGMENTS: 8192,
+        MapName.FRAGMENTS6: 8192,
+        MapName.FRAG_DEFER: 8192,
     }
 
 
@@ -65,6 +69,10 @@ def counted(maps: FakeMapSet) -> dict[MapName, int]:
         MapName.CONNTRACK6: len(maps.conntrack6),
         MapName.REPLY_NAT6: len(maps.reply_nat6),
         MapName.IFACE_ADDRS6: 1,
+        MapName.IFACE_MTUS: 3,
+        MapName.FRAGMENTS: 0,
+        MapName.FRAGMENTS6: 0,
+        MapName.FRAG_DEFER: 0,
     }
 
 
@@ -134,6 +142,10 @@ def test_an_agent_reports_every_pinned_map() -> None:
             MapName.CONNTRACK6,
             MapName.REPLY_NAT6,
             MapName.IFACE_ADDRS6,
+            MapName.IFACE_MTUS,
+            MapName.FRAGMENTS,
+            MapName.FRAGMENTS6,
+            MapName.FRAG_DEFER,
         ]
     )
     assert levels["ebpflb_affpair4"].entries == len(maps.affinity_match)  # the reconciler's

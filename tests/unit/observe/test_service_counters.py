@@ -20,7 +20,7 @@ from tests.unit.reconcile.test_reconcile import API, WEB, backends, desired, fe
 
 def test_service_counters_mirror_the_c_struct_field_for_field() -> None:
     names = [f.name for f in dataclasses.fields(ServiceCounters)]
-    assert names == [name for name, _ in contract.Lb4SvcStats._fields_]
+    assert names == [name for name, _ in contract.LbSvcStats._fields_]
     assert {m.field for m in METRICS} == set(names)
 
 

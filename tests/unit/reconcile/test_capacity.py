@@ -246,7 +246,7 @@ def test_many_failures_log_a_bounded_number_of_lines(caplog: pytest.LogCaptureFi
 
 
 def test_more_backends_than_a_frontend_can_count_fails_that_frontend() -> None:
-    """struct lb4_svc_val.backend_count is 16 bits: 65,536 backends cannot be named, even
+    """struct lb_svc_val.backend_count is 16 bits: 65,536 backends cannot be named, even
     though the largest table (131,071 slots) would hold them."""
     maps = FakeMapSet(max_backends=70000)
     rec = Reconciler(maps, metrics=Metrics(CollectorRegistry()))

@@ -12,8 +12,9 @@ from prometheus_client import CollectorRegistry
 from ebpflb.cli import parse_args
 from ebpflb.clock import FakeClock
 from ebpflb.config import Config
-from ebpflb.datapath.addrwatch import AddressState, snat_sources
-from ebpflb.datapath.maps import InterfaceAddresses, dump
+from ebpflb.datapath.addrwatch import AddressState, interface_mtus, snat_sources
+from ebpflb.datapath.contract import MAX_IFACES
+from ebpflb.datapath.maps import PRIMARY_IFINDEX, InterfaceAddresses, dump
 from ebpflb.datapath.maps.fake import FakeMapSet
 from ebpflb.desired import NodeView
 from ebpflb.errors import ConfigError
@@ -40,18 +41,51 @@ def test_primary_addresses_are_the_default_route_interface_ones() -> None:
     assert AddressState({ETH0: (A,)}).primary_addresses() == ()  # no default route
 
 
+def sources(previous: InterfaceAddresses, state: AddressState) -> InterfaceAddresses:
+    found, left_out = snat_sources(previous, state)
+    assert left_out == 0
+    return found
+
+
+P = PRIMARY_IFINDEX
+
+
 def test_snat_source_stays_while_held_and_moves_when_removed() -> None:
     none = InterfaceAddresses()
-    first = snat_sources(none, AddressState({ETH0: (A,), ETH1: (C,)}), WATCHED)
-    assert first == InterfaceAddresses({ETH0: A, ETH1: C})
+    first = sources(none, AddressState({ETH0: (A,), ETH1: (C,)}, default_ifindex=ETH1))
+    # Each interface's own, and the primary address (the default route's interface's).
+    assert first == InterfaceAddresses({ETH0: A, ETH1: C, P: C})
     # A secondary address added: nothing moves (flows keep one source).
-    assert snat_sources(first, AddressState({ETH0: (A, B), ETH1: (C,)}), WATCHED) == first
+    again = AddressState({ETH0: (A, B), ETH1: (C,)}, default_ifindex=ETH1)
+    assert sources(first, again) == first
     # Listed first now, but A is still there: A stays.
-    assert snat_sources(first, AddressState({ETH0: (B, A), ETH1: (C,)}), WATCHED) == first
-    # A removed: the interface's remaining address; eth1 with none: no entry at all.
-    assert snat_sources(first, AddressState({ETH0: (B,)}), WATCHED) == InterfaceAddresses({ETH0: B})
-    # Unwatched interfaces never get one.
-    assert snat_sources(none, AddressState({OTHER: (A,)}), WATCHED) == none
+    assert sources(first, AddressState({ETH0: (B, A), ETH1: (C,)}, default_ifindex=ETH1)) == first
+    # A removed: the interface's remaining address; eth1 with none: no entry at all, and
+    # without a default route the primary is the lowest ifindex's.
+    assert sources(first, AddressState({ETH0: (B,)})) == InterfaceAddresses({ETH0: B, P: B})
+
+
+def test_every_interface_gets_its_snat_source_not_only_the_attached_ones() -> None:
+    """MASQUERADE takes the egress interface's address (an overlay's tunnel device, a
+    second NIC): the programs look the egress interface up, so every interface with an
+    address has its entry, watched (attached) or not."""
+    found = sources(InterfaceAddresses(), AddressState({OTHER: (A,)}))
+    assert found == InterfaceAddresses({OTHER: A, P: A})
+
+
+def test_interfaces_beyond_the_maps_are_left_out_and_counted() -> None:
+    many = {index: (IPv4Address(f"10.1.{index // 256}.{index % 256}"),) for index in range(1, 81)}
+    found, left_out = snat_sources(InterfaceAddresses(), AddressState(many))
+    assert len(found.v4) == MAX_IFACES and left_out == 80 + 1 - MAX_IFACES
+    assert found.v4[P] == many[1][0]  # the primary entry is kept
+    assert max(found.v4) == MAX_IFACES - 1  # the lowest ifindexes are kept
+
+
+def test_every_interface_mtu_is_followed() -> None:
+    state = AddressState({ETH0: (A,)}, mtus={1: 65536, ETH0: 1500, ETH1: 1400})
+    assert interface_mtus(state) == {1: 65536, ETH0: 1500, ETH1: 1400}
+    lots = AddressState(mtus={index: 1500 for index in range(1, 100)})
+    assert sorted(interface_mtus(lots)) == list(range(1, MAX_IFACES + 1))
 
 
 G1, G2 = IPv6Address("2001:db8::10"), IPv6Address("2001:db8::11")
@@ -61,16 +95,16 @@ U1 = IPv6Address("fd00:1::10")
 def test_each_family_has_its_own_snat_source_per_interface() -> None:
     """ebpflb_ifaddr6 beside ebpflb_ifaddr4: the first IPv6 address of each interface,
     kept while held, as the IPv4 one; an interface with addresses of one family only has
-    an entry in that family's map only."""
-    state = AddressState({ETH0: (A, G1, G2), ETH1: (U1,)})
-    first = snat_sources(InterfaceAddresses(), state, WATCHED)
-    assert first == InterfaceAddresses({ETH0: A}, {ETH0: G1, ETH1: U1})
-    assert first.of(6) == {ETH0: G1, ETH1: U1} and first.of(4) == {ETH0: A}
+    an entry in that family's map only; each family's primary is its own."""
+    state = AddressState({ETH0: (A, G1, G2), ETH1: (U1,)}, default6_ifindex=ETH1)
+    first = sources(InterfaceAddresses(), state)
+    assert first == InterfaceAddresses({ETH0: A, P: A}, {ETH0: G1, ETH1: U1, P: U1})
+    assert first.of(6) == {ETH0: G1, ETH1: U1, P: U1} and first.of(4) == {ETH0: A, P: A}
     # G1 goes, A stays: only the IPv6 source moves.
-    moved = snat_sources(first, AddressState({ETH0: (A, G2), ETH1: (U1,)}), WATCHED)
-    assert moved == InterfaceAddresses({ETH0: A}, {ETH0: G2, ETH1: U1})
+    moved = sources(first, AddressState({ETH0: (A, G2), ETH1: (U1,)}, default6_ifindex=ETH1))
+    assert moved == InterfaceAddresses({ETH0: A, P: A}, {ETH0: G2, ETH1: U1, P: U1})
     # G1 back, listed first: G2 is still held, it stays.
-    assert snat_sources(moved, state, WATCHED) == moved
+    assert sources(moved, state) == moved
 
 
 def test_node_addresses_and_primary_cover_both_families() -> None:

@@ -1,13 +1,15 @@
-/* Conntrack for NodePort/LoadBalancer/external-IP flows: ebpflb_ct4[client -> frontend]
- * remembers a flow's backend (and SNAT source) from its first packet on, with a deadline
- * that every packet pushes out by a TCP-state-aware lifetime. The reply side of a flow is
+/* Conntrack for NodePort/LoadBalancer/external-IP flows of both families:
+ * ebpflb_ct4[client -> frontend] (ebpflb_ct6 for IPv6) remembers a flow's backend (and
+ * SNAT source) from its first packet on, with a deadline that every packet pushes out by a
+ * TCP-state-aware lifetime. The lifetimes and TCP state are one set of rules; each family
+ * has its table (reached through a one-slot map, so the agent can swap in a larger one)
+ * and its typed accessors, the IPv6 one after its IPv4 twin. The reply side of a flow is
  * lib/nat.h's. */
-#ifndef EBPFLB_CT_H
-#define EBPFLB_CT_H
+#ifndef EBPFLB_CONNTRACK_H
+#define EBPFLB_CONNTRACK_H
 
 #include "maps.h"
 #include "pkt.h"
-
 
 /* Lifetime of a flow after this packet, from what the flow has seen so far. */
 static __always_inline __u64 ct_lifetime(__u8 proto, __u16 flags)
@@ -50,8 +52,17 @@ static __always_inline __u64 ct_touch_state(__u16 *flags, __u64 *expires, __u64 
 	return *expires;
 }
 
-static __always_inline __u64 ct_touch(struct ct4_entry *ct, const struct pkt4 *pkt, int reply,
-				      __u64 now)
+/* Record one packet on an IPv4 flow; its new deadline. */
+static __always_inline __u64 ct4_touch(struct ct4_entry *ct, const struct pkt4 *pkt, int reply,
+				       __u64 now)
+{
+	return ct_touch_state(&ct->flags, &ct->expires, &ct->packets, &ct->bytes,
+			      pkt->flow.proto, pkt->tcp_flags, pkt->len, reply, now);
+}
+
+/* ct4_touch's twin. */
+static __always_inline __u64 ct6_touch(struct ct6_entry *ct, const struct pkt6 *pkt, int reply,
+				       __u64 now)
 {
 	return ct_touch_state(&ct->flags, &ct->expires, &ct->packets, &ct->bytes,
 			      pkt->flow.proto, pkt->tcp_flags, pkt->len, reply, now);
@@ -65,12 +76,28 @@ static __always_inline void *ct4_table(void)
 	return ebpflb_ct4ref.lookup(&zero);
 }
 
+/* The IPv6 conntrack table in use (the agent swaps in a larger one as flows fill it). */
+static __always_inline void *ct6_table(void)
+{
+	__u32 zero = 0;
+
+	return ebpflb_ct6ref.lookup(&zero);
+}
+
 /* The entry of this tuple in the table in use, live or not; NULL if none. */
 static __always_inline struct ct4_entry *ct4_get(const struct flow4 *flow)
 {
 	void *table = ct4_table();
 
-	return table ? bpf_map_lookup_elem(table, flow) : NULL;
+	return table ? bpf_map_lookup_elem(table, (void *)flow) : NULL;
+}
+
+/* ct4_get's twin. */
+static __always_inline struct ct6_entry *ct6_get(const struct flow6 *flow)
+{
+	void *table = ct6_table();
+
+	return table ? bpf_map_lookup_elem(table, (void *)flow) : NULL;
 }
 
 /* Store a flow's entry in the table in use; non-zero on failure. */
@@ -78,7 +105,15 @@ static __always_inline int ct4_store(const struct flow4 *flow, const struct ct4_
 {
 	void *table = ct4_table();
 
-	return table ? bpf_map_update_elem(table, flow, ct, BPF_ANY) : -1;
+	return table ? bpf_map_update_elem(table, (void *)flow, (void *)ct, BPF_ANY) : -1;
+}
+
+/* ct4_store's twin. */
+static __always_inline int ct6_store(const struct flow6 *flow, const struct ct6_entry *ct)
+{
+	void *table = ct6_table();
+
+	return table ? bpf_map_update_elem(table, (void *)flow, (void *)ct, BPF_ANY) : -1;
 }
 
 /* A live flow for this tuple, or NULL. A new TCP SYN restarts a closing flow. */
@@ -95,4 +130,18 @@ static __always_inline struct ct4_entry *ct4_lookup(const struct flow4 *flow,
 	return ct;
 }
 
-#endif /* EBPFLB_CT_H */
+/* ct4_lookup's twin. */
+static __always_inline struct ct6_entry *ct6_lookup(const struct flow6 *flow,
+						    const struct pkt6 *pkt, __u64 now)
+{
+	struct ct6_entry *ct = ct6_get(flow);
+
+	if (!ct || ct->expires < now)
+		return NULL;
+	if ((ct->flags & CT_F_CLOSING) && (pkt->tcp_flags & TCP_FLAG_SYN) &&
+	    !(pkt->tcp_flags & TCP_FLAG_ACK))
+		return NULL;
+	return ct;
+}
+
+#endif /* EBPFLB_CONNTRACK_H */

@@ -1,12 +1,25 @@
-/* kube-proxy's REJECT for external traffic to a service with no endpoint at all: an IPv4
- * TCP segment is answered with a RST from the frontend, an IPv4 UDP datagram with an ICMP
- * port unreachable, an IPv6 packet of either protocol with an ICMPv6 port unreachable (as
- * ip6tables' REJECT does by default; Linux fails a connecting TCP socket with
- * ECONNREFUSED on it), so the client fails at once instead of retrying until it times
- * out. Built from the tc ingress skb (resized, addresses swapped) and sent back out of
- * the interface it came in on. */
-#ifndef EBPFLB_REJECT_H
-#define EBPFLB_REJECT_H
+/* Packets the programs answer themselves, built from the tc ingress skb (resized,
+ * addresses swapped) and sent back out of the interface it came in on, from the address it
+ * was sent to:
+ *
+ * - kube-proxy's REJECT for external traffic to a service with no endpoint at all: an
+ *   IPv4 TCP segment is answered with a RST, an IPv4 UDP datagram with an ICMP port
+ *   unreachable, an IPv6 packet of either protocol with an ICMPv6 port unreachable (as
+ *   ip6tables' REJECT does by default; Linux fails a connecting TCP socket with
+ *   ECONNREFUSED on it), so the client fails at once instead of retrying until it times
+ *   out;
+ * - a packet this node must forward that does not fit the next hop and may not be
+ *   fragmented: fragmentation needed (IPv4 with DF, and GRO aggregates) or packet too big
+ *   (IPv6), with the next hop's MTU, as a router's forwarding path does, so the sender's
+ *   path MTU discovery works through the node (IPv4 without DF is fragmented: frag.h). The
+ *   answer embeds the packet as its sender sent it (before any translation): that is the
+ *   flow the sender's stack matches it to.
+ *
+ * The ICMP answers carry the offending packet's IP header and first 8 bytes of its L4
+ * header (RFC 792; RFC 4443 allows more, and the 8 bytes are what the receiver matches
+ * the error to its socket by: ports and, for TCP, the sequence number). */
+#ifndef EBPFLB_ANSWER_H
+#define EBPFLB_ANSWER_H
 
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
@@ -16,7 +29,6 @@
 #include <uapi/linux/icmpv6.h>
 #include <uapi/linux/pkt_cls.h>
 #include "pkt.h"
-#include "pkt6.h"
 #include "stats.h"
 
 /* The pseudo-header the TCP checksum covers (RFC 793). */
@@ -27,15 +39,6 @@ struct pseudo4 {
 	__u8 proto;
 	__be16 len;
 };
-
-static __always_inline __u16 csum_fold32(__s64 sum)
-{
-	__u32 s = (__u32)sum;
-
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return (__u16)~s;
-}
 
 /* Answer a TCP segment with a RST (RFC 793 "Reset Generation": with the segment's ACK
  * number as sequence when it has one, else sequence 0 and an ACK of what it carried).
@@ -130,10 +133,12 @@ struct icmp4_unreach {
 	__u8 inner_l4[8];
 } __attribute__((packed));
 
-/* Answer a UDP datagram with ICMP port unreachable from the frontend's address.
- * TC_ACT_REDIRECT on success, TC_ACT_SHOT when it cannot be answered (IP options, a
- * failed helper). */
-static __always_inline int tc_reject4_udp(struct __sk_buff *skb, const struct pkt4 *pkt)
+/* Answer an IPv4 packet (IP header without options) with an ICMP message of `type`/`code`
+ * from the address it was sent to; `rest` is the header's second word (the next hop's
+ * MTU for fragmentation needed), `stat` counts it. TC_ACT_REDIRECT on success, TC_ACT_SHOT
+ * when it cannot be answered (IP options, a failed helper). */
+static __always_inline int tc_icmp4_answer(struct __sk_buff *skb, const struct pkt4 *pkt,
+					   __u8 type, __u8 code, __be32 rest, __u32 stat)
 {
 	struct icmp4_unreach reply = {};
 	__s64 sum;
@@ -153,19 +158,48 @@ static __always_inline int tc_reject4_udp(struct __sk_buff *skb, const struct pk
 	reply.ip.tot_len = bpf_htons(sizeof(reply) - sizeof(reply.eth));
 	reply.ip.ttl = 64;
 	reply.ip.protocol = IPPROTO_ICMP;
-	reply.ip.saddr = pkt->flow.daddr; /* the frontend answers */
+	reply.ip.saddr = pkt->flow.daddr; /* the address it was sent to answers */
 	reply.ip.daddr = pkt->flow.saddr;
 	reply.ip.check = csum_fold32(bpf_csum_diff(0, 0, (__be32 *)&reply.ip, sizeof(reply.ip), 0));
-	reply.type = ICMP_DEST_UNREACH;
-	reply.code = ICMP_PORT_UNREACH;
+	reply.type = type;
+	reply.code = code;
+	reply.unused = rest;
 	sum = bpf_csum_diff(0, 0, (__be32 *)&reply.type,
 			    sizeof(reply) - offsetof(struct icmp4_unreach, type), 0);
 	reply.check = csum_fold32(sum);
 	if (bpf_skb_change_tail(skb, sizeof(reply), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, 0, &reply, sizeof(reply), 0) < 0)
 		return TC_ACT_SHOT;
-	stat_inc(STAT_NP_REJECT);
+	stat_inc(stat);
 	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* Answer a UDP datagram with ICMP port unreachable (REJECT). */
+static __always_inline int tc_reject4_udp(struct __sk_buff *skb, const struct pkt4 *pkt)
+{
+	return tc_icmp4_answer(skb, pkt, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0, STAT_NP_REJECT);
+}
+
+/* Whether an IPv4 packet too big for the next hop may be fragmented instead of answered:
+ * DF clear, and not a GRO aggregate (whose segments the stack cuts, not fragments). */
+static __always_inline bool tc_may_fragment4(struct __sk_buff *skb, const struct pkt4 *pkt)
+{
+	__be16 frag_off;
+
+	if (skb->gso_size || bpf_skb_load_bytes(skb, pkt->l3_off + offsetof(struct iphdr, frag_off),
+						&frag_off, sizeof(frag_off)) < 0)
+		return false;
+	return !(frag_off & bpf_htons(IP_DF));
+}
+
+/* A packet to forward that does not fit the next hop (`mtu`; 0: unknown) and may not be
+ * fragmented: fragmentation needed, as the forwarding path answers. */
+static __always_inline int tc_too_big4(struct __sk_buff *skb, const struct pkt4 *pkt, __u32 mtu)
+{
+	/* RFC 1191: the next-hop MTU in the low 16 bits of the second word; with none known,
+	 * 0 (the sender falls back to RFC 1191's plateaus) */
+	return tc_icmp4_answer(skb, pkt, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
+			       bpf_htonl(mtu & 0xffff), STAT_TOO_BIG_SENT);
 }
 
 /* The pseudo-header the ICMPv6 checksum covers (RFC 8200 8.1). */
@@ -191,10 +225,11 @@ struct icmp6_unreach {
 	__u8 inner_l4[8];
 } __attribute__((packed));
 
-/* Answer an IPv6 TCP segment or UDP datagram with ICMPv6 port unreachable from the
- * frontend's address. TC_ACT_REDIRECT on success, TC_ACT_SHOT when it cannot be answered
- * (extension headers, a failed helper). */
-static __always_inline int tc_reject6(struct __sk_buff *skb, const struct pkt6 *pkt)
+/* tc_icmp4_answer's twin: an ICMPv6 message of `type`/`code` about an IPv6 packet without
+ * extension headers, from the address it was sent to; `rest` is the header's second word
+ * (the MTU of packet too big). */
+static __always_inline int tc_icmp6_answer(struct __sk_buff *skb, const struct pkt6 *pkt,
+					   __u8 type, __u8 code, __be32 rest, __u32 stat)
 {
 	const __u32 message = sizeof(struct icmp6_unreach) - offsetof(struct icmp6_unreach, type);
 	struct icmp6_unreach reply = {};
@@ -216,10 +251,11 @@ static __always_inline int tc_reject6(struct __sk_buff *skb, const struct pkt6 *
 	reply.ip6.nexthdr = IPPROTO_ICMPV6;
 	reply.ip6.hop_limit = 64;
 	/* memcpy, not addr6_copy: the packed struct's addresses are not 4-byte aligned */
-	__builtin_memcpy(&reply.ip6.saddr, pkt->flow.daddr, 16); /* the frontend answers */
+	__builtin_memcpy(&reply.ip6.saddr, pkt->flow.daddr, 16); /* the address it was sent to */
 	__builtin_memcpy(&reply.ip6.daddr, pkt->flow.saddr, 16);
-	reply.type = ICMPV6_DEST_UNREACH;
-	reply.code = ICMPV6_PORT_UNREACH;
+	reply.type = type;
+	reply.code = code;
+	reply.unused = rest;
 	addr6_copy(pseudo.saddr, pkt->flow.daddr);
 	addr6_copy(pseudo.daddr, pkt->flow.saddr);
 	pseudo.len = bpf_htonl(message);
@@ -230,8 +266,23 @@ static __always_inline int tc_reject6(struct __sk_buff *skb, const struct pkt6 *
 	if (bpf_skb_change_tail(skb, sizeof(reply), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, 0, &reply, sizeof(reply), 0) < 0)
 		return TC_ACT_SHOT;
-	stat_inc(STAT_NP_REJECT);
+	stat_inc(stat);
 	return bpf_redirect(skb->ifindex, 0);
 }
 
-#endif /* EBPFLB_REJECT_H */
+/* Answer an IPv6 TCP segment or UDP datagram with ICMPv6 port unreachable (REJECT). */
+static __always_inline int tc_reject6(struct __sk_buff *skb, const struct pkt6 *pkt)
+{
+	return tc_icmp6_answer(skb, pkt, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0,
+			       STAT_NP_REJECT);
+}
+
+/* tc_too_big4's twin: IPv6 routers never fragment, so packet too big is always the answer
+ * (with the IPv6 minimum MTU when the next hop's is unknown). */
+static __always_inline int tc_too_big6(struct __sk_buff *skb, const struct pkt6 *pkt, __u32 mtu)
+{
+	return tc_icmp6_answer(skb, pkt, ICMPV6_PKT_TOOBIG, 0, bpf_htonl(mtu ? mtu : 1280),
+			       STAT_TOO_BIG_SENT);
+}
+
+#endif /* EBPFLB_ANSWER_H */
