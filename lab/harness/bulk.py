@@ -14,11 +14,9 @@ import json
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from lab.harness.netns import Namespaces, sh
 
@@ -63,10 +61,10 @@ def _die_with_parent() -> None:
 def start_server(namespaces: Namespaces, netns: str, port: int) -> None:
     """An iperf3 server on `port` (both families) in `netns`, ended by the namespaces'
     close() (nsenter execs iperf3 itself, so that kill reaches it) or with this process;
-    returns once it listens. Its reports go to a log file, never to a pipe nobody reads."""
-    logdir = Path(tempfile.mkdtemp(prefix="ebpflb-iperf3-"))
-    log = logdir / "server.log"
-    argv = [IPERF3, "-s", "-p", str(port), "--logfile", str(log), "--forceflush"]
+    returns once it listens (seen by `ss`, not by its output). Its reports go nowhere: an
+    iperf3 server given a --logfile reopens it for every test and exits once the file is
+    gone, which refused every transfer after the first."""
+    argv = [IPERF3, "-s", "-p", str(port)]
     proc = subprocess.Popen(
         ["nsenter", f"--net=/run/netns/{netns}", *argv],
         stdin=subprocess.DEVNULL,
@@ -76,15 +74,22 @@ def start_server(namespaces: Namespaces, netns: str, port: int) -> None:
         preexec_fn=_die_with_parent,
     )
     namespaces.processes.append(proc)
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and proc.poll() is None:
-            if log.exists() and "Server listening" in log.read_text():
-                return
-            time.sleep(0.05)
-        raise BulkError(f"iperf3 server on port {port} in {netns} did not start")
-    finally:
-        shutil.rmtree(logdir, ignore_errors=True)  # iperf3 keeps writing to the open file
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _listening(netns, port):
+            return
+        time.sleep(0.05)
+    raise BulkError(f"iperf3 server on port {port} in {netns} did not start")
+
+
+def _listening(netns: str, port: int) -> bool:
+    shown = subprocess.run(
+        ["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{port}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return bool(shown.stdout.strip())
 
 
 def transfer(
