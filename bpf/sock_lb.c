@@ -1,7 +1,7 @@
 /* Socket-LB: cgroup sock_addr programs translating a frontend (ClusterIP:port) to a backend
  * when the socket addresses it, so no packet ever carries the ClusterIP and nothing is
  * NATed per packet. Attached to a cgroup v2 directory (BPF_F_ALLOW_MULTI) by
- * ebpflb/datapath/loader.py.
+ * ebpflb/datapath/programs/loader.py.
  *
  * Verdicts: SYS_PROCEED lets the syscall proceed (translated or not); SYS_REJECT makes it
  * fail (EPERM, or the errno set by lb_set_refused()). recvmsg and getpeername programs must

@@ -1,10 +1,10 @@
 /* Sizes, flags and counter indexes shared by every ebpflb program.
  *
  * The configurable sizes are #ifndef-overridable: the agent passes the configured values
- * as -D flags (ebpflb/datapath/contract.py DEFINES, Config.cflags()), so Python owns the
+ * as -D flags (ebpflb/datapath/contract/ DEFINES, Config.cflags()), so Python owns the
  * numbers and C keeps defaults that let a file compile on its own. Everything Python also
- * needs (fixed sizes, flags, counter indexes) is mirrored in contract.py and compared with
- * this file by tests/unit/test_contract.py.
+ * needs (fixed sizes, flags, counter indexes) is mirrored in ebpflb/datapath/contract/ and compared with
+ * this file by tests/unit/datapath/test_contract.py.
  */
 #ifndef EBPFLB_CONSTS_H
 #define EBPFLB_CONSTS_H

@@ -3,8 +3,8 @@
  * once per new NodePort flow (a failed insert is counted, STAT_RNAT_STORE_FAIL). LRU maps
  * cannot be: the kernel preallocates their lists. All are pinned under EBPFLB_PIN_DIR: BCC opens an existing pin or
  * creates and pins the map, so maps (and the traffic they steer) outlive the agent. The
- * agent checks a pin's type, sizes and flags before compiling (ebpflb/datapath/loader.py)
- * against ebpflb/datapath/contract.py MAPS, which tests/unit/test_contract.py compares with
+ * agent checks a pin's type, sizes and flags before compiling (ebpflb/datapath/programs/loader.py)
+ * against ebpflb/datapath/contract/ MAPS, which tests/unit/datapath/test_contract.py compares with
  * this file. */
 #ifndef EBPFLB_MAPS_H
 #define EBPFLB_MAPS_H
@@ -36,7 +36,7 @@ BPF_TABLE_PINNED("array", __u32, struct lb6_backend, ebpflb_be6,
 /* Maglev slot pool: slot pair -> backend ids; each frontend owns a contiguous range. The
  * pool itself (ebpflb_slots: an array of EBPFLB_SLOT_POOL_SIZE / 2 pairs at most, flags
  * BPF_F_MMAPABLE | BPF_F_INNER_MAP, so the agent writes tables as memory) starts small and
- * grows: the agent swaps a larger copy into this one-slot map (ebpflb/datapath/growable.py,
+ * grows: the agent swaps a larger copy into this one-slot map (ebpflb/datapath/maps/growable.py,
  * which creates both pins before the programs are compiled). */
 BPF_TABLE_PINNED("array_of_maps$ebpflb_slots", __u32, __u32, ebpflb_slotref,
 		 1, EBPFLB_PIN_DIR "/ebpflb_slotref");

@@ -12,7 +12,7 @@
  * Anything else (ICMP and ICMPv6 among it: neighbour discovery, errors) is not ours.
  *
  * Each family's structs and helpers sit side by side, the IPv6 one right after its IPv4
- * twin (tests/unit/test_c_twins.py checks every IPv4 helper has one, or a stated reason). */
+ * twin (tests/unit/datapath/test_c_twins.py checks every IPv4 helper has one, or a stated reason). */
 #ifndef EBPFLB_PKT_H
 #define EBPFLB_PKT_H
 

@@ -1,6 +1,6 @@
 /* Every map key and value. Mirrored field for field by ctypes classes in
- * ebpflb/datapath/contract.py (tests/unit/test_contract.py compares names, order, sizes and
- * byte order with this file; tests/kernel/test_layout.py with BCC's generated Key/Leaf
+ * ebpflb/datapath/contract/ (tests/unit/datapath/test_contract.py compares names, order, sizes and
+ * byte order with this file; tests/kernel/datapath/test_layout.py with BCC's generated Key/Leaf
  * types). Padding is explicit so both sides agree without relying on compiler layout.
  * Fields typed __be* hold network byte order. A struct serving both families has no family
  * in its name (lb_svc_val, aff_key...); a family's struct sits right before (IPv4) or after

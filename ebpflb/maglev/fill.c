@@ -5,7 +5,7 @@
  * tables in one call: table s owns backends [backend_starts[s], backend_starts[s+1]) of
  * offsets/skips/weights and slots [slot_starts[s], slot_starts[s+1]) of out. pos[i] is
  * permutation[i][next[i]], advanced by skip rather than recomputed with a multiplication.
- * tests/unit/maglev_reference.py is the paper's loop, literally; the tests check this one
+ * tests/unit/maglev/maglev_reference.py is the paper's loop, literally; the tests check this one
  * against it.
  *
  * Every input is checked before the loop (a bad one raises ValueError, never reads or

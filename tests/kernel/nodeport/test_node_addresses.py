@@ -3,7 +3,7 @@ answer on an address added to the node's interface within seconds and stop when 
 removed; the masquerade (SNAT) source follows the interface's addresses. IPv6 too: a
 global address added to eth0 gets the IPv6 Service's nodePort and becomes eth0's entry in
 ebpflb_ifaddr6, a tentative one (DAD running) neither, link-local ones never (the IPv6
-packet path itself is tests/kernel/test_nodeport.py's).
+packet path itself is tests/kernel/nodeport/test_nodeport.py's).
 
 Topology (lab.harness.netns.Cluster, one node): a client on the wire, the node on
 192.168.100.1/24 (eth0, the agent attached), one pod behind it serving the NodePort.

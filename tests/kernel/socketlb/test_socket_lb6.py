@@ -222,7 +222,7 @@ def test_ipv6_external_ip_reaches_in_node_clients_through_socket_lb(
     topology: Topology, cgroup: Cgroup, manifests6: Path, start_agent: AgentFactory
 ) -> None:
     """An IPv6 externalIP (inside --external-ip-cidrs) is translated for in-node clients by
-    connect6 (its tc/XDP path is tests/kernel/test_nodeport6.py's)."""
+    connect6 (its tc/XDP path is tests/kernel/nodeport/test_nodeport.py's)."""
     (manifests6 / "ext6.yaml").write_text(
         service_yaml("ext6", ["fd00:96::40"], 80, "TCP").replace(
             "ipFamilyPolicy: SingleStack,",

@@ -35,7 +35,7 @@ from ebpflb.maglev import (
 from ebpflb.maglev import fill as maglev_fill
 from tests.unit.maglev.maglev_reference import reference_fill
 
-# The oracle (tests/unit/maglev_reference.py) takes longer than Hypothesis' 200 ms deadline
+# The oracle (tests/unit/maglev/maglev_reference.py) takes longer than Hypothesis' 200 ms deadline
 # for a large table on a loaded machine.
 PROPERTY = settings(deadline=None, max_examples=200)
 
