@@ -270,6 +270,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             socket_lb.load_seconds,
             Phase.SOCKET_LB_COMPILED,
             socket_lb.origin.value,
+            socket_lb.headers,
         )
         if interfaces:
             started = clock.now()
@@ -279,6 +280,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 clock.now() - started,
                 Phase.NODEPORT_COMPILED,
                 nodeport.origin.value,
+                nodeport.headers,
             )
         status.programs_replaced(socket_lb.attach(cgroup))
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)

@@ -107,6 +107,7 @@ class AgentStatus:
         self._phases: dict[Phase, float] = {}
         self._compile: dict[str, float] = {}
         self._origin: dict[str, str] = {}
+        self._headers: dict[str, str] = {}
         self._replaced = 0
         self._interfaces: dict[str, str] = {}
         self._syncs = 0
@@ -127,13 +128,18 @@ class AgentStatus:
         with self._lock:
             self._phases.setdefault(phase, seconds)
 
-    def compiled(self, program: str, seconds: float, phase: Phase, origin: str = "") -> None:
+    def compiled(
+        self, program: str, seconds: float, phase: Phase, origin: str = "", headers: str = ""
+    ) -> None:
         """`program`'s programs are in the kernel after `seconds`; `origin` says how they
-        got there ("adopted", "loaded", "compiled": ebpflb.datapath.programs.programset.Origin)."""
+        got there ("adopted", "loaded", "compiled": ebpflb.datapath.programs.programset.Origin),
+        `headers` which kernel header tree compiled them (headers.KernelHeaders.describe)."""
         with self._lock:
             self._compile[program] = seconds
             if origin:
                 self._origin[program] = origin
+            if headers:
+                self._headers[program] = headers
         self.phase_done(phase)
 
     def programs_replaced(self, count: int) -> None:
@@ -244,7 +250,11 @@ class AgentStatus:
                 },
                 "frontends": last.frontends if last else 0,
                 "frontend_changes": dict(self._changes),
-                "programs": {"replaced_previous": self._replaced, "origin": dict(self._origin)},
+                "programs": {
+                    "replaced_previous": self._replaced,
+                    "origin": dict(self._origin),
+                    "headers": dict(self._headers),
+                },
                 "interfaces": {name: {"xdp": mode} for name, mode in self._interfaces.items()},
                 "features": {key: dict(value) for key, value in self._features.items()},
             }

@@ -309,6 +309,8 @@ def _agent_lines(
         shown_parts.append(f"took over {replaced} from a previous agent")
     if shown_parts:
         lines.append(f"programs    {'; '.join(shown_parts)}")
+    for name, tree in (programs.get("headers") or {}).items():
+        lines.append(f"headers     {name} compiled with {tree}")
     lines += _problem_lines(status.get("problems") or {})
     for key, value in status.items():  # sections other components add (e.g. features)
         if key not in _KNOWN:

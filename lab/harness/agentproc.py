@@ -83,6 +83,7 @@ class AgentProcess:
         netns: str | None = None,
         log_file: Path | None = None,
         preexec_fn: Callable[[], None] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """`ebpflb run ARGS` (inside `netns`). Its health and metrics servers listen on
         free ports of 127.0.0.1 unless ARGS give their addresses; a test never binds the
@@ -113,7 +114,7 @@ class AgentProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             # e.g. joining a memory cgroup that accounts the agent's kernel memory
             preexec_fn=preexec_fn,
         )

@@ -72,6 +72,7 @@ PLACEMENTS: Sequence[Placement] = (
     _every("semantics/test_affinity.py"),
     _every("semantics/test_udp.py"),
     _every("datapath/test_capacity.py"),
+    _host("datapath/test_headers.py"),
     _host("agent/test_bad_input.py"),
     _host("bench/test_bulk.py"),
     _host("bench/test_compare.py"),

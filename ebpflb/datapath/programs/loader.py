@@ -126,6 +126,11 @@ class SocketLB:
     def origin(self) -> Origin:
         return self.programs.origin
 
+    @property
+    def headers(self) -> str:
+        """The kernel header tree the programs were compiled with ("" if not recorded)."""
+        return self.programs.headers
+
     def program_fds(self) -> dict[str, int]:
         return dict(self.programs.fds)
 
@@ -212,6 +217,12 @@ class NodePortLB:
         order = list(Origin)
         sets = [self.programs, *([self.xdp_programs] if self.xdp_programs else [])]
         return max((s.origin for s in sets), key=order.index)
+
+    @property
+    def headers(self) -> str:
+        """The kernel header tree the programs were compiled with ("" if not recorded)."""
+        sets = [self.programs, *([self.xdp_programs] if self.xdp_programs else [])]
+        return "; ".join(sorted({s.headers for s in sets if s.headers}))
 
     def attach(self, interfaces: Sequence[netdev.Interface]) -> dict[str, XdpMode]:
         """Attach tc on every interface, and XDP where asked and possible; the XDP mode

@@ -123,6 +123,7 @@ def patch_map_fds(code: bytes, new_fd: dict[int, int]) -> bytes:
 class Entry:
     maps: tuple[MapRecord, ...]
     functions: dict[str, tuple[bytes, tuple[int, ...]]]  # name -> (code, fds in code order)
+    headers: str = ""  # the kernel header tree it was compiled with (headers.KernelHeaders)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -133,6 +134,7 @@ class Entry:
                     name: {"code": code.hex(), "fds": list(fds)}
                     for name, (code, fds) in self.functions.items()
                 },
+                "headers": self.headers,
             }
         )
 
@@ -147,6 +149,7 @@ class Entry:
                 name: (bytes.fromhex(f["code"]), tuple(f["fds"]))
                 for name, f in doc["functions"].items()
             },
+            str(doc.get("headers", "")),  # absent in entries stored before it was recorded
         )
 
 

@@ -18,6 +18,7 @@ calls commit_pins(): the new programs pinned, other builds' pins removed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import importlib.resources
 import json
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from ebpflb.datapath import contract
 from ebpflb.datapath.maps import pins
-from ebpflb.datapath.programs import progcache
+from ebpflb.datapath.programs import headers, progcache
 from ebpflb.datapath.syscall import bpfsys
 from ebpflb.errors import BpfLoadError
 
@@ -81,6 +82,7 @@ def compile_in_child(
         "functions": list(functions),
         "pin_dir": str(pin_dir),
     }
+    tree = headers.HEADERS.get()
     try:
         done = subprocess.run(
             [sys.executable, "-m", "ebpflb.datapath.programs.compiler"],
@@ -88,16 +90,20 @@ def compile_in_child(
             capture_output=True,
             text=True,
             check=False,
+            env={**os.environ, **tree.compiler_env()},
         )
     except OSError as exc:
         raise BpfLoadError(f"cannot start the compiler for {source.name}: {exc}") from exc
     if done.returncode != 0:
         detail = "\n".join(done.stderr.strip().splitlines()[-40:])
-        raise BpfLoadError(f"compiling {source.name} failed: {detail}")
+        raise BpfLoadError(
+            f"compiling {source.name} failed (kernel headers: {tree.describe()}): {detail}"
+        )
     try:
-        return progcache.Entry.from_json(done.stdout)
+        entry = progcache.Entry.from_json(done.stdout)
     except (ValueError, KeyError, TypeError) as exc:
         raise BpfLoadError(f"the compiler's answer for {source.name} is unreadable: {exc}") from exc
+    return dataclasses.replace(entry, headers=tree.describe())
 
 
 class Origin(enum.StrEnum):
@@ -154,12 +160,23 @@ class ProgramSet:
             assemble_source(source), shape, names, progcache.bcc_version()
         )
         self.fds: dict[str, int] = {}
+        # The header tree the programs were compiled with, as their stored entry recorded
+        # it ("" when nothing stored says: adopted pins whose entry was never stored).
+        self.headers = ""
         adopted = self._adopt()
         if adopted is not None:
             self.fds, self.origin = adopted, Origin.ADOPTED
+            stored = self._stored_path()
+            entry = progcache.load(stored) if stored is not None else None
+            self.headers = entry.headers if entry is not None else ""
             return
         entry, self.origin = self._entry(cflags)
+        self.headers = entry.headers
         self._load(entry)
+
+    def _stored_path(self) -> Path | None:
+        directory = progcache.cache_dir()
+        return directory / f"{self.key}.json" if directory is not None else None
 
     def _adopt(self) -> dict[str, int] | None:
         """The pinned programs of this build hash, if all are there and use the maps pinned
@@ -188,8 +205,7 @@ class ProgramSet:
 
     def _entry(self, cflags: list[str]) -> tuple[progcache.Entry, Origin]:
         names = [f.name for f in self.functions]
-        directory = progcache.cache_dir()
-        path = directory / f"{self.key}.json" if directory is not None else None
+        path = self._stored_path()
         if path is not None:
             entry = progcache.load(path)
             if entry is not None and set(names) <= set(entry.functions):

@@ -89,3 +89,13 @@ def test_the_bcc_version_is_read_without_importing_bcc() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_an_entry_keeps_the_headers_it_was_compiled_with() -> None:
+    maps = (progcache.MapRecord("ebpflb_svc4", 1, 12, 16, 4096, 1),)
+    entry = progcache.Entry(maps, {"connect4": (b"\x00" * 8, ())}, "bundled /t (6.1.0-57-amd64)")
+    assert progcache.Entry.from_json(entry.to_json()).headers == "bundled /t (6.1.0-57-amd64)"
+    # An entry stored before the headers were recorded still loads, saying nothing of them.
+    legacy = entry.to_json().replace(', "headers": "bundled /t (6.1.0-57-amd64)"', "")
+    assert '"headers"' not in legacy
+    assert progcache.Entry.from_json(legacy).headers == ""

@@ -69,7 +69,9 @@ def test_startup_phases_and_figures(status: AgentStatus, clock: FakeClock) -> No
         )
     )
     clock.advance(1.5)
-    status.compiled("socket_lb", 0.41, Phase.SOCKET_LB_COMPILED, "loaded")
+    status.compiled(
+        "socket_lb", 0.41, Phase.SOCKET_LB_COMPILED, "loaded", "bundled /usr/share/h (6.1.0)"
+    )
     status.compiled("nodeport", 0.52, Phase.NODEPORT_COMPILED)
     status.programs_replaced(4)
     status.interfaces_attached({"eth0": "native", "eth1": "off"})
@@ -85,7 +87,11 @@ def test_startup_phases_and_figures(status: AgentStatus, clock: FakeClock) -> No
     }
     assert document["compile_seconds"] == {"socket_lb": 0.41, "nodeport": 0.52}
     assert document["lists"] == {"Service": {"objects": 10_000, "seconds": 0.26}}
-    assert document["programs"] == {"replaced_previous": 4, "origin": {"socket_lb": "loaded"}}
+    assert document["programs"] == {
+        "replaced_previous": 4,
+        "origin": {"socket_lb": "loaded"},
+        "headers": {"socket_lb": "bundled /usr/share/h (6.1.0)"},
+    }
     assert document["interfaces"] == {"eth0": {"xdp": "native"}, "eth1": {"xdp": "off"}}
     assert document["problems"]["source_errors"] == ["a.yaml document 2: bad"]
 

@@ -122,7 +122,10 @@ def status_document() -> dict[str, Any]:
             },
             "frontends": 3,
             "frontend_changes": {"added": 3, "updated": 1, "removed": 0},
-            "programs": {"replaced_previous": 4},
+            "programs": {
+                "replaced_previous": 4,
+                "headers": {"socket_lb": "bundled /usr/share/h (6.1.0-57-amd64)"},
+            },
             "interfaces": {"eth0": {"xdp": "native"}},
             "problems": {
                 "invalid_objects": [],
@@ -151,6 +154,7 @@ frontends   3 programmed (since start: +3 ~1 -0)
 programming 4 endpoint changes programmed, mean 1.5 s from the slice's trigger time to the map write
 interfaces  eth0 (xdp native)
 programs    took over 4 from a previous agent
+headers     socket_lb compiled with bundled /usr/share/h (6.1.0-57-amd64)
 problems    none
 features    {"set_retval":true}
 
