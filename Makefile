@@ -26,7 +26,7 @@ test-kernel: setup
 image:
 	@./scripts/build-image.sh
 
-# deploy/daemonset.yaml run with podman from that image (tests/deploy/).
+# deploy/base/daemonset.yaml run with podman from that image (tests/deploy/).
 test-deploy: setup image
 	$(PY) -m pytest -q tests/deploy $(PYTEST_ARGS)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make image`: deploy/Containerfile built with buildah on a base image made here from
 # Debian's packages (scripts/base-image.sh), so no container registry is involved. The
-# tag is the image deploy/daemonset.yaml names (EBPFLB_IMAGE overrides). Run as root.
+# tag is the image deploy/base/daemonset.yaml names (EBPFLB_IMAGE overrides). Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent machine setup for ebpflb on Debian 12 (run as root, from the repo root).
 #
-# 1. Debian packages: BCC (python3-bpfcc, libbpfcc), bpftool, kernel headers, iproute2.
+# 1. Debian packages: BCC (python3-bpfcc, libbpfcc), bpftool, kernel headers, iproute2;
+#    kubectl (kubernetes-client) where none is on PATH.
 # 2. /lib/modules/$(uname -r)/{build,source} links when the running kernel ships no headers:
 #    BCC compiles at start-up and needs them; Debian's newest linux-headers-*-amd64 work for
 #    the structs the programs use (uapi bpf.h, in.h).
@@ -24,6 +25,10 @@ packages=(python3-bpfcc libbpfcc bpftool linux-headers-amd64 iproute2 iptables n
           gcc libc6-dev conntrack nfacct  # ebpflb bench: its client, conntrack flushes, kube-proxy counters
           iperf3  # bulk TCP through a NodePort (tests/kernel/nodeport/test_bulk.py, ebpflb bench bulk)
           nginx-core curl dnsmasq-base bind9-dnsutils)  # real servers and clients in namespaces
+# `kubectl kustomize` renders deploy/'s overlays (tests/unit/repo/test_kustomize.py).
+# Debian's kubectl (1.20, kustomize v2.0.3) only where there is none: another package's
+# kubectl (a newer one) owns the same path.
+command -v kubectl >/dev/null || packages+=(kubernetes-client)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,6 @@
 """The Linux capabilities the agent needs, checked when it starts.
 
-deploy/daemonset.yaml gives the container these capabilities and no others (no
+deploy/base/daemonset.yaml gives the container these capabilities and no others (no
 `privileged`). Found by running the image with `--cap-drop=all` plus subsets (Linux 6.18):
 
 - CAP_SYS_ADMIN: BCC opens the pinned maps (BPF_TABLE_PINNED) by map id, and a restarted
@@ -40,7 +40,7 @@ CAPABILITY_BITS = {
     "CAP_BPF": 39,
 }
 MEMCG_ACCOUNTING_SINCE = (5, 11)  # BPF memory charged to the cgroup, not RLIMIT_MEMLOCK
-DEPLOY_HINT = "add it to the container's securityContext.capabilities (deploy/daemonset.yaml)"
+DEPLOY_HINT = "add it to the container's securityContext.capabilities (deploy/base/daemonset.yaml)"
 
 
 @dataclass(frozen=True, slots=True)

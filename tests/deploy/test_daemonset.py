@@ -1,4 +1,4 @@
-"""deploy/daemonset.yaml, run from its own YAML with podman from the image `make image`
+"""deploy/base/daemonset.yaml, run from its own YAML with podman from the image `make image`
 builds, on a node made of test namespaces (lab.harness.netns.Cluster: one node, two
 pods behind it, an external client on the node's wire).
 
@@ -53,7 +53,9 @@ from tests.factories import endpoint, endpoint_slice, service
 
 pytestmark = pytest.mark.kernel
 
-DEPLOY = REPO / "deploy"
+# The base's files: the replace-kube-proxy overlay renders them unchanged (a unit test,
+# tests/unit/repo/test_kustomize.py, checks it), and reading them needs no kubectl.
+DEPLOY = REPO / "deploy" / "base"
 NODE, NODE_IP = "node1", "192.168.100.1"
 PODS = {"pod11": 11, "pod12": 12}
 WEB_VIP, NODE_PORT = "10.96.0.10", 30080

@@ -20,9 +20,9 @@ for home in /root /home/vagrant; do
 done
 chown -R vagrant: /home/vagrant/.kube
 
-kubectl apply -f /ebpflb/deploy/rbac.yaml
-sed "s/REPLACE-WITH-API-SERVER-ADDRESS/$CONTROL_PLANE_IP/" /ebpflb/deploy/daemonset.yaml \
-    | kubectl apply -f -
+# The whole overlay (RBAC, ConfigMap, DaemonSet), the API server's address filled in.
+kubectl kustomize /ebpflb/deploy/overlays/replace-kube-proxy \
+    | sed "s/REPLACE-WITH-API-SERVER-ADDRESS/$CONTROL_PLANE_IP/" | kubectl apply -f -
 kubectl -n kube-system rollout status daemonset/ebpflb --timeout=10m
 
 kubectl apply -f "$FLANNEL"

@@ -150,7 +150,7 @@ def test_missing_capability_is_named_with_the_reason() -> None:
         privileges.check(needs, caps("CAP_SYS_ADMIN", "CAP_BPF"))
     message = str(caught.value)
     assert message.startswith("missing capability CAP_NET_ADMIN (tc and XDP programs")
-    assert "deploy/daemonset.yaml" in message
+    assert "deploy/base/daemonset.yaml" in message
     with pytest.raises(
         KernelSetupError, match=r"^missing capabilities CAP_SYS_ADMIN \(BCC.*\), CAP_NET"
     ):

@@ -617,7 +617,7 @@ def test_node_name_defaults_to_env_then_hostname(monkeypatch: pytest.MonkeyPatch
 
 
 def test_deploy_manifests_grant_what_the_source_uses() -> None:
-    rbac = list(yaml.safe_load_all((REPO / "deploy/rbac.yaml").read_text()))
+    rbac = list(yaml.safe_load_all((REPO / "deploy/base/rbac.yaml").read_text()))
     (role,) = [d for d in rbac if d["kind"] == "ClusterRole"]
     grants = {
         (g, r): set(rule["verbs"])
@@ -629,7 +629,7 @@ def test_deploy_manifests_grant_what_the_source_uses() -> None:
         ("", "services"): {"list", "watch"},
         ("discovery.k8s.io", "endpointslices"): {"list", "watch"},
     }
-    (daemonset,) = yaml.safe_load_all((REPO / "deploy/daemonset.yaml").read_text())
+    (daemonset,) = yaml.safe_load_all((REPO / "deploy/base/daemonset.yaml").read_text())
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True and pod["serviceAccountName"] == "ebpflb"
     (container,) = pod["containers"]

@@ -1,7 +1,8 @@
-"""deploy/: every manifest is valid Kubernetes (kubernetes-validate's schemas, strict: no
-unknown fields) and clean YAML (yamllint); the ClusterRole grants exactly what the
-Kubernetes source asks the API server for in a real run; the DaemonSet is not privileged
-and its capabilities are the ones ebpflb.host.privileges checks for."""
+"""deploy/base/: every manifest is valid Kubernetes (kubernetes-validate's schemas, strict:
+no unknown fields) and every YAML file under deploy/ is clean (yamllint); the ClusterRole
+grants exactly what the Kubernetes source asks the API server for in a real run; the
+DaemonSet is not privileged and its capabilities are the ones ebpflb.host.privileges checks
+for. The overlays, as kustomize renders them: tests/unit/repo/test_kustomize.py."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ from tests.deploy import podtemplate
 from tests.factories import endpoint_slice, service
 
 DEPLOY = REPO / "deploy"
-MANIFESTS = sorted(DEPLOY.glob("*.yaml"))
+BASE = DEPLOY / "base"
+# Kubernetes objects; the kustomization and the overlays' patches (partial objects) are not.
+MANIFESTS = sorted(p for p in BASE.glob("*.yaml") if p.name != "kustomization.yaml")
+YAML_FILES = sorted(DEPLOY.rglob("*.yaml"))
 # The oldest Kubernetes release the manifests are written for (schemas of
 # kubernetes-validate; "strict" also rejects fields the schema does not know).
 KUBERNETES_VERSION = "1.31.0"
@@ -45,7 +49,7 @@ def documents(path: Path) -> list[dict[str, Any]]:
 
 
 def daemonset() -> dict[str, Any]:
-    (ds,) = documents(DEPLOY / "daemonset.yaml")
+    (ds,) = documents(BASE / "daemonset.yaml")
     return ds
 
 
@@ -60,7 +64,7 @@ def test_manifest_is_valid_kubernetes(path: Path) -> None:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: p.relative_to(DEPLOY).as_posix())
 def test_manifest_passes_yamllint(path: Path) -> None:
     problems = [f"{p.line}:{p.column} {p.message}" for p in linter.run(path.read_text(), YAMLLINT)]
     assert problems == []
@@ -101,7 +105,7 @@ def test_probes_use_the_health_port_and_endpoints() -> None:
 
 def test_configmap_is_a_valid_agent_config(tmp_path: Path) -> None:
     """The ConfigMap's config.yaml parses as `ebpflb run --config` reads it."""
-    (configmap,) = documents(DEPLOY / "configmap.yaml")
+    (configmap,) = documents(BASE / "configmap.yaml")
     path = tmp_path / "config.yaml"
     path.write_text(configmap["data"]["config.yaml"])
     args = cli.parse_args(["run", "--config", str(path)])
@@ -184,7 +188,7 @@ def source_requests(api: FakeApiServer) -> set[tuple[str, str, str]]:
 
 
 def cluster_role_grants() -> set[tuple[str, str, str]]:
-    (role,) = [d for d in documents(DEPLOY / "rbac.yaml") if d["kind"] == "ClusterRole"]
+    (role,) = [d for d in documents(BASE / "rbac.yaml") if d["kind"] == "ClusterRole"]
     return {
         (group, resource, verb)
         for rule in role["rules"]
@@ -206,7 +210,7 @@ def test_cluster_role_grants_exactly_what_the_source_calls(api: FakeApiServer) -
 
 
 def test_rbac_binds_the_role_to_the_daemonsets_service_account() -> None:
-    docs = {d["kind"]: d for d in documents(DEPLOY / "rbac.yaml")}
+    docs = {d["kind"]: d for d in documents(BASE / "rbac.yaml")}
     spec = daemonset()["spec"]["template"]["spec"]
     account = docs["ServiceAccount"]["metadata"]
     assert spec["serviceAccountName"] == account["name"]
