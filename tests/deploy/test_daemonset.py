@@ -60,6 +60,7 @@ NODE, NODE_IP = "node1", "192.168.100.1"
 PODS = {"pod11": 11, "pod12": 12}
 WEB_VIP, NODE_PORT = "10.96.0.10", 30080
 HEALTH_PORT = 10256
+METRICS_PORT = 10249  # deploy/base/configmap.yaml's metrics-bind-address
 # What every podman command here needs on this VM: it lacks CAP_SYS_RESOURCE, so the
 # container cannot inherit the default (higher) nofile/nproc limits; and Debian's crun
 # refuses hosts with cgroup v1 and v2 side by side, runc does not.
@@ -176,6 +177,18 @@ class Lab:
             text=True,
             timeout=timeout,
         )
+
+    def agent_status(self) -> dict[str, Any]:
+        """The agent's /status document, from its metrics port in the node namespace."""
+        code = (
+            "import sys, urllib.request\n"
+            "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\n"
+        )
+        url = f"http://127.0.0.1:{METRICS_PORT}/status"
+        done = self.in_node([sys.executable, "-c", code, url])
+        assert done.returncode == 0, done.stderr
+        document: dict[str, Any] = json.loads(done.stdout)
+        return document
 
     def http_status(self, path: str) -> int | str:
         """GET 127.0.0.1:10256<path> in the node namespace (where the kubelet would probe
@@ -385,6 +398,10 @@ def test_agent_syncs_and_serves_clusterip_and_nodeport(lab: Lab) -> None:
     assert served(lab.nodeport()) <= set(PODS)
     # connect, sendmsg, recvmsg and getpeername, for IPv4 and for IPv6
     assert len(lab.cgroup_programs()) == 8
+    # Compiled with the image's header tree: the pod mounts none of the node's.
+    headers = lab.agent_status()["programs"]["headers"]
+    assert set(headers) == {"socket_lb", "nodeport"}, headers
+    assert all(h.startswith("bundled /usr/share/ebpflb/kernel-headers (") for h in headers.values())
     # Changes through the API reach the node (the watch, not only the first list).
     api_objects = web_objects()
     api_objects[1]["endpoints"] = api_objects[1]["endpoints"][:1]

@@ -636,5 +636,7 @@ def test_deploy_manifests_grant_what_the_source_uses() -> None:
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/sys/fs/bpf", "/lib/modules", "/usr/src"} <= mounts
+    assert "/sys/fs/bpf" in mounts
+    # No host kernel headers: the image carries a tree (deploy/Containerfile).
+    assert not mounts & {"/lib/modules", "/usr/src"}
     assert "privileged" not in container["securityContext"]  # capabilities instead
