@@ -24,7 +24,8 @@ packages=(python3-bpfcc libbpfcc bpftool linux-headers-amd64 iproute2 iptables n
           python3-venv python3-dev util-linux procps kmod ethtool  # python3-dev: ebpflb/maglev/fill.c
           gcc libc6-dev conntrack nfacct  # ebpflb bench: its client, conntrack flushes, kube-proxy counters
           iperf3  # bulk TCP through a NodePort (tests/kernel/nodeport/test_bulk.py, ebpflb bench bulk)
-          nginx-core curl dnsmasq-base bind9-dnsutils)  # real servers and clients in namespaces
+          nginx-core curl dnsmasq-base bind9-dnsutils  # real servers and clients in namespaces
+          prometheus)  # promtool and a server on 127.0.0.1 for deploy/monitoring's tests
 # `kubectl kustomize` renders deploy/'s overlays (tests/unit/repo/test_kustomize.py).
 # Debian's kubectl (1.20, kustomize v2.0.3) only where there is none: another package's
 # kubectl (a newer one) owns the same path.
@@ -46,6 +47,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     [ -z "$own_policy" ] || rm -f "$policy"
+    # Debian enables prometheus.service, which would serve 0.0.0.0:9090 from the next boot:
+    # the tests start their own server on a loopback port.
+    if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null; then
+        systemctl disable prometheus.service >/dev/null 2>&1 || true
+    fi
 fi
 
 kernel=$(uname -r)
