@@ -18,9 +18,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from lab.harness.agentproc import TIMEOUT_SCALE
 from lab.harness.netns import Namespaces, sh
 
 IPERF3 = "iperf3"
+# Waits, multiplied by EBPFLB_TEST_TIMEOUT_SCALE: under emulation (the kernel matrix) and
+# a machine busy with other tests, iperf3 starts and connects many times slower.
+SERVER_START_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -74,7 +79,7 @@ def start_server(namespaces: Namespaces, netns: str, port: int) -> None:
         preexec_fn=_die_with_parent,
     )
     namespaces.processes.append(proc)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SERVER_START_S * TIMEOUT_SCALE
     while time.monotonic() < deadline and proc.poll() is None:
         if _listening(netns, port):
             return
@@ -108,7 +113,9 @@ def transfer(
     if size is None and (seconds is None or seconds < 1):
         raise ValueError(f"transfer: a size or at least 1 second, not {seconds!r}")
     amount = ["-n", str(size)] if size is not None else ["-t", str(seconds)]
-    argv = [IPERF3, "-c", host, "-p", str(port), *amount, "-J", "--connect-timeout", "5000"]
+    connect_ms = str(int(CONNECT_TIMEOUT_S * TIMEOUT_SCALE * 1000))
+    argv = [IPERF3, "-c", host, "-p", str(port), *amount, "-J", "--connect-timeout", connect_ms]
+    timeout *= TIMEOUT_SCALE
     if reverse:
         argv.append("-R")
     try:
