@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.harness.agentproc import TIMEOUT_SCALE
 from lab.harness.netns import Cgroup, Namespaces
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -46,11 +47,14 @@ def spawn_server(namespaces: Namespaces, netns: str, argv: Sequence[str]) -> sub
 
 
 def wait_listening(namespaces: Namespaces, netns: str, port: int, proto: str = "tcp") -> None:
-    """Until something listens on `port` in `netns` (ss), at most 10 s."""
+    """Until something listens on `port` in `netns` (ss), at most 10 s (scaled: every wait
+    here is multiplied by EBPFLB_TEST_TIMEOUT_SCALE, for emulated guests)."""
     flag = "-tln" if proto == "tcp" else "-uln"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10 * TIMEOUT_SCALE
     while time.monotonic() < deadline:
-        done = namespaces.run(netns, ["ss", "-H", flag, f"sport = :{port}"], timeout=10)
+        done = namespaces.run(
+            netns, ["ss", "-H", flag, f"sport = :{port}"], timeout=10 * TIMEOUT_SCALE
+        )
         if done.stdout.strip():
             return
         time.sleep(0.05)
@@ -147,6 +151,7 @@ def curl(
     """One curl run in `netns` over `urls` (one connection, kept alive between them, when
     they share a host); with `upload`, each is a PUT of that file. Bodies go to /dev/null
     but for their size."""
+    timeout *= TIMEOUT_SCALE
     argv = ["curl", "-sS", "--max-time", str(int(timeout)), "-w", CURL_FORMAT]
     if upload is not None:
         argv += ["-T", str(upload)]
@@ -164,9 +169,9 @@ def http_get_body(
     """The body of one small GET (a fresh connection)."""
     done = namespaces.run(
         netns,
-        ["curl", "-sS", "--max-time", "10", url],
+        ["curl", "-sS", "--max-time", str(int(10 * TIMEOUT_SCALE)), url],
         cgroup,
-        timeout=20,
+        timeout=20 * TIMEOUT_SCALE,
     )
     if done.returncode != 0:
         raise RuntimeError(f"curl {url}: exit {done.returncode}: {done.stderr.strip()}")
@@ -222,8 +227,8 @@ def dig(
 ) -> DigAnswer:
     """One query over UDP (no TCP fallback), EDNS buffer 4096."""
     argv = ["dig", f"@{server}", "-p", str(port), name, rtype, "+bufsize=4096", "+notcp"]
-    argv += ["+ignore", "+tries=1", "+time=3", "+nocookie"]
-    done = namespaces.run(netns, argv, cgroup, timeout=20)
+    argv += ["+ignore", "+tries=1", f"+time={int(3 * TIMEOUT_SCALE)}", "+nocookie"]
+    done = namespaces.run(netns, argv, cgroup, timeout=20 * TIMEOUT_SCALE)
     if done.returncode != 0:
         raise RuntimeError(f"dig {name} {rtype} @{server}:{port}: {done.stdout}{done.stderr}")
     status, records, size = "", [], 0
