@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(BULK.modes),
         help="modes to measure, comma-separated (default %(default)s)",
     )
+    bulk.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the figure")
     bulk.add_argument("--seconds", type=int, help=f"per transfer (default {BULK.seconds})")
     bulk.add_argument("--repeats", type=int, help=f"per direction (default {BULK.repeats})")
     bulk.add_argument(
@@ -305,8 +306,9 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: --help and a parse error need none of them (40 ms).
-    from lab.bench.plot import plot
+    from lab.bench.plot import plot, plot_bulk
     from lab.bench.records import codec
+    from lab.bench.records.bulk import BulkRun
     from lab.bench.records.compare import CompareRun
     from lab.bench.render import render
     from lab.harness.machinelock import machine_lock
@@ -327,7 +329,10 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         codec.save(report, args.save)
     if getattr(args, "plot", None):
-        assert isinstance(report, CompareRun)
-        plot(report, args.plot)
+        if isinstance(report, BulkRun):
+            plot_bulk(report, args.plot)
+        else:
+            assert isinstance(report, CompareRun)
+            plot(report, args.plot)
     print(codec.to_json(report) if args.json else render(report))
     return 0

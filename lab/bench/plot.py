@@ -1,4 +1,5 @@
-"""`ebpflb bench compare --plot`: six panels against N (log scale), one line per mode."""
+"""`ebpflb bench compare --plot`: six panels against N (log scale), one line per mode;
+`ebpflb bench bulk --plot`: Gbit/s per mode, both directions."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lab.bench import extras
+from lab.bench.records.bulk import BulkRun
 from lab.bench.records.compare import CompareRun, ModeResult
 from lab.bench.render import listed
 from lab.bench.settings import Mode
@@ -92,6 +94,55 @@ def plot(run: CompareRun, path: Path) -> None:
         axis.set_xlabel("services (N)")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_bulk(run: BulkRun, path: Path) -> None:
+    """`ebpflb bench bulk --plot`: Gbit/s per mode, upload and download side by side (the
+    median as a bar, every repeat as a dot), the forwarding floors as lines."""
+    extras.require("matplotlib", "ebpflb bench bulk --plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(10, 5))
+    m = run.machine
+    figure.suptitle(
+        f"ebpflb bench bulk: Linux {m.kernel}, {m.cpus} CPUs ({m.cpu}), {run.settings.family},"
+        f" {run.settings.repeats} x {run.settings.seconds} s per direction"
+    )
+    width = 0.38
+    for index, result in enumerate(run.results):
+        for offset, (label, figure_of) in zip(
+            (-width / 2, width / 2),
+            (("upload", result.upload), ("download", result.download)),
+            strict=True,
+        ):
+            x = index + offset
+            axis.bar(
+                x,
+                figure_of.gbit_s,
+                width,
+                color="tab:green" if label == "upload" else "tab:blue",
+                label=label if index == 0 else None,
+            )
+            axis.plot([x] * len(figure_of.runs_gbit_s), figure_of.runs_gbit_s, "k.", markersize=4)
+    floor = run.get(Mode.NONE)
+    if floor is not None:
+        axis.axhline(
+            floor.upload.gbit_s,
+            color="black",
+            linestyle="--",
+            linewidth=0.8,
+            label="plain forwarding (upload)",
+        )
+    axis.set_xticks(range(len(run.results)), [r.mode.value for r in run.results], rotation=20)
+    axis.set_ylabel("Gbit/s (median of the repeats; dots: each repeat)")
+    axis.grid(True, axis="y", alpha=0.3)
+    axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

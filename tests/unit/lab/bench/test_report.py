@@ -215,3 +215,14 @@ def test_unlisted_modes_are_judged_but_not_shown() -> None:
     assert "connect p50 (last) within 3% of no proxy" in verdicts(hidden)
     rows = render.data_plane_rows(run(hidden))
     assert [row[1] for row in rows] == ["iptables-legacy", "nftables", "ebpflb", "ebpflb-xdp"]
+
+
+def test_bulk_report_plots_from_a_saved_report(tmp_path: Path) -> None:
+    """`ebpflb bench bulk --from-report docs/bench/bulk.json --plot FILE` draws it again."""
+    from lab.bench.command import build_parser, run
+
+    out = tmp_path / "bulk.png"
+    report = Path(__file__).resolve().parents[4] / "docs/bench/bulk.json"
+    args = build_parser().parse_args(["bulk", "--from-report", str(report), "--plot", str(out)])
+    assert run(args) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
