@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -158,3 +159,16 @@ def wait_backends(
             f"{frontend} -> {sorted(expected) if expected is not None else 'absent'}",
             timeout,
         )
+
+
+def programs_but_headers(status: dict[str, Any]) -> dict[str, Any]:
+    """/status's `programs` without `headers` (which tree compiled them, where recorded:
+    tests/kernel/datapath/test_headers.py's subject)."""
+    return {k: v for k, v in status["programs"].items() if k != "headers"}
+
+
+def headers_here() -> str:
+    """How /status names the header tree this machine compiles with."""
+    from ebpflb.datapath.programs.headers import find_headers
+
+    return find_headers().describe()

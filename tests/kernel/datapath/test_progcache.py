@@ -18,7 +18,7 @@ from ebpflb.datapath.programs import compiler, loader, progcache, programset
 from ebpflb.datapath.syscall import bpfsys
 from lab.harness.agentproc import cleanup_datapath
 from lab.harness.netns import Cgroup, Topology
-from tests.kernel.conftest import PODS, AgentFactory, served_by
+from tests.kernel.conftest import PODS, AgentFactory, headers_here, served_by
 
 pytestmark = pytest.mark.kernel
 
@@ -115,6 +115,7 @@ def test_an_agent_started_from_the_store_translates(
     assert agent.status()["programs"] == {
         "replaced_previous": 0,
         "origin": {"socket_lb": "loaded"},
+        "headers": {"socket_lb": headers_here()},  # as the stored bytecode recorded it
     }
     counts = served_by(topology.requests(topology.node_ns, "tcp", WEB, 60, cgroup))
     assert set(counts) == set(PODS)

@@ -18,7 +18,7 @@ from ebpflb.datapath.syscall import bpfsys
 from lab.harness.agentproc import AgentProcess
 from lab.harness.connload import Load
 from lab.harness.netns import Cgroup, Topology
-from tests.kernel.conftest import PODS, AgentFactory
+from tests.kernel.conftest import PODS, AgentFactory, headers_here, programs_but_headers
 
 pytestmark = pytest.mark.kernel
 
@@ -78,7 +78,10 @@ def test_a_restart_adopts_the_pinned_programs_without_compiling(
     result = load.result()
 
     status = second.status()
-    assert status["programs"] == {"replaced_previous": 0, "origin": {"socket_lb": "adopted"}}
+    assert programs_but_headers(status) == {
+        "replaced_previous": 0,
+        "origin": {"socket_lb": "adopted"},
+    }
     assert attached_ids(cgroup.path) == before  # the very programs, never detached
     assert program_pins(bpffs) == pinned
     assert list(store.iterdir()) == []  # nothing compiled
@@ -117,6 +120,7 @@ def test_a_changed_build_compiles_then_replaces_the_programs_without_a_gap(
     assert status["programs"] == {
         "replaced_previous": len(loader.SockHook),
         "origin": {"socket_lb": "compiled"},
+        "headers": {"socket_lb": headers_here()},
     }
     after = attached_ids(cgroup.path)
     assert all(len(ids) == 1 for ids in after.values())  # the new ones only

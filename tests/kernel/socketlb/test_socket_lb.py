@@ -21,7 +21,13 @@ from ebpflb.datapath.maps.kernel import KernelMapSet
 from ebpflb.datapath.programs import loader
 from lab.harness.agentproc import TIMEOUT_SCALE, cleanup_datapath
 from lab.harness.netns import Cgroup, Topology
-from tests.kernel.conftest import PODS, AgentFactory, served_by, wait_backends
+from tests.kernel.conftest import (
+    PODS,
+    AgentFactory,
+    programs_but_headers,
+    served_by,
+    wait_backends,
+)
 from tests.kernel.socketlb.conftest import FAMILIES, IPV4, Family, host_of
 
 WEB = "10.96.0.10:80"
@@ -200,7 +206,10 @@ def test_restart_keeps_traffic_flowing_and_rewrites_nothing(
     assert first_sync["unchanged"] == 3
     assert second.metrics().value("ebpflb_maglev_slots_written_total") == 0
     # The pinned programs were adopted as they were: still attached, nothing replaced.
-    assert status["programs"] == {"replaced_previous": 0, "origin": {"socket_lb": "adopted"}}
+    assert programs_but_headers(status) == {
+        "replaced_previous": 0,
+        "origin": {"socket_lb": "adopted"},
+    }
     attached = loader.attached_programs(cgroup.path)
     assert sorted(name for _, name in attached) == [
         "ebpflb_connect4",
