@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from lab.bench import extras
 from lab.bench.records.bulk import BulkRun
@@ -63,13 +64,19 @@ PANELS: tuple[tuple[str, Callable[[ModeResult], float | None], bool], ...] = (
 )
 
 
-def plot(run: CompareRun, path: Path) -> None:
-    extras.require("matplotlib", "ebpflb bench --plot")
+def _pyplot(command: str) -> Any:
+    """matplotlib's pyplot, drawing to files only (Agg); an error naming the extra if absent."""
+    extras.require("matplotlib", command)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot(run: CompareRun, path: Path) -> None:
+    plt = _pyplot("ebpflb bench --plot")
     figure, axes = plt.subplots(2, 3, figsize=(16, 9))
     m = run.machine
     figure.suptitle(
@@ -102,12 +109,7 @@ def plot(run: CompareRun, path: Path) -> None:
 def plot_bulk(run: BulkRun, path: Path) -> None:
     """`ebpflb bench bulk --plot`: Gbit/s per mode, upload and download side by side (the
     median as a bar, every repeat as a dot), the forwarding floors as lines."""
-    extras.require("matplotlib", "ebpflb bench bulk --plot")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot("ebpflb bench bulk --plot")
     figure, axis = plt.subplots(figsize=(10, 5))
     m = run.machine
     figure.suptitle(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,18 +50,35 @@ def bundled_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tree
 
 
-def start(
-    manifests: Path, bpffs: Path, cgroup: Cgroup, log: Path, env: dict[str, str]
-) -> AgentProcess:
+Start = Callable[[dict[str, str]], AgentProcess]
+
+
+@pytest.fixture
+def start_without_host_headers(
+    manifests: Path, bpffs: Path, cgroup: Cgroup, tmp_path: Path
+) -> Iterator[Start]:
+    """Start the agent on examples/ with /lib/modules/<release> and /usr/src empty for it,
+    no stored bytecode, and `env` added; every agent started is stopped."""
     for hidden in NO_HOST_HEADERS:
         assert Path(hidden).is_dir(), f"{hidden}: the test hides it, so it must exist"
-    return AgentProcess(
-        ["--manifests", str(manifests), "--bpffs", str(bpffs), "--cgroup", str(cgroup.path)],
-        log_file=log,
-        preexec_fn=hiding(NO_HOST_HEADERS),
-        # No stored bytecode to fall back on: the programs are compiled now.
-        env={"EBPFLB_PROGRAM_CACHE": "", **env},
-    )
+    agents: list[AgentProcess] = []
+
+    def start(env: dict[str, str]) -> AgentProcess:
+        agent = AgentProcess(
+            ["--manifests", str(manifests), "--bpffs", str(bpffs), "--cgroup", str(cgroup.path)],
+            log_file=tmp_path / f"agent{len(agents)}.log",
+            preexec_fn=hiding(NO_HOST_HEADERS),
+            # No stored bytecode to fall back on: the programs are compiled now.
+            env={"EBPFLB_PROGRAM_CACHE": "", **env},
+        )
+        agents.append(agent)
+        return agent
+
+    try:
+        yield start
+    finally:
+        for agent in agents:
+            agent.stop()
 
 
 def serves_the_clusterip(
@@ -75,34 +93,19 @@ def serves_the_clusterip(
 
 
 def test_compiles_with_the_bundled_tree_when_the_node_has_none(
-    bundled_tree: Path,
-    topology: Topology,
-    cgroup: Cgroup,
-    bpffs: Path,
-    manifests: Path,
-    tmp_path: Path,
+    bundled_tree: Path, start_without_host_headers: Start, topology: Topology, cgroup: Cgroup
 ) -> None:
-    agent = start(
-        manifests,
-        bpffs,
-        cgroup,
-        tmp_path / "agent.log",
-        {"EBPFLB_BUNDLED_HEADERS": str(bundled_tree)},
-    )
-    try:
-        programs = serves_the_clusterip(agent, topology, cgroup)
-        release = (bundled_tree / "include/generated/utsrelease.h").read_text().split('"')[1]
-        assert programs["headers"] == {"socket_lb": f"bundled {bundled_tree} ({release})"}
-    finally:
-        agent.stop()
+    agent = start_without_host_headers({"EBPFLB_BUNDLED_HEADERS": str(bundled_tree)})
+    programs = serves_the_clusterip(agent, topology, cgroup)
+    release = (bundled_tree / "include/generated/utsrelease.h").read_text().split('"')[1]
+    assert programs["headers"] == {"socket_lb": f"bundled {bundled_tree} ({release})"}
 
 
 def test_compiles_with_kheaders_extracted_privately_and_removes_them(
     bundled_tree: Path,
+    start_without_host_headers: Start,
     topology: Topology,
     cgroup: Cgroup,
-    bpffs: Path,
-    manifests: Path,
     tmp_path: Path,
 ) -> None:
     archive = tmp_path / "kheaders.tar.xz"
@@ -111,43 +114,29 @@ def test_compiles_with_kheaders_extracted_privately_and_removes_them(
         check=True,
         env={**os.environ, "XZ_OPT": "-0"},  # fast: the archive only lives for this test
     )
-    agent = start(
-        manifests,
-        bpffs,
-        cgroup,
-        tmp_path / "agent.log",
-        {"EBPFLB_BUNDLED_HEADERS": str(tmp_path / "none"), "EBPFLB_KHEADERS": str(archive)},
+    agent = start_without_host_headers(
+        {"EBPFLB_BUNDLED_HEADERS": str(tmp_path / "none"), "EBPFLB_KHEADERS": str(archive)}
     )
-    try:
-        programs = serves_the_clusterip(agent, topology, cgroup)
-        shown = programs["headers"]["socket_lb"]  # type: ignore[index]
-        source, extracted, _release = str(shown).split(" ", 2)
-        assert source == "kheaders"
-        assert Path(extracted).name.startswith("ebpflb-kheaders-")
-        assert (Path(extracted).stat().st_mode & 0o777) == 0o700
-    finally:
-        agent.stop()
+    programs = serves_the_clusterip(agent, topology, cgroup)
+    shown = programs["headers"]["socket_lb"]  # type: ignore[index]
+    source, extracted, _release = str(shown).split(" ", 2)
+    assert source == "kheaders"
+    assert Path(extracted).name.startswith("ebpflb-kheaders-")
+    assert (Path(extracted).stat().st_mode & 0o777) == 0o700
+    agent.stop()
     assert not Path(extracted).exists()
 
 
 def test_without_any_tree_the_agent_stops_before_attaching(
-    topology: Topology, cgroup: Cgroup, bpffs: Path, manifests: Path, tmp_path: Path
+    start_without_host_headers: Start, cgroup: Cgroup, tmp_path: Path
 ) -> None:
-    agent = start(
-        manifests,
-        bpffs,
-        cgroup,
-        tmp_path / "agent.log",
+    agent = start_without_host_headers(
         {
             "EBPFLB_BUNDLED_HEADERS": str(tmp_path / "none"),
             "EBPFLB_KHEADERS": str(tmp_path / "none.tar.xz"),
-        },
+        }
     )
-    try:
-        code = agent.proc.wait(timeout=60)
-    finally:
-        agent.stop()
-    assert code != 0
+    assert agent.proc.wait(timeout=60) != 0
     attached = subprocess.run(
         ["bpftool", "cgroup", "show", str(cgroup.path)], capture_output=True, text=True
     )
