@@ -440,6 +440,10 @@ def test_ci_runs_kernel_feature_files_on_every_line_and_leaves_behaviour_to_the_
         if p.why == ci.KERNEL_FEATURE:
             assert p.kernel_lines == set(ci.LINES), p
             assert all(p.path in on[line] for line in ci.LINES)
+        elif p.why == ci.ONE_LINE:
+            (line,) = p.kernel_lines
+            assert line in ci.LINES and p.path in on[line], p
+            assert not any(p.path in on[other] for other in set(ci.LINES) - {line}), p
         else:
             assert p.why in (ci.AGENT_BEHAVIOUR, ci.HOST_ONLY), p
             assert not p.kernel_lines and not any(p.path in on[line] for line in ci.LINES)
@@ -447,6 +451,9 @@ def test_ci_runs_kernel_feature_files_on_every_line_and_leaves_behaviour_to_the_
             for line in ci.LINES:
                 assert any(e.nodeid.startswith(p.path) for e in plan.excluded_on(line)), p
     assert "tests/kernel/socketlb/test_socket_lb.py" in on["5.10"] & on["6.1"]
+    # Every kernel file CI sends to a guest is in one at least; the real-network files in both.
+    assert "tests/kernel/nodeport/test_real_networks.py" in on["5.10"] & on["6.1"]
+    assert "tests/kernel/nodeport/test_bulk.py" in on["6.1"]
     assert "tests/kernel/agent/test_crash.py" not in on["5.10"] | on["6.1"]
 
 
