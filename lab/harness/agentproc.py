@@ -166,8 +166,10 @@ class AgentProcess:
             raise RuntimeError(f"/metrics answered {status}: {body[:200]!r}")
         return Scrape.parse(body.decode())
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        """Until /readyz answers 200 (the first full sync is done)."""
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until /readyz answers 200 (the first full sync is done). The host compiles in
+        seconds; the limit is for the kernel matrix's guests, where a cold compile of the
+        socket-LB and NodePort programs took 228 s and more on 5.10 (scaled: 1,200 s)."""
         self._poll(lambda: self._ready(), timeout, "ready (/readyz 200)")
 
     def _ready(self) -> bool:

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.ci and args.tests:
             parser.error("--ci chooses the tests itself: give either --ci or tests")
         kernels = matrix.parse_kernels(args.kernels)
-        per_line = {line: ci.files_on(line) for line in kernels} if args.ci else {}
+        per_line = {line: ci.selection_on(line) for line in kernels} if args.ci else {}
         return matrix.run(
             matrix.Options(
                 kernels=kernels,

@@ -437,15 +437,16 @@ def test_ci_places_every_kernel_test_file() -> None:
 def test_ci_runs_kernel_feature_files_on_every_line_and_leaves_behaviour_to_the_host() -> None:
     on = {line: set(ci.files_on(line)) for line in ci.LINES}
     for p in ci.PLACEMENTS:
-        if p.why == ci.KERNEL_FEATURE:
+        if p.why in (ci.KERNEL_FEATURE, ci.SPLIT):
             assert p.kernel_lines == set(ci.LINES), p
             assert all(p.path in on[line] for line in ci.LINES)
+            assert (p.why == ci.SPLIT) == bool(p.left_out), p
         elif p.why == ci.ONE_LINE:
             (line,) = p.kernel_lines
             assert line in ci.LINES and p.path in on[line], p
             assert not any(p.path in on[other] for other in set(ci.LINES) - {line}), p
         else:
-            assert p.why in (ci.AGENT_BEHAVIOUR, ci.HOST_ONLY), p
+            assert p.why in (ci.COVERED, ci.AGENT_BEHAVIOUR, ci.HOST_ONLY), p
             assert not p.kernel_lines and not any(p.path in on[line] for line in ci.LINES)
         if p.why == ci.HOST_ONLY:  # plan.EXCLUDED must leave it out of make test-kernels too
             for line in ci.LINES:
@@ -455,6 +456,43 @@ def test_ci_runs_kernel_feature_files_on_every_line_and_leaves_behaviour_to_the_
     assert "tests/kernel/nodeport/test_real_networks.py" in on["5.10"] & on["6.1"]
     assert "tests/kernel/nodeport/test_bulk.py" in on["6.1"]
     assert "tests/kernel/agent/test_crash.py" not in on["5.10"] | on["6.1"]
+    # -k matches module names: each guest file's name must say which file it is.
+    for line in ci.LINES:
+        modules = [p.module for p in ci.PLACEMENTS if line in p.kernel_lines]
+        assert len(modules) == len(set(modules)), line
+
+
+def collected(args: tuple[str, ...]) -> set[str]:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_a_split_file_runs_every_test_on_one_line_at_least() -> None:
+    """A split file's tests, over both guests, are all of its tests (what one guest leaves
+    out the other runs); a one-line file's guest leaves out only some of it."""
+    guest_files = sorted({p.path for p in ci.PLACEMENTS if p.kernel_lines})
+    everything = collected(tuple(guest_files))
+    ran = {line: collected(ci.selection_on(line)) for line in ci.LINES}
+    for p in ci.PLACEMENTS:
+        if not p.left_out:
+            continue
+        in_file = {t for t in everything if t.startswith(p.path + "::")}
+        per_line = [{t for t in ran[line] if t in in_file} for line in p.kernel_lines]
+        assert in_file and all(0 < len(r) < len(in_file) for r in per_line), p.file
+        if p.why == ci.SPLIT:
+            assert set().union(*per_line) == in_file, p.file
+    on_510 = ci.selection_on("5.10")
+    assert on_510[-2] == "-k" and "not (test_nodeport.py and [tc)" in on_510[-1]
+    assert ci.selection_on("9.9", ()) == ()
 
 
 def test_ci_split_gives_each_kernel_its_own_selection() -> None:
