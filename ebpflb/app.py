@@ -28,7 +28,7 @@ from ebpflb.clock import RealClock
 from ebpflb.config import Config, XdpMode, place_snat_ports
 from ebpflb.datapath import addrwatch, probes
 from ebpflb.datapath.contract import MAX_IFACES, MapName
-from ebpflb.datapath.maps import InterfaceAddresses, pins
+from ebpflb.datapath.maps import InterfaceAddresses, pinlayout, pins
 from ebpflb.datapath.maps.kernel import KernelMapSet
 from ebpflb.datapath.programs import loader, netdev
 from ebpflb.datapath.syscall.mounts import cgroup2_root
@@ -191,6 +191,48 @@ def _lock_pin_dir(
     return True
 
 
+def _pins_readable(config: Config, status: AgentStatus) -> bool:
+    """Whether this agent may use the maps pinned under --bpffs (pinlayout); reported in
+    /status either way."""
+    verdict, found = pinlayout.check(config.bpffs_dir)
+    found_layout = None
+    if verdict is not pinlayout.Verdict.FRESH:
+        found_layout = found.layout if found else pinlayout.UNVERSIONED
+    refused = None
+    if verdict is pinlayout.Verdict.NEWER_REFUSED:
+        assert found is not None
+        refused = pinlayout.refusal(config.bpffs_dir, found)
+        log.error(
+            "%s. Leaving them and the attached programs as they are (they keep serving);"
+            " this agent stays up and unready until stopped",
+            refused,
+        )
+    elif verdict is pinlayout.Verdict.OLDER:
+        log.info(
+            "the maps pinned under %s have layout %d (%s): migrating them to layout %d",
+            config.bpffs_dir,
+            found_layout,
+            f"ebpflb {found.written_by}" if found else "from before layouts were recorded",
+            pinlayout.LAYOUT,
+        )
+    status.pin_layout(
+        pinlayout.LAYOUT,
+        found_layout,
+        found.written_by if found and found_layout is not None else None,
+        verdict.value,
+        refused,
+    )
+    return refused is None
+
+
+def _stand_by(status: AgentStatus, lock: PinDirLock, stop: threading.Event) -> None:
+    """Refused pins: touch nothing, stay up and unready (not a restart loop) until stopped;
+    the lock goes, so that an agent that can read the pins is not kept waiting."""
+    lock.release()
+    status.health.stand_by()
+    stop.wait()
+
+
 def run(config: Config, source_factory: SourceFactory, stop: threading.Event | None = None) -> None:
     stop = stop or threading.Event()
     clock = RealClock()
@@ -258,9 +300,16 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             + ("--socket-storage=false" if not config.socket_storage else "kernel lacks it")
             + ")",
         )
+        # Pins of a newer layout this agent cannot read are left alone, before any listing.
+        if not _pins_readable(config, status):
+            _stand_by(status, pin_lock, stop)
+            return
         source.start()  # listing, while the programs compile
         # Before anything touches a pin: the loader may unpin maps of another layout.
         if not _lock_pin_dir(config, pin_lock, status, stop):
+            return
+        if not _pins_readable(config, status):  # written by the agent this one waited for
+            _stand_by(status, pin_lock, stop)
             return
         if not servers and (config.healthz_bind_address or config.metrics_bind_address):
             servers = _serve(config, registry, status, metrics)
@@ -282,6 +331,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 nodeport.origin.value,
                 nodeport.headers,
             )
+        pinlayout.write(config.bpffs_dir)  # every map is in this agent's layout now
         status.programs_replaced(socket_lb.attach(cgroup))
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
         _release_free_memory()  # what the compiler freed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ebpflb.cli.common import add_datapath_args
 
@@ -40,10 +41,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from ebpflb.datapath.maps import dump
+    from ebpflb.datapath.maps import dump, pinlayout
     from ebpflb.datapath.maps.kernel import KernelMapSet
 
     select = dump.Selection.parse(args.service, args.frontend)
+    verdict, found = pinlayout.check(args.bpffs)
+    if verdict is pinlayout.Verdict.NEWER_REFUSED and found is not None:  # would misread them
+        print(f"ebpflb maps dump: {pinlayout.refusal(args.bpffs, found)}", file=sys.stderr)
+        return 1
     with KernelMapSet(args.bpffs) as maps:
         report = dump.collect(maps, tables=args.tables, flows=args.flows, select=select)
     if args.json:

@@ -85,11 +85,21 @@ class ProxyHealth:
         self._sync_started: float | None = None
         self._last_updated: float | None = None  # unix time
         self._ready = False
+        self._standing_by = False
+
+    def stand_by(self) -> None:
+        """This agent will not program the datapath (it refused the pins): changes are no
+        longer pending on it, so /livez stays 200 (no restart loop) and /readyz 503."""
+        with self._lock:
+            self._standing_by = True
+            self._oldest_queued = self._newest_queued = None
 
     def queued_update(self) -> None:
         """A change is waiting for the datapath (kube-proxy's QueuedUpdate)."""
         now = self._clock.now()
         with self._lock:
+            if self._standing_by:
+                return
             if self._oldest_queued is None:
                 self._oldest_queued = now
             self._newest_queued = now

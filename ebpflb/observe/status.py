@@ -119,6 +119,7 @@ class AgentStatus:
         self._progress: Callable[[], SourceProgress] = SourceProgress
         self._lock_wait: dict[str, Any] | None = None  # waiting for the pin directory
         self._features: dict[str, dict[str, Any]] = {}
+        self._pin_layout: dict[str, Any] = {}
 
     # ---- start-up (the app) --------------------------------------------------------------
 
@@ -164,6 +165,25 @@ class AgentStatus:
         with self._lock:
             self._lock_wait = None
         self.phase_done(Phase.PIN_DIR_LOCKED)
+
+    def pin_layout(
+        self,
+        layout: int,
+        found: int | None,
+        written_by: str | None,
+        verdict: str,
+        refused: str | None = None,
+    ) -> None:
+        """The pin directory's layout (ebpflb.datapath.maps.pinlayout): this agent's, the one
+        found (None: no maps pinned), its writer, what this agent did, and why it refused."""
+        with self._lock:
+            self._pin_layout = {
+                "layout": layout,
+                "found": found,
+                "written_by": written_by,
+                "verdict": verdict,
+                "refused": refused,
+            }
 
     def kernel_features(self, features: Mapping[str, Mapping[str, Any]]) -> None:
         """The kernel feature probe's findings (ebpflb.datapath.probes), shown as is."""
@@ -257,6 +277,7 @@ class AgentStatus:
                 },
                 "interfaces": {name: {"xdp": mode} for name, mode in self._interfaces.items()},
                 "features": {key: dict(value) for key, value in self._features.items()},
+                "pin_layout": dict(self._pin_layout) or None,
             }
         document["problems"] = {
             "invalid_objects": [

@@ -43,7 +43,7 @@ KUBE_PROXY_FIGURES = {
 }
 _KNOWN = {
     "ready", "healthy", "process_start", "phases", "compile_seconds", "lists", "sync",
-    "frontends", "frontend_changes", "programs", "interfaces", "problems",
+    "frontends", "frontend_changes", "programs", "interfaces", "problems", "pin_layout",
 }  # fmt: skip
 
 
@@ -311,6 +311,15 @@ def _agent_lines(
         lines.append(f"programs    {'; '.join(shown_parts)}")
     for name, tree in (programs.get("headers") or {}).items():
         lines.append(f"headers     {name} compiled with {tree}")
+    layout = status.get("pin_layout")
+    if layout:
+        found = layout["found"]
+        seen = "no maps pinned" if found is None else f"found {found}"
+        if layout.get("written_by"):
+            seen += f" (ebpflb {layout['written_by']})"
+        lines.append(f"pin layout  {layout['layout']}; {seen}: {layout['verdict']}")
+        if layout.get("refused"):
+            lines.append(f"            REFUSED: {layout['refused']}")
     lines += _problem_lines(status.get("problems") or {})
     for key, value in status.items():  # sections other components add (e.g. features)
         if key not in _KNOWN:

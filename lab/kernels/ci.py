@@ -145,6 +145,7 @@ PLACEMENTS: Sequence[Placement] = (
     _host("nodeport/test_node_addresses.py"),
     _host("agent/test_observe.py"),
     _host("agent/test_one_agent.py"),
+    _host("agent/test_pin_layout.py"),
     _host("agent/test_prometheus.py"),
     _host("semantics/test_topology.py"),
     _host("agent/test_zero_loss.py"),

@@ -471,3 +471,23 @@ def test_a_missing_capability_is_named_at_start(lab: Lab) -> None:
     assert done.returncode == 1
     assert "missing capability CAP_NET_ADMIN" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# Issue 25's goal for the image, the bundled kernel headers included.
+IMAGE_GOAL_MB = 600
+
+
+def test_the_image_is_within_its_size_goal(lab: Lab) -> None:
+    """Nothing the agent does not use: `make image` prints where the size goes."""
+    size = int(run(["podman", "image", "inspect", "--format", "{{.Size}}", lab.image]))
+    assert size <= IMAGE_GOAL_MB * 1_000_000, f"{lab.image} is {size / 1e6:.0f} MB"
+    present = run(
+        [
+            "podman", "run", "--rm", "--network=none", "--runtime", RUNTIME,
+            "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
+            "--entrypoint", "/opt/ebpflb/bin/python", lab.image, "-c",
+            "import importlib.util as u; print(sorted(m for m in ('aiohttp', 'kubernetes.aio',"
+            " 'numba', 'llvmlite', 'matplotlib', 'lab') if u.find_spec(m)))",
+        ]
+    )  # fmt: skip
+    assert present.strip() == "[]"

@@ -23,7 +23,7 @@ import numpy as np
 from ebpflb.config import Config
 from ebpflb.datapath import contract
 from ebpflb.datapath.contract import MapLayout, MapName
-from ebpflb.datapath.maps import growable
+from ebpflb.datapath.maps import growable, pinlayout
 from ebpflb.datapath.maps.elementio import ElementIO
 from ebpflb.datapath.syscall import bpfsys
 from ebpflb.datapath.syscall.mounts import is_bpffs
@@ -209,6 +209,7 @@ def remove_pins(bpffs_dir: Path) -> int:
     names = [name.value for name in MapName]
     names += [p.name for p in bpffs_dir.iterdir() if PROGRAM_PIN.match(p.name)]
     names += [f"{name.value}_next" for name in contract.GROWABLE]
+    names.append(pinlayout.PIN)
     for name in names:
         pin = bpffs_dir / name
         if pin.exists():

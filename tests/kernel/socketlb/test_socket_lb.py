@@ -312,8 +312,8 @@ def test_cleanup_leaves_nothing_attached_or_pinned(
     done = cleanup_datapath(bpffs, cgroup.path)
     assert done.returncode == 0, done.stderr
     assert "detached 8 programs" in done.stdout  # 4 hooks per family
-    # The maps and the socket-LB programs pinned next to them.
-    assert f"removed {len(MapName) + len(loader.SockHook)} pins" in done.stdout
+    # The maps, the socket-LB programs pinned next to them, and the layout record.
+    assert f"removed {len(MapName) + len(loader.SockHook) + 1} pins" in done.stdout
     assert attached(cgroup.path) == ""
     assert not bpffs.exists()
     assert os.path.isdir(cgroup.path)  # our cgroup itself stays until the fixture removes it

@@ -143,3 +143,14 @@ def test_livez_body_has_no_node_eligibility(health: ProxyHealth) -> None:
     assert status == 200
     assert list(json.loads(body)) == ["lastUpdated", "currentTime", "healthy", "status"]
     assert b" " not in body  # compact, as Go's json.Marshal writes it
+
+
+def test_an_agent_standing_by_stays_live_and_unready(health: ProxyHealth, clock: FakeClock) -> None:
+    """Refused pins (pinlayout): changes keep arriving but none is this agent's to program,
+    so /livez stays 200 (the kubelet does not restart it in a loop) and /readyz 503."""
+    health.queued_update()
+    health.stand_by()
+    health.queued_update()
+    clock.advance(TIMEOUT * 3)
+    assert livez(health) == 200
+    assert readyz_response(health.snapshot())[0] == 503

@@ -232,3 +232,20 @@ def test_a_grown_map_shows_how_often_it_grew() -> None:
         if line.startswith("ebpflb_")
     }
     assert lines["ebpflb_slots"].endswith("grew 5x") and "grew" not in lines["ebpflb_svc4"]
+
+
+def test_the_pin_layout_and_a_refusal_are_shown() -> None:
+    document = status_document()
+    document["status"] = {
+        **document["status"],
+        "pin_layout": {
+            "layout": 2,
+            "found": 3,
+            "written_by": "0.3.0",
+            "verdict": "newer-refused",
+            "refused": "the maps pinned under /sys/fs/bpf/ebpflb have layout 3",
+        },
+    }
+    lines = statusview.render_text(document, now=NOW).splitlines()
+    assert "pin layout  2; found 3 (ebpflb 0.3.0): newer-refused" in lines
+    assert "            REFUSED: the maps pinned under /sys/fs/bpf/ebpflb have layout 3" in lines
