@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from ebpflb import __version__
 from ebpflb.datapath.maps import pinlayout
 from ebpflb.datapath.maps.pinlayout import Record
 from ebpflb.datapath.syscall import bpfsys
+from lab.harness.agentproc import AgentProcess
 from lab.harness.netns import Cgroup, Topology
-from tests.kernel.conftest import AgentFactory, served_by
+from tests.kernel.conftest import AgentFactory, served_by, wait_until
 
 WEB = "10.96.0.10:80"
 THIS = Record(pinlayout.LAYOUT, pinlayout.OLDEST_READER, __version__)
@@ -30,6 +32,15 @@ def pinned_maps(bpffs: Path) -> dict[str, int]:
         finally:
             os.close(fd)
     return found
+
+
+def pin_layout_of(agent: AgentProcess) -> dict[str, Any] | None:
+    """/status's pin_layout once the agent serves /status and has judged its pins."""
+    try:
+        layout: dict[str, Any] | None = agent.status().get("pin_layout")
+    except OSError:  # not listening yet
+        return None
+    return layout
 
 
 def test_the_layout_is_recorded_and_pins_from_before_it_are_migrated(
@@ -64,10 +75,9 @@ def test_pins_of_a_newer_layout_are_refused_and_keep_serving(
     before = pinned_maps(bpffs)
 
     refusing = start_agent("--manifests", str(manifests), wait=False)
-    status = refusing.wait_status(
-        lambda s: bool(s.get("pin_layout")), "reporting its pin layout verdict"
-    )
-    layout = status["pin_layout"]
+    wait_until(lambda: pin_layout_of(refusing) is not None, "the pin layout verdict in /status")
+    layout = pin_layout_of(refusing)
+    assert layout is not None
     assert (layout["found"], layout["written_by"], layout["verdict"]) == (
         newer.layout,
         "9.9.9",
