@@ -452,8 +452,8 @@ def test_ci_runs_kernel_feature_files_on_every_line_and_leaves_behaviour_to_the_
             for line in ci.LINES:
                 assert any(e.nodeid.startswith(p.path) for e in plan.excluded_on(line)), p
     assert "tests/kernel/socketlb/test_socket_lb.py" in on["5.10"] & on["6.1"]
-    # Every kernel file CI sends to a guest is in one at least; the real-network files in both.
-    assert "tests/kernel/nodeport/test_real_networks.py" in on["5.10"] & on["6.1"]
+    assert "tests/kernel/nodeport/test_nodeport.py" in on["5.10"] & on["6.1"]
+    assert "tests/kernel/nodeport/test_real_networks.py" in on["6.1"]
     assert "tests/kernel/nodeport/test_bulk.py" in on["6.1"]
     assert "tests/kernel/agent/test_crash.py" not in on["5.10"] | on["6.1"]
     # -k matches module names: each guest file's name must say which file it is.
@@ -491,7 +491,7 @@ def test_a_split_file_runs_every_test_on_one_line_at_least() -> None:
         if p.why == ci.SPLIT:
             assert set().union(*per_line) == in_file, p.file
     on_510 = ci.selection_on("5.10")
-    assert on_510[-2] == "-k" and "not (test_nodeport.py and [tc)" in on_510[-1]
+    assert on_510[-2] == "-k" and "not (test_nodeport.py and [xdp-native)" in on_510[-1]
     assert ci.selection_on("9.9", ()) == ()
 
 
