@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from lab.harness.agentproc import AgentProcess, cleanup_datapath
+from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
 from lab.harness.cluster import Cluster
 from lab.harness.netns import Cgroup
 
@@ -255,8 +255,14 @@ def two_node_cluster(
         for node_name, pods in PODS.items():
             for pod_name, host in pods.items():
                 pod = cluster.add_pod(node_name, pod_name, host)
+                # The servers outlive the module's tests: 15 minutes on the host; under
+                # emulation the cold compile alone can take 10 (EBPFLB_TEST_TIMEOUT_SCALE).
                 cluster.start_server(
-                    pod, tcp=[8080], udp=list(udp), lifetime=900, **({"ipv6": True} if ipv6 else {})
+                    pod,
+                    tcp=[8080],
+                    udp=list(udp),
+                    lifetime=900 * TIMEOUT_SCALE,
+                    **({"ipv6": True} if ipv6 else {}),
                 )
         if xdp:
             cluster.wire_like()
