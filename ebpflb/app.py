@@ -218,7 +218,7 @@ def _pins_readable(config: Config, status: AgentStatus) -> bool:
     status.pin_layout(
         pinlayout.LAYOUT,
         found_layout,
-        found.written_by if found and found_layout is not None else None,
+        found.written_by if found and verdict is not pinlayout.Verdict.FRESH else None,
         verdict.value,
         refused,
     )

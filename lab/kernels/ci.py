@@ -31,8 +31,8 @@ _EVERY = frozenset(LINES)
 KERNEL_FEATURE = "tests what differs between kernels: CI runs it on every line"
 SPLIT = (
     "tests what differs between kernels, the same tests once per datapath mode or address"
-    " family: CI runs every test on every line, each variant on one line (make test-kernels"
-    " runs all of them on every line)"
+    " family: CI runs each test on one line at least, each variant on one line (make"
+    " test-kernels runs all of them on every line)"
 )
 ONE_LINE = (
     "tests a kernel feature that another file already checks on every line, or one only this"
@@ -58,7 +58,7 @@ class Placement:
     kernel_lines: frozenset[str]
     why: str
     # (line, test-id fragment): tests CI's guest of that line leaves out of this file, e.g.
-    # ("6.1", "[xdp-native") for the cases the 5.10 guest runs. Matched as pytest -k does.
+    # ("6.1", "[tc") for the cases the 5.10 guest runs. Matched as pytest -k does.
     left_out: tuple[tuple[str, str], ...] = ()
 
     @property
