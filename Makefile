@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-unit test-kernel test-deploy image lint bench clean-kernel setup-kernels test-kernels test-kernels-ci kernel-table
+.PHONY: setup demo test test-unit test-kernel test-deploy image image-previous lint bench clean-kernel setup-kernels test-kernels test-kernels-ci kernel-table
 
 setup:
 	@./scripts/setup.sh
@@ -26,8 +26,13 @@ test-kernel: setup
 image:
 	@./scripts/build-image.sh
 
+# The previous release's image (deploy/previous-release), built from its own tree, for the
+# rolling update test.
+image-previous:
+	@./scripts/build-previous-image.sh
+
 # deploy/base/daemonset.yaml run with podman from that image (tests/deploy/).
-test-deploy: setup image
+test-deploy: setup image image-previous
 	$(PY) -m pytest -q tests/deploy $(PYTEST_ARGS)
 
 # ruff, mypy, and the import contracts of pyproject.toml ([tool.importlinter]: the stages

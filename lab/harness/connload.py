@@ -24,7 +24,7 @@ from typing import Any
 
 from lab.harness.agentproc import TIMEOUT_SCALE
 from lab.harness.echo import _addr, tcp_request
-from lab.harness.netns import Cgroup, Topology
+from lab.harness.netns import Cgroup, Namespaces
 
 FAILURES_KEPT = 20  # failed connections listed with their time
 STARTED = {"event": "started"}  # the first line: the client is about to connect
@@ -65,13 +65,14 @@ def run(target: tuple[str, int], seconds: float, rate: float, timeout: float) ->
 
 
 class Load:
-    """The client running in `netns` (and `cgroup`) while a test does its worst."""
+    """The client running in `netns` (and `cgroup`, None: outside the agent's) while a test
+    does its worst."""
 
     def __init__(
         self,
-        topology: Topology,
+        topology: Namespaces,
         netns: str,
-        cgroup: Cgroup,
+        cgroup: Cgroup | None,
         target: str,
         *,
         seconds: float = 10.0,
