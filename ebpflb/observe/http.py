@@ -4,7 +4,8 @@ request, so a slow scrape never delays a health probe):
 - health, on --healthz-bind-address (kube-proxy's 0.0.0.0:10256): /healthz and /livez with
   kube-proxy's JSON (ebpflb.observe.health), and /readyz;
 - metrics, on --metrics-bind-address (kube-proxy's 127.0.0.1:10249): /metrics, the
-  Prometheus exposition of the injected registry, and /status, the JSON of AgentStatus.
+  Prometheus exposition of the injected registry, /status, the JSON of AgentStatus, and
+  kube-proxy's /proxyMode (the upstream e2e "should check kube-proxy urls" reads it).
 
 Both are bound before anything else starts, so an address already in use fails the start
 with one line naming the flag (kube-proxy's --bind-address-hard-fail behaviour; kube-proxy
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
+# What /proxyMode answers where kube-proxy names its mode (iptables, ipvs, nftables): a tool
+# reading it to learn how Services are implemented must not take ebpflb for one of those.
+PROXY_MODE = b"ebpflb"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,4 +177,7 @@ def metrics_routes(registry: CollectorRegistry, status: AgentStatus) -> dict[str
     def status_json(_headers: Mapping[str, str]) -> Response:
         return Response(200, JSON, json.dumps(status.to_json(), indent=2).encode() + b"\n")
 
-    return {"/metrics": metrics, "/status": status_json}
+    def proxy_mode(_headers: Mapping[str, str]) -> Response:
+        return Response(200, TEXT, PROXY_MODE, {"X-Content-Type-Options": "nosniff"})
+
+    return {"/metrics": metrics, "/status": status_json, "/proxyMode": proxy_mode}

@@ -90,6 +90,15 @@ def test_healthz_livez_readyz_follow_the_syncs(
     assert get(health_server, "/readyz")[0] == 200  # still ready: it synced once
 
 
+def test_proxy_mode_answers_as_kube_proxys_status_port(metrics_server: HttpServer) -> None:
+    """kube-proxy's 10249 /proxyMode: 200 and the mode, which upstream's e2e "should check
+    kube-proxy urls" requires of the metrics port."""
+    code, headers, body = get(metrics_server, "/proxyMode")
+    assert (code, body) == (200, b"ebpflb")
+    assert headers["Content-Type"].startswith("text/plain")
+    assert headers["X-Content-Type-Options"] == "nosniff"
+
+
 def test_unknown_paths_are_404(health_server: HttpServer, metrics_server: HttpServer) -> None:
     assert get(health_server, "/metrics")[0] == 404
     assert get(metrics_server, "/healthz")[0] == 404
