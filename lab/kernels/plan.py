@@ -62,14 +62,6 @@ EXCLUDED: Sequence[Exclusion] = (
         _XDP_TEST_RUN + " (it times the XDP program too)",
     ),
     Exclusion(
-        "tests/kernel/nodeport/test_nodeport.py::"
-        "test_ipv6_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones",
-        frozenset({"5.10"}),
-        "NOT SETTLED: in 3 of 4 runs of the 5.10 guest this round its traffic checks passed"
-        " and its last one failed: `maps dump` listed no reverse-NAT entry for the frontend"
-        " (passes run alone there, on the host and on 6.1; docs/kernels.md, 'Not settled')",
-    ),
-    Exclusion(
         "tests/kernel/bench/test_compare.py::test_every_mode_measured_with_real_traffic",
         frozenset({"5.10"}),
         "the bench's per-cgroup kernel memory figure needs memory.stat's `kernel` field (5.18) "

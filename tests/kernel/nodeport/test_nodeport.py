@@ -61,6 +61,25 @@ def test_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones(env: Env)
     assert (xdp_tx_packets(env) - xdp_before > 50) == env.xdp
 
 
+def held_connection(
+    env: Env, frontend: str, wanted: Callable[[str], bool], attempts: int = 20
+) -> subprocess.Popen[str]:
+    """A TCP connection from the client to `frontend`, held open (pinged every 0.5 s for
+    up to 60 s, scaled), whose backend pod `wanted` accepts: new connections until one
+    lands there (Maglev picks by the client's port), the others closed at once."""
+    pings = ["--pings", str(int(120 * TIMEOUT_SCALE)), "--interval", "0.5"]
+    argv = [sys.executable, "-m", "lab.harness.echo", "tcp-hold", frontend, *pings]
+    for _ in range(attempts):
+        proc = env.cluster.spawn(env.client, argv)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if line and wanted(json.loads(line)["connected"]):
+            return proc
+        proc.kill()
+        proc.communicate(timeout=30)
+    raise AssertionError(f"no connection to {frontend} reached the wanted pod in {attempts}")
+
+
 def test_ipv6_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones(env: Env) -> None:
     xdp_before = xdp_tx_packets(env)
     for proto, port in (("tcp", 30080), ("udp", 30053)):
@@ -73,8 +92,16 @@ def test_ipv6_nodeport_reaches_pods_on_both_nodes_with_snat_for_remote_ones(env:
             remote = str(r["server"]).startswith("pod2")
             assert seen_ip(r) == (NODE1_6 if remote else CLIENT6), r
     assert (xdp_tx_packets(env) - xdp_before > 50) == env.xdp
-    # The flows and their reply translations, as `maps dump` shows them.
-    report = env.nodes["node1"].dump("--frontend", f"[{NODE1_6}]:30080/TCP")
+    # The flows and their reply translations, as `maps dump` shows them, while a SNATed
+    # connection is open: the agent deletes a closed connection's reply translation 10 s
+    # after its close (EBPFLB_CT_TCP_CLOSE_TIMEOUT), sooner than an emulated 5.10 guest
+    # gets from the requests above to the dump.
+    held = held_connection(env, f"[{NODE1_6}]:30080", lambda pod: pod.startswith("pod2"))
+    try:
+        report = env.nodes["node1"].dump("--frontend", f"[{NODE1_6}]:30080/TCP")
+    finally:
+        held.kill()
+        held.communicate(timeout=30)
     flows = [f for f in report["conntrack"] if f["frontend"] == f"[{NODE1_6}]:30080"]  # type: ignore[union-attr,index]
     assert flows and all(f["client"].startswith(f"[{CLIENT6}]:") for f in flows)
     snat = [f for f in flows if f["snat"]]
