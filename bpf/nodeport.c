@@ -37,6 +37,19 @@
  * returns NP_RC_ICMP and the entry point calls the ICMP path, so no call chain holds two
  * large frames. */
 #define NP_RC_ICMP 0x100 /* not a TC_ACT_*: "an ICMP message, for the ICMP path" */
+
+/* The same programs serve pods' interfaces, compiled with EBPFLB_POD_PATH=1 (lib/consts.h):
+ * ingress there is what a pod sends, so ClusterIP packets are translated per packet (for
+ * clients no socket hook saw: sidecars under --socket-lb=hostns-only, VMs, routed traffic),
+ * and egress is what reaches the pod, so its replies get the frontend back as their source.
+ * Each variant's programs have names of their own: pins and tc filters tell them apart. */
+#if EBPFLB_POD_PATH
+#define NP_ENTRY_IN ebpflb_pod_in
+#define NP_ENTRY_OUT ebpflb_pod_out
+#else
+#define NP_ENTRY_IN ebpflb_np_in
+#define NP_ENTRY_OUT ebpflb_np_out
+#endif
 #define EBPFLB_NOINLINE __always_inline
 
 /* Forward a packet whose source becomes a node address: routed first, then translated,
@@ -217,7 +230,7 @@ static EBPFLB_NOINLINE int np6_in(struct __sk_buff *skb)
 	}
 }
 
-int ebpflb_np_in(struct __sk_buff *skb)
+int NP_ENTRY_IN(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -326,7 +339,7 @@ static EBPFLB_NOINLINE int np6_out(struct __sk_buff *skb)
 	return pkt6_xlate_skb(skb, &pkt, &out) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
 }
 
-int ebpflb_np_out(struct __sk_buff *skb)
+int NP_ENTRY_OUT(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;

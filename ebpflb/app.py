@@ -30,7 +30,7 @@ from ebpflb.datapath import addrwatch, probes
 from ebpflb.datapath.contract import MAX_IFACES, MapName
 from ebpflb.datapath.maps import InterfaceAddresses, pinlayout, pins
 from ebpflb.datapath.maps.kernel import KernelMapSet
-from ebpflb.datapath.programs import loader, netdev
+from ebpflb.datapath.programs import loader, netdev, podlb
 from ebpflb.datapath.syscall.mounts import cgroup2_root
 from ebpflb.desired import NodeView
 from ebpflb.errors import ConfigError, EbpflbError
@@ -273,6 +273,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     status.read_source(source.progress)
     socket_lb: loader.SocketLB | None = None
     nodeport: loader.NodePortLB | None = None
+    pod_lb: podlb.PodLB | None = None
     servers: list[HttpServer] = []
     pin_lock = PinDirLock(config.bpffs_dir)
     try:
@@ -288,7 +289,8 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             log.warning("%s: serving once the agent holding %s has exited", exc, config.bpffs_dir)
         # What the kernel lacks stops the start here, before anything is listed or attached.
         kernel = probes.probe()
-        probes.check(kernel, nodeport=bool(interfaces), xdp=config.xdp is not XdpMode.OFF)
+        tc = bool(interfaces) or bool(config.pod_interfaces)
+        probes.check(kernel, nodeport=tc, xdp=config.xdp is not XdpMode.OFF)
         status.kernel_features(kernel.status())
         registry.register(probes.FeatureCollector(kernel))
         features = loader.Features.from_report(kernel, config.socket_storage)
@@ -331,6 +333,11 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 nodeport.origin.value,
                 nodeport.headers,
             )
+        if config.pod_interfaces:
+            pod_lb = podlb.PodLB(config, features)
+            status.compiled(
+                "pod", pod_lb.load_seconds, Phase.POD_COMPILED, pod_lb.origin.value, pod_lb.headers
+            )
         pinlayout.write(config.bpffs_dir)  # every map is in this agent's layout now
         status.programs_replaced(socket_lb.attach(cgroup))
         log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
@@ -340,6 +347,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             if nodeport is not None:
                 modes = nodeport.attach(interfaces)
                 status.interfaces_attached({name: mode.value for name, mode in modes.items()})
+            links = podlb.follow(pod_lb, status.pod_interfaces) if pod_lb else None
             status.phase_done(Phase.ATTACHED)
             registry.register(DatapathCollector(maps.counters))
             registry.register(
@@ -385,7 +393,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
 
             threading.Thread(target=wake_on_stop, daemon=True).start()
             watcher = None
-            if watched:
+            if watched or pod_lb is not None:  # SNAT sources: NodePort's, and hairpin's
 
                 def addresses_changed(state: addrwatch.AddressState) -> None:
                     nonlocal snat
@@ -399,6 +407,8 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             try:
                 agent.run(stop)
             finally:
+                if links is not None:
+                    links.stop()
                 if watcher is not None:
                     watcher.stop()  # before the maps it writes are closed
     finally:
@@ -407,6 +417,8 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         health.close()
         if nodeport is not None:
             nodeport.close()
+        if pod_lb is not None:
+            pod_lb.close()
         if socket_lb is not None:
             socket_lb.close()
         for server in servers:

@@ -58,6 +58,9 @@ class Config:
     # Interfaces the NodePort/LoadBalancer programs attach to; None: those holding the
     # node's IPv4 addresses, () : none (socket-LB only).
     interfaces: tuple[str, ...] | None = None
+    # Name patterns (fnmatch) of pods' host-side interfaces that get the per-packet ClusterIP
+    # path (ebpflb.datapath.programs.podlb), followed as pods come and go; (): none.
+    pod_interfaces: tuple[str, ...] = ()
     xdp: XdpMode = XdpMode.OFF
     ct_max: int = 262144  # the limit conntrack grows to
     # Conntrack entries at start (1 MiB); doubled at a full resync that finds the table

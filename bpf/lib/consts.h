@@ -120,6 +120,13 @@
 /* Bytes for "namespace/name:port" in ebpflb_svcmeta: 63 + 1 + 63 + 1 + 15 = 143 (+ NUL). */
 #define EBPFLB_SVC_NAME_LEN 144
 
+/* 1 when bpf/nodeport.c is compiled for pod interfaces (ebpflb_pod_in/out, the per-packet
+ * ClusterIP path): frontends looked up as in-node clients see them, and SNAT only for a pod
+ * reaching itself through its Service (hairpin). 0: the node's interfaces (NodePort). */
+#ifndef EBPFLB_POD_PATH
+#define EBPFLB_POD_PATH 0
+#endif
+
 /* Set by the agent's feature probe when the kernel has bpf_set_retval (5.18+). Without it a
  * refused connect() fails with EPERM instead of ECONNREFUSED. */
 #ifndef EBPFLB_HAVE_SET_RETVAL

@@ -51,6 +51,53 @@ static __always_inline bool src_range6_allowed(__u32 svc_id, const __be32 saddr[
 	return ebpflb_srcrng6.lookup(&key) != NULL;
 }
 
+/* The frontend a packet is for, or NULL when it is for none this path translates. On a
+ * node's interface: NodePort, LoadBalancer and external-IP frontends (SVC_F_EXTERNAL), with
+ * externalTrafficPolicy's backends. On a pod's (EBPFLB_POD_PATH): every frontend, ClusterIPs
+ * included, as an in-node client sees it (socket-LB's view: lb4_lookup_service_in_node). */
+static __always_inline struct lb_svc_val *np4_lookup_service(const struct flow4 *flow)
+{
+	struct lb_svc_val *svc;
+
+	if (EBPFLB_POD_PATH)
+		return lb4_lookup_service_in_node(flow->daddr, flow->dport, flow->proto);
+	svc = lb4_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
+	return svc && (svc->flags & SVC_F_EXTERNAL) ? svc : NULL;
+}
+
+/* np4_lookup_service's twin. */
+static __always_inline struct lb_svc_val *np6_lookup_service(const struct flow6 *flow)
+{
+	struct lb_svc_val *svc;
+
+	if (EBPFLB_POD_PATH)
+		return lb6_lookup_service_in_node(flow->daddr, flow->dport, flow->proto);
+	svc = lb6_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
+	return svc && (svc->flags & SVC_F_EXTERNAL) ? svc : NULL;
+}
+
+/* Whether a new flow's source becomes a node address. On a node's interface: for a remote
+ * backend under externalTrafficPolicy=Cluster (kube-proxy's KUBE-MARK-MASQ), so its reply
+ * comes back through this node. On a pod's: only when the backend is the client itself
+ * (hairpin), which would otherwise answer itself; other pods see the client pod's address,
+ * as with kube-proxy. */
+static __always_inline bool np_snat(const struct lb_svc_val *svc, __u32 backend_flags,
+				    bool hairpin)
+{
+	if (EBPFLB_POD_PATH)
+		return hairpin;
+	return !(svc->flags & SVC_F_ETP_LOCAL) && !(backend_flags & BE_F_LOCAL);
+}
+
+/* Whether a packet for a frontend with no usable backend is answered (TCP RST, ICMP port
+ * unreachable) rather than dropped. On a node's interface: when the whole service has no
+ * endpoint (SVC_F_REJECT; an eTP=Local node with endpoints elsewhere drops, as kube-proxy).
+ * On a pod's: always, as socket-LB refuses such a connect() for an in-node client. */
+static __always_inline bool np_reject(const struct lb_svc_val *svc)
+{
+	return EBPFLB_POD_PATH || (svc->flags & SVC_F_REJECT);
+}
+
 /* Reply direction: backend -> client, shown as frontend -> client. */
 static __always_inline void np4_reply(const struct pkt4 *pkt, struct rnat4_val *rnat, __u64 now,
 				      struct xlate4 *out)
@@ -107,7 +154,7 @@ static __always_inline enum np_verdict np4_new_flow(void *ctx, const struct pkt4
 	if (!backend) {
 		/* A rejected packet is counted where the answer is built (tc): XDP passes it
 		 * there, and counting here would count it in both. */
-		if (svc->flags & SVC_F_REJECT)
+		if (np_reject(svc))
 			return NP_REJECT;
 		stat_inc(STAT_NP_NO_BACKEND);
 		svc_stats_refused(svc->svc_id);
@@ -117,7 +164,7 @@ static __always_inline enum np_verdict np4_new_flow(void *ctx, const struct pkt4
 	ct->backend_port = backend->port;
 	ct->svc_id = svc->svc_id;
 	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
-	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
+	if (np_snat(svc, backend->flags, backend->addr == flow->saddr)) {
 		nat_addr = snat4_source(ctx, ifindex, flow->proto, flow->saddr, backend->addr);
 		if (!nat_addr) {
 			stat_inc(STAT_SNAT_NO_ADDR);
@@ -164,7 +211,7 @@ static __always_inline enum np_verdict np6_new_flow(void *ctx, const struct pkt6
 	backend = lb6_pick_backend(svc, hash, addr6_fold(flow->saddr), AFF_CLIENT_ADDR6,
 				   &ct->backend_id);
 	if (!backend) {
-		if (svc->flags & SVC_F_REJECT)
+		if (np_reject(svc))
 			return NP_REJECT; /* counted where the answer is built (tc) */
 		stat_inc(STAT_NP_NO_BACKEND);
 		svc_stats_refused(svc->svc_id);
@@ -174,7 +221,7 @@ static __always_inline enum np_verdict np6_new_flow(void *ctx, const struct pkt6
 	ct->backend_port = backend->port;
 	ct->svc_id = svc->svc_id;
 	ct->flags = ct_next_flags(0, pkt->tcp_flags, 0);
-	if (!(svc->flags & SVC_F_ETP_LOCAL) && !(backend->flags & BE_F_LOCAL)) {
+	if (np_snat(svc, backend->flags, addr6_equal(backend->addr, flow->saddr))) {
 		nat_addr = snat6_source(ctx, ifindex, flow->proto, flow->saddr, backend->addr);
 		if (!nat_addr) {
 			stat_inc(STAT_SNAT_NO_ADDR);
@@ -268,8 +315,8 @@ static __always_inline enum np_verdict np4_ingress(void *ctx, const struct pkt4 
 			return NP_XLATE;
 		}
 	}
-	svc = lb4_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
-	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
+	svc = np4_lookup_service(flow);
+	if (!svc)
 		return NP_PASS;
 	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range4_allowed(svc->svc_id, flow->saddr)) {
 		stat_inc(STAT_SRC_RANGE_DROP);
@@ -313,8 +360,8 @@ static __always_inline enum np_verdict np6_ingress(void *ctx, const struct pkt6 
 			return NP_XLATE;
 		}
 	}
-	svc = lb6_lookup_service(flow->daddr, flow->dport, flow->proto, LB_SCOPE_EXTERNAL);
-	if (!svc || !(svc->flags & SVC_F_EXTERNAL))
+	svc = np6_lookup_service(flow);
+	if (!svc)
 		return NP_PASS;
 	if ((svc->flags & SVC_F_SOURCE_RANGES) && !src_range6_allowed(svc->svc_id, flow->saddr)) {
 		stat_inc(STAT_SRC_RANGE_DROP);

@@ -177,6 +177,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "node's IPv4 addresses; empty: none, socket-LB only)",
     )
     run.add_argument(
+        "--pod-interfaces",
+        type=interfaces,
+        default=(),
+        metavar="GLOB[,GLOB]",
+        help="pods' host-side interfaces (name patterns, e.g. 'veth*,cali*,lxc*') whose"
+        " traffic to ClusterIPs is translated per packet, for what no socket hook sees"
+        " (default: none)",
+    )
+    run.add_argument(
         "--snat-port-range",
         type=port_range,
         default=None,
@@ -208,13 +217,15 @@ def run(args: argparse.Namespace) -> int:
         cgroup_dir=args.cgroup,
         node_name=node_name(args.node_name),
         interfaces=args.interfaces,
+        pod_interfaces=args.pod_interfaces,
         xdp=args.xdp,
         **_snat_ports(args.snat_port_range),
         **_nodeport_fields({field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS}),
     )
     if args.manifests is not None and args.kubeconfig is not None:
         raise ConfigError("--manifests and --kubeconfig are two sources: choose one")
-    privileges.check(privileges.needed_by_run(nodeport=config.interfaces != ()))
+    tc = config.interfaces != () or config.pod_interfaces != ()
+    privileges.check(privileges.needed_by_run(nodeport=tc))
     if args.manifests is not None:
         source = app.manifest_source(args.manifests)
     else:

@@ -14,7 +14,7 @@ import enum
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ class Phase(enum.Enum):
     PIN_DIR_LOCKED = "pin_dir_locked"  # this agent alone on the pins (ebpflb.host.lock)
     SOCKET_LB_COMPILED = "socket_lb_compiled"
     NODEPORT_COMPILED = "nodeport_compiled"
+    POD_COMPILED = "pod_compiled"  # the per-packet ClusterIP path's (--pod-interfaces)
     ATTACHED = "attached"  # every program attached (socket-LB, then NodePort)
     SERVICES_LISTED = "services_listed"
     SLICES_LISTED = "slices_listed"
@@ -110,6 +111,7 @@ class AgentStatus:
         self._headers: dict[str, str] = {}
         self._replaced = 0
         self._interfaces: dict[str, str] = {}
+        self._pod_interfaces: dict[str, Any] = {}
         self._syncs = 0
         self._first: SyncRecord | None = None
         self._last: SyncRecord | None = None
@@ -151,6 +153,18 @@ class AgentStatus:
         """The XDP mode ("native", "generic", or "off": tc only) each interface got."""
         with self._lock:
             self._interfaces.update(xdp_modes)
+
+    def pod_interfaces(
+        self, patterns: Sequence[str], attached: Sequence[str], failed: Sequence[str]
+    ) -> None:
+        """The per-packet ClusterIP path: the name patterns followed, the interfaces it is
+        attached to now, and the last attempts that failed ("name: error")."""
+        with self._lock:
+            self._pod_interfaces = {
+                "patterns": list(patterns),
+                "attached": list(attached),
+                "failed": list(failed),
+            }
 
     def waiting_for_lock(self, pin_dir: str, holder_pid: int | None) -> None:
         """Another agent holds the pin directory; this one waits for it to exit."""
@@ -276,6 +290,7 @@ class AgentStatus:
                     "headers": dict(self._headers),
                 },
                 "interfaces": {name: {"xdp": mode} for name, mode in self._interfaces.items()},
+                "pod_interfaces": dict(self._pod_interfaces) or None,
                 "features": {key: dict(value) for key, value in self._features.items()},
                 "pin_layout": dict(self._pin_layout) or None,
             }

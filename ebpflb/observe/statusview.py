@@ -44,6 +44,7 @@ KUBE_PROXY_FIGURES = {
 _KNOWN = {
     "ready", "healthy", "process_start", "phases", "compile_seconds", "lists", "sync",
     "frontends", "frontend_changes", "programs", "interfaces", "problems", "pin_layout",
+    "pod_interfaces",
 }  # fmt: skip
 
 
@@ -302,6 +303,18 @@ def _agent_lines(
     if interfaces:
         shown = ", ".join(f"{name} (xdp {i['xdp']})" for name, i in interfaces.items())
         lines.append(f"interfaces  {shown}")
+    pod = status.get("pod_interfaces")
+    if pod:
+        attached = pod.get("attached") or []
+        lines.append(
+            f"pod path    {','.join(pod.get('patterns') or [])}: {len(attached)} interfaces"
+            + (
+                f" ({', '.join(attached[:8])}{', ...' if len(attached) > 8 else ''})"
+                if attached
+                else ""
+            )
+            + (f"; {len(pod['failed'])} failed: {pod['failed'][0]}" if pod.get("failed") else "")
+        )
     programs = status.get("programs") or {}
     shown_parts = [f"{name} {how}" for name, how in (programs.get("origin") or {}).items()]
     replaced = programs.get("replaced_previous")

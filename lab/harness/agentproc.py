@@ -89,9 +89,12 @@ class AgentProcess:
         free ports of 127.0.0.1 unless ARGS give their addresses; a test never binds the
         machine's 0.0.0.0:10256."""
         # Tests and the demo never attach tc programs to the machine's own interfaces:
-        # NodePort needs an explicit --interfaces (inside a test namespace).
+        # NodePort and the pod path need an explicit --interfaces / --pod-interfaces (inside
+        # a test namespace).
         if not any(a.startswith("--interfaces") for a in args):
             args = [*args, "--interfaces="]
+        if not any(a.startswith("--pod-interfaces") for a in args):
+            args = [*args, "--pod-interfaces="]
         self.netns = netns
         ports = free_ports(2, netns)
         self.metrics_address = _flag_value(args, "--metrics-bind-address")

@@ -133,6 +133,9 @@ PLACEMENTS: Sequence[Placement] = (
     _on("6.1", "nodeport/test_bulk.py", "[xdp"),
     # Map-full errors: the kernel answers the same on both lines (E2BIG, ENOSPC).
     _covered("datapath/test_capacity.py"),
+    # The per-packet ClusterIP path is bpf/nodeport.c's tc programs built for pods'
+    # interfaces: the same hooks and helpers test_nodeport and test_packets run on each line.
+    _covered("podpath/test_pod_path.py"),
     # The tc path's SNAT and FIB lookup through a VXLAN device: test_nodeport's on each line.
     _covered("nodeport/test_overlay.py"),
     _covered("datapath/test_progcache.py"),

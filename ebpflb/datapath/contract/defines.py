@@ -55,6 +55,9 @@ DEFINES: tuple[Define, ...] = (
 HAVE_SET_RETVAL = "EBPFLB_HAVE_SET_RETVAL"
 HAVE_SK_STORAGE = "EBPFLB_HAVE_SK_STORAGE"
 FEATURE_MACROS = (HAVE_SET_RETVAL, HAVE_SK_STORAGE)
+# Set per program variant (podlb.PodLB): bpf/nodeport.c built for pods' interfaces.
+POD_PATH = "EBPFLB_POD_PATH"
+VARIANT_MACROS = (POD_PATH,)
 
 
 def cflags(config: Config) -> list[str]:

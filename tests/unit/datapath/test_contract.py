@@ -180,7 +180,7 @@ def test_counters_fit_the_stats_array() -> None:
 
 def test_the_overridable_sizes_are_exactly_the_ones_python_passes() -> None:
     passed = {define.macro for define in contract.DEFINES}
-    assert set(GUARDED) == passed | set(contract.FEATURE_MACROS)
+    assert set(GUARDED) == passed | set(contract.FEATURE_MACROS) | set(contract.VARIANT_MACROS)
     assert {f.removeprefix("-D").partition("=")[0] for f in contract.cflags(Config())} == passed
 
 

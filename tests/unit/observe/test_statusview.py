@@ -249,3 +249,18 @@ def test_the_pin_layout_and_a_refusal_are_shown() -> None:
     lines = statusview.render_text(document, now=NOW).splitlines()
     assert "pin layout  2; found 3 (ebpflb 0.3.0): newer-refused" in lines
     assert "            REFUSED: the maps pinned under /sys/fs/bpf/ebpflb have layout 3" in lines
+
+
+def test_the_pod_path_shows_its_patterns_and_interfaces() -> None:
+    document = status_document()
+    document["status"]["pod_interfaces"] = {
+        "patterns": ["veth*", "cali*"],
+        "attached": ["cali1", "veth2"],
+        "failed": ["veth9: attaching ebpflb_pod_in to veth9 ingress failed: No such device"],
+    }
+    lines = statusview.render_text(document, now=NOW).splitlines()
+    (line,) = [line for line in lines if line.startswith("pod path")]
+    assert line == (
+        "pod path    veth*,cali*: 2 interfaces (cali1, veth2); 1 failed: veth9: attaching"
+        " ebpflb_pod_in to veth9 ingress failed: No such device"
+    )
