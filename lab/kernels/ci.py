@@ -136,6 +136,7 @@ PLACEMENTS: Sequence[Placement] = (
     # The per-packet ClusterIP path is bpf/nodeport.c's tc programs built for pods'
     # interfaces: the same hooks and helpers test_nodeport and test_packets run on each line.
     _covered("podpath/test_pod_path.py"),
+    _covered("podpath/test_pod_path_two_nodes.py"),
     # The tc path's SNAT and FIB lookup through a VXLAN device: test_nodeport's on each line.
     _covered("nodeport/test_overlay.py"),
     _covered("datapath/test_progcache.py"),
