@@ -164,6 +164,7 @@ PLACEMENTS: Sequence[Placement] = (
     # The upstream e2e ports (issue 24, docs/e2e.md): Service semantics through the API on
     # the socket-LB and NodePort programs the files above check on every line.
     _host("e2e/test_service_conformance.py"),
+    _host("e2e/test_service.py"),
 )
 
 
