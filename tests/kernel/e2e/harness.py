@@ -50,6 +50,7 @@ POD_IPS = {
 }
 CLIENT_IPS = {name: f"10.244.{node[-1]}.{host}" for node, (name, host) in CLIENTS.items()}
 TCP_PORTS, UDP_PORTS = (8080, 8081), (8080, 5353)
+HEALTHZ_PORT, METRICS_PORT = 10256, 10249  # kube-proxy's defaults
 Result = dict[str, Any]
 
 
@@ -116,6 +117,10 @@ def shared_cluster(tmp: Path, *agent_args: str) -> Iterator[Shared]:
                     node_name,
                     "--min-sync-period",
                     "0.1",
+                    # kube-proxy's own ports, as upstream's URL checks reach them: inside
+                    # the node's namespace, so never the machine's.
+                    f"--healthz-bind-address=0.0.0.0:{HEALTHZ_PORT}",
+                    f"--metrics-bind-address=127.0.0.1:{METRICS_PORT}",
                     *agent_args,
                 ],
                 netns=node.netns,
