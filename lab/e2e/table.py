@@ -138,4 +138,3 @@ def main(doc: Path | None, host_junit: Path | None, kernels_out: Path) -> int:
     doc.write_text(replace_between_markers(doc.read_text(), table))
     print(f"updated the e2e table in {doc}")
     return 0
-

@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from ebpflb.datapath.maps import dump
+from ebpflb.datapath.maps.kernel import KernelMapSet
 from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
 from lab.harness.cluster import Cluster
 from lab.harness.fakeapi import FakeApiServer
@@ -194,8 +196,10 @@ class E2E:
     def from_pod(
         self, client: str, mode: str, target: str, count: int = 1, *extra: str, timeout: float = 1.0
     ) -> list[Result]:
-        """`count` requests from client pod `client` (client1 on node1, client2 on node2)."""
-        node = next(n for n, (name, _) in CLIENTS.items() if name == client)
+        """`count` requests from pod `client` (client1 on node1, client2 on node2, or a
+        server pod: a pod reaching its own Service)."""
+        clients = {name: node for node, (name, _) in CLIENTS.items()}
+        node = clients.get(client) or POD_NODE[client]
         return self.shared.cluster.requests(
             self.shared.pods[client].netns,
             mode,
@@ -278,3 +282,19 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> f
 def answers(results: Sequence[Result]) -> list[str]:
     """The answering pod, or the error, of each request in order."""
     return [str(r["server"]) if r["ok"] else str(r["error"]) for r in results]
+
+
+def wait_flagged(e2e: E2E, frontend: str, flag: str, nodes: Sequence[str]) -> None:
+    """Until every backend of `frontend` ("VIP:PORT/PROTO") carries `flag` in the maps of
+    each of `nodes`: the agents have programmed an endpoint-condition change that leaves
+    the backend set as it was (e.g. ready -> terminating), so traffic checked afterwards
+    checks the new state."""
+    for node in nodes:
+        with KernelMapSet(e2e.shared.nodes[node].bpffs) as maps:
+
+            def flagged() -> bool:
+                found = [s for s in dump.collect(maps)["services"] if s["frontend"] == frontend]
+                backends = [b for s in found for b in s["backends"]]
+                return bool(backends) and all(flag in b.get("flags", ()) for b in backends)
+
+            eventually(flagged, f"{frontend} {flag} on {node}", timeout=10)

@@ -23,6 +23,7 @@ from tests.kernel.e2e.harness import (
     answers,
     eventually,
     slice_for,
+    wait_flagged,
 )
 
 S = "[sig-network] Services "
@@ -87,6 +88,19 @@ def test_preserve_source_pod_ip_for_traffic_thru_service_cluster_ip(e2e: E2E) ->
         eventually(lambda c=client: only("pod11", pod(e2e, c, vip, 1)), f"{client} served")
         results = pod(e2e, client, vip, 3)
         assert {str(r["seen_as"]).rsplit(":", 1)[0] for r in results} == {CLIENT_IPS[client]}
+
+
+@pytest.mark.upstream(S + "should allow pods to hairpin back to themselves through services")
+def test_allow_pods_to_hairpin_back_to_themselves_through_services(e2e: E2E) -> None:
+    """The only endpoint's own pod dials its Service and reaches itself (socket-LB
+    translates at connect(), so the connection goes to the pod's own address)."""
+    a = e2e.allocate("hairpin-test")
+    vip = f"{a.cluster_ip}:8080"
+    e2e.apply(
+        service(a.name, cluster_ip=a.cluster_ip, ports=[{**HTTP, "port": 8080}]),
+        slice_for(a.name, ["pod12"]),
+    )
+    eventually(lambda: only("pod12", pod(e2e, "pod12", vip)), "hairpin")
 
 
 @pytest.mark.upstream(S + "should be able to up and down services")
@@ -256,7 +270,7 @@ def test_fallback_to_terminating_endpoints_internal_cluster(e2e: E2E) -> None:
     e2e.apply(service(a.name, cluster_ip=a.cluster_ip), slice_for(a.name, ["pod11"]))
     eventually(lambda: only("pod11", pod(e2e, "client2", vip)), "served")
     e2e.apply(terminating_only(a, ["pod11"]))
-    time.sleep(0.5)  # the change reaches the agents meanwhile; the pod must stay served
+    wait_flagged(e2e, f"{vip}/TCP", "terminating", ["node1", "node2"])
     for client in ("client1", "client2"):
         assert only("pod11", pod(e2e, client, vip)), client
 
@@ -274,7 +288,7 @@ def test_fallback_to_local_terminating_endpoints_internal_local(e2e: E2E) -> Non
     )
     eventually(lambda: only("pod11", pod(e2e, "client1", vip)), "served")
     e2e.apply(terminating_only(a, ["pod11"]))
-    time.sleep(0.5)
+    wait_flagged(e2e, f"{vip}/TCP", "terminating", ["node1"])  # node2: no local one
     assert only("pod11", pod(e2e, "client1", vip))
     assert failing(pod(e2e, "client2", vip))
 
@@ -300,7 +314,7 @@ def test_fallback_to_terminating_endpoints_external_cluster(e2e: E2E) -> None:
     e2e.apply(nodeport(a), slice_for(a.name, ["pod11"]))
     eventually(lambda: only("pod11", pod(e2e, "client2", target)), "served")
     e2e.apply(terminating_only(a, ["pod11"]))
-    time.sleep(0.5)
+    wait_flagged(e2e, f"{a.cluster_ip}:80/TCP", "terminating", ["node1", "node2"])
     for client in ("client1", "client2"):
         assert only("pod11", pod(e2e, client, target)), client
 
@@ -318,7 +332,7 @@ def test_fallback_to_local_terminating_endpoints_external_local(e2e: E2E) -> Non
     e2e.apply(nodeport(a, externalTrafficPolicy="Local"), slice_for(a.name, ["pod11"]))
     eventually(lambda: only("pod11", pod(e2e, "client2", node1)), "served")
     e2e.apply(terminating_only(a, ["pod11"]))
-    time.sleep(0.5)
+    wait_flagged(e2e, f"{a.cluster_ip}:80/TCP", "terminating", ["node1", "node2"])
     assert failing(pod(e2e, "client1", node2, 3))
     for client in ("client1", "client2"):
         assert only("pod11", pod(e2e, client, node1)), client
