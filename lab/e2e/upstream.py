@@ -100,25 +100,26 @@ ROWS: tuple[Row, ...] = (
     Row("service.go", S + "should work after the service has been recreated"),
     _later("service.go", S + "should work after restarting kube-proxy [Disruptive]"),
     _later("service.go", S + "should work after restarting apiserver [Disruptive]"),
-    _later(
+    Row(
         "service.go",
         S + "should be possible to connect to a service via ExternalIP when the external IP is"
         " not assigned to a node",
-        LATER + "; ebpflb refuses external IPs outside --external-ip-cidrs by default"
-        " (CVE-2020-8554), so the port will run with the allow-list set",
+        differs="ebpflb programs no external IP outside --external-ip-cidrs, none by default"
+        " (CVE-2020-8554, as the DenyServiceExternalIPs admission plugin): the port passes"
+        " with 203.0.113.0/24 allowed and shows an address outside it never programmed",
     ),
-    _later(
+    Row(
         "service.go",
         S + "should be able to update service type to NodePort listening on same port number"
         " but different protocols",
     ),
     Row("service.go", S + "should create endpoints for unready pods"),
-    _later(
+    Row(
         "service.go",
         S + "should be able to connect to terminating and unready endpoints if"
         " PublishNotReadyAddresses is true",
     ),
-    _later(
+    Row(
         "service.go",
         S + "should not be able to connect to terminating and unready endpoints if"
         " PublishNotReadyAddresses is false",
@@ -134,7 +135,7 @@ ROWS: tuple[Row, ...] = (
     Row("service.go", S + "should implement service.kubernetes.io/service-proxy-name"),
     Row("service.go", S + "should implement service.kubernetes.io/headless"),
     Row("service.go", S + "should be rejected when no endpoints exist"),
-    _later("service.go", S + "should be rejected for evicted pods (no endpoints exist)"),
+    Row("service.go", S + "should be rejected for evicted pods (no endpoints exist)"),
     Row("service.go", S + "should respect internalTrafficPolicy=Local Pod to Pod"),
     Row(
         "service.go",

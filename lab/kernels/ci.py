@@ -165,6 +165,8 @@ PLACEMENTS: Sequence[Placement] = (
     # the socket-LB and NodePort programs the files above check on every line.
     _host("e2e/test_service_conformance.py"),
     _host("e2e/test_service.py"),
+    _host("e2e/test_service_unready.py"),
+    _host("e2e/test_service_external.py"),
     _host("e2e/test_networking.py"),
     _host("e2e/test_kube_proxy.py"),
 )

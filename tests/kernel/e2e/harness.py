@@ -53,6 +53,7 @@ POD_IPS = {
 CLIENT_IPS = {name: f"10.244.{node[-1]}.{host}" for node, (name, host) in CLIENTS.items()}
 TCP_PORTS, UDP_PORTS = (8080, 8081), (8080, 5353)
 HEALTHZ_PORT, METRICS_PORT = 10256, 10249  # kube-proxy's defaults
+EXTERNAL_IP_CIDR = "203.0.113.0/24"  # TEST-NET-3, assigned to no node
 Result = dict[str, Any]
 
 
@@ -123,6 +124,8 @@ def shared_cluster(tmp: Path, *agent_args: str) -> Iterator[Shared]:
                     # the node's namespace, so never the machine's.
                     f"--healthz-bind-address=0.0.0.0:{HEALTHZ_PORT}",
                     f"--metrics-bind-address=127.0.0.1:{METRICS_PORT}",
+                    # CVE-2020-8554: none by default; upstream's external IP test's range
+                    f"--external-ip-cidrs={EXTERNAL_IP_CIDR}",
                     *agent_args,
                 ],
                 netns=node.netns,
