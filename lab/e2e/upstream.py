@@ -203,16 +203,14 @@ ROWS: tuple[Row, ...] = (
     Row("networking.go", G + "should function for pod-Service: udp"),
     Row("networking.go", G + "should function for node-Service: http"),
     Row("networking.go", G + "should function for node-Service: udp"),
-    _later("networking.go", G + "should function for endpoint-Service: http"),
-    _later("networking.go", G + "should function for endpoint-Service: udp"),
-    _later(
-        "networking.go", G + "should function for multiple endpoint-Services with same selector"
-    ),
-    _later("networking.go", G + "should update endpoints: http"),
-    _later("networking.go", G + "should update endpoints: udp"),
+    Row("networking.go", G + "should function for endpoint-Service: http"),
+    Row("networking.go", G + "should function for endpoint-Service: udp"),
+    Row("networking.go", G + "should function for multiple endpoint-Services with same selector"),
+    Row("networking.go", G + "should update endpoints: http"),
+    Row("networking.go", G + "should update endpoints: udp"),
     _later("networking.go", G + "should update nodePort: http [Slow]"),
     _later("networking.go", G + "should update nodePort: udp [Slow]"),
-    _later("networking.go", G + "should support basic nodePort: udp functionality"),
+    Row("networking.go", G + "should support basic nodePort: udp functionality"),
     _later(
         "networking.go",
         G + "should function for client IP based session affinity: http [LinuxOnly]",
