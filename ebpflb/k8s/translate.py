@@ -36,6 +36,8 @@ from ebpflb.model import (
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+# Set on a Service that no proxy should program (kube-proxy lists Services without it).
+HEADLESS_LABEL = "service.kubernetes.io/headless"
 # Set by the EndpointSlice controller to when the change it writes was triggered (RFC 3339).
 TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)")
@@ -143,7 +145,15 @@ def translate_service(obj: Obj) -> ServiceTranslation:
     (so a skipped Service is as valid as a programmed one), then kube-proxy's skips."""
     ref, r, meta = identify(obj, "Service")
     ref = NamespacedName(shared(ref.namespace), shared(ref.name))  # its slices name it too
-    proxy_label = labels(r, meta).get(SERVICE_PROXY_NAME_LABEL)
+    service_labels = labels(r, meta)
+    # kube-proxy lists Services with neither label (its selector is "does not exist"):
+    # either one, whatever its value (even empty), leaves the Service to someone else.
+    proxy_label = (
+        service_labels[SERVICE_PROXY_NAME_LABEL] or ""  # null reads as "", as the API's
+        if SERVICE_PROXY_NAME_LABEL in service_labels
+        else None
+    )
+    headless_label = HEADLESS_LABEL in service_labels
     spec = r.mapping(obj.get("spec"), "spec")
 
     type_text = r.string(spec.get("type"), "spec.type")
@@ -191,8 +201,10 @@ def translate_service(obj: Obj) -> ServiceTranslation:
     if not raw_ports and svc_type is not None and not headless:
         r.fail("spec.ports", "is empty", Fault.MISSING)  # as the API server requires
 
-    if proxy_label:
+    if proxy_label is not None:
         return ServiceTranslation(ref, skipped=f"labelled {SERVICE_PROXY_NAME_LABEL}={proxy_label}")
+    if headless_label:
+        return ServiceTranslation(ref, skipped=f"labelled {HEADLESS_LABEL}")
     if svc_type is None:
         return ServiceTranslation(ref, skipped="ExternalName service")
     if headless:

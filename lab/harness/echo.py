@@ -1,7 +1,7 @@
 """Tiny servers and clients for the demo and the kernel tests, run inside namespaces.
 
     python -m lab.harness.echo serve --name pod1 --tcp 8080 --udp 5353 --lifetime 60
-    python -m lab.harness.echo tcp 10.96.0.10:80 --count 100
+    python -m lab.harness.echo tcp 10.96.0.10:80 --count 100 [--size 2000]
     python -m lab.harness.echo udp 10.96.0.53:53 --count 30 [--connected] [--size 3000]
     python -m lab.harness.echo udp-burst 192.168.100.1:30053 --count 2000
     python -m lab.harness.echo tcp-hold 192.168.100.1:30080 --pings 20 --interval 0.2
@@ -112,14 +112,31 @@ def _error(exc: OSError) -> dict[str, Any]:
     }
 
 
-def tcp_request(target: tuple[str, int], timeout: float) -> dict[str, Any]:
+def tcp_request(target: tuple[str, int], timeout: float, size: int = 0) -> dict[str, Any]:
+    """One connection and the server's greeting. `size`: then a body of that many bytes,
+    acknowledged by the server chunk by chunk ("<name> <bytes>" lines) until all of it
+    has crossed (a request larger than one segment)."""
     s = socket.socket(_family(target[0]), socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
         s.connect(target)
         peer = s.getpeername()
-        reply = s.recv(256).decode().split()
-        return {"ok": True, "server": reply[0], "seen_as": reply[1], "peer": _show(peer)}
+        greeting = s.recv(256).decode()
+        reply = greeting.split()
+        result = {"ok": True, "server": reply[0], "seen_as": reply[1], "peer": _show(peer)}
+        if size:
+            s.sendall(b"4" * size)
+            acked, pending = 0, greeting.split("\n", 1)[1]
+            while acked < size:
+                while "\n" not in pending:
+                    data = s.recv(4096).decode()
+                    if not data:
+                        return {"ok": False, "error": "EOF", "echoed": acked}
+                    pending += data
+                line, pending = pending.split("\n", 1)
+                acked += int(line.split()[1])
+            result["echoed"] = acked
+        return result
     except OSError as exc:
         return _error(exc)
     finally:
@@ -283,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "udp":
             cli.add_argument("--connected", action="store_true")
             cli.add_argument("--size", type=int, default=0, help="pad requests to this size")
+        if mode == "tcp":
+            cli.add_argument("--size", type=int, default=0, help="send a body of this size")
         if mode in ("tcp-hold", "udp-hold"):
             cli.add_argument("--pings", type=int, default=10)
             cli.add_argument("--interval", type=float, default=0.2)
@@ -300,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for _ in range(args.count):
         if args.mode == "tcp":
-            result = tcp_request(args.target, args.timeout)
+            result = tcp_request(args.target, args.timeout, args.size)
         else:
             result = udp_request(args.target, args.timeout, args.connected, args.size)
         print(json.dumps(result), flush=True)

@@ -165,6 +165,14 @@ PLACEMENTS: Sequence[Placement] = (
     _host("semantics/test_topology.py"),
     _host("agent/test_zero_loss.py"),
     Placement("agent/test_package.py", frozenset(), HOST_ONLY),
+    # The upstream e2e ports (issue 24, docs/e2e.md): Service semantics through the API on
+    # the socket-LB and NodePort programs the files above check on every line.
+    _host("e2e/test_service_conformance.py"),
+    _host("e2e/test_service.py"),
+    _host("e2e/test_service_unready.py"),
+    _host("e2e/test_service_external.py"),
+    _host("e2e/test_networking.py"),
+    _host("e2e/test_kube_proxy.py"),
 )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 SERVICE_NAME = "kubernetes.io/service-name"
 PROXY_NAME = "service.kubernetes.io/service-proxy-name"
+HEADLESS = "service.kubernetes.io/headless"
 
 
 # ---- the schema language: a node checks one JSON value (null always passes: absent) ------
@@ -224,7 +225,8 @@ def service_verdict(obj: Any) -> Verdict:
         return INVALID  # two ports with one name and protocol
     labels = (obj.get("metadata") or {}).get("labels") or {}
     allocated = [ip for ip in (cluster_ips or [cluster_ip]) if ip and ip != "None"]
-    if labels.get(PROXY_NAME) or external_name or headless or not allocated:
+    # kube-proxy's selector: either label present, whatever its value, skips the Service.
+    if PROXY_NAME in labels or HEADLESS in labels or external_name or headless or not allocated:
         return Verdict(True, skipped=True)
     return Verdict(True, ports=frozenset(programmable))
 

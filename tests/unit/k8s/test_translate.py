@@ -61,6 +61,20 @@ def test_other_proxy_label_is_skipped() -> None:
     assert "service-proxy-name" in (translate_service(obj).skipped or "")
 
 
+@pytest.mark.parametrize(
+    "label",
+    ["service.kubernetes.io/service-proxy-name", "service.kubernetes.io/headless"],
+)
+def test_either_skip_label_skips_whatever_its_value(label: str) -> None:
+    """kube-proxy lists Services with a `!label` selector: present with an empty value
+    (the headless label's usual one) is present."""
+    obj = service()
+    obj["metadata"]["labels"] = {label: ""}
+    skipped = translate_service(obj).skipped
+    assert skipped is not None and label in skipped
+    assert not translate_service(obj).ports
+
+
 def test_dual_stack_cluster_ips_are_both_programmed() -> None:
     t = translate_service(
         service(
