@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-unit test-kernel test-deploy image image-previous lint bench clean-kernel setup-kernels test-kernels test-kernels-ci kernel-table
+.PHONY: setup demo test test-unit test-kernel test-deploy image image-previous lint bench clean-kernel setup-kernels test-kernels test-kernels-ci kernel-table e2e-table
 
 setup:
 	@./scripts/setup.sh
@@ -70,4 +70,10 @@ test-kernels-ci: setup-kernels
 # JUnit, .ci/out/junit.xml, when there is one).
 kernel-table: setup
 	$(PY) -m lab.kernels table --readme docs/kernels.md \
+		$(if $(wildcard .ci/out/junit.xml),--host-junit .ci/out/junit.xml)
+
+# docs/e2e.md's table of the upstream e2e tests (tests/kernel/e2e), from make test's JUnit
+# report (CI's, .ci/out/junit.xml) and the kernel matrix's where they ran there.
+e2e-table: setup
+	$(PY) -m lab.e2e table --doc docs/e2e.md \
 		$(if $(wildcard .ci/out/junit.xml),--host-junit .ci/out/junit.xml)
