@@ -372,7 +372,8 @@ def node_lab(release: Release) -> Iterator[Lab]:
     lab_: Lab | None = None
     try:
         for name, host in PODS.items():
-            cluster.start_server(cluster.add_pod(NODE, name, host), tcp=[8080], lifetime=900)
+            pod = cluster.add_pod(NODE, name, host)
+            cluster.start_server(pod, tcp=[8080], udp=[5353], lifetime=900)
         cert, key = write_credentials(workdir)
         api = TlsFakeApiServer(cert, key)
         with thread_in_netns(cluster.nodes[NODE].netns):  # the node's loopback

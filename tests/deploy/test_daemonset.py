@@ -12,8 +12,11 @@ is tests/deploy/test_rolling_update.py.
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -101,6 +104,44 @@ def test_readiness_and_liveness_endpoints_answer_after_the_first_sync(lab: Lab) 
     assert lab.http_status("/readyz") == 200
     assert lab.http_status("/livez") == 200
     assert lab.http_status("/healthz") == 200
+
+
+def test_a_pods_connected_udp_socket_leaves_a_removed_backend(lab: Lab) -> None:
+    """The pod has no hostPID, so the agent's /proc shows none of the pods' processes: it
+    finds a pod's connected UDP socket through the runtime's namespace mounts the DaemonSet
+    mounts (/var/run/netns; the test's pods are `ip netns` ones, kept there) and destroys
+    it when its backend leaves, so the client's next socket reaches a live one."""
+    client = lab.cluster.add_pod(NODE, "udp-client", 30)
+    ports = [{"name": "dns", "protocol": "UDP", "port": 53, "targetPort": 5353}]
+    slice_ports = [{"name": "dns", "protocol": "UDP", "port": 5353}]
+    addresses = {name: f"10.244.1.{host}" for name, host in PODS.items()}
+
+    def dns_slice(pods: list[str]) -> dict[str, Any]:
+        endpoints = [endpoint(addresses[p], node=NODE) for p in pods]
+        return endpoint_slice("dns-1", "dns", endpoints=endpoints, ports=slice_ports)
+
+    lab.api.create(service("dns", cluster_ip="10.96.0.53", ports=ports))
+    lab.api.create(dns_slice(sorted(PODS)))
+    container = lab.containers[-1]
+    lab.wait_frontends({"10.96.0.53:53/UDP"}, container)
+    pings = ["--pings", "40", "--interval", "0.25", "--timeout", "0.5"]
+    argv = [sys.executable, "-m", "lab.harness.echo", "udp-hold", "10.96.0.53:53", *pings]
+    held = lab.cluster.spawn(client.netns, argv, lab.cgroup)
+    try:
+        assert held.stdout is not None
+        first = json.loads(held.stdout.readline())["connected"]
+        lab.api.update(dns_slice([p for p in sorted(PODS) if p != first]))
+        out, err = held.communicate(timeout=60)
+    finally:
+        if held.poll() is None:
+            held.kill()
+    result = json.loads(out.splitlines()[-1])
+    (other,) = set(PODS) - {first}
+    # Destroyed once (the next call fails: ECONNABORTED, or EDESTADDRREQ once the socket
+    # is disconnected), then a new socket answered by the pod that stayed.
+    assert result["sockets"] == 2, (result, err)
+    assert {"ECONNABORTED", "EDESTADDRREQ"} & set(result["answers"]), result
+    assert result["answers"][-1] == other, result
 
 
 def test_upgrade_keeps_traffic_flowing_and_adopts_the_datapath(lab: Lab) -> None:

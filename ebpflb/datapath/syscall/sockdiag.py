@@ -7,9 +7,14 @@ as the application keeps it. As Cilium does, the agent aborts those sockets: it 
 cookies of the sockets translated to the backend through the frontend from the reverse map
 (ebpflb_revsk4, ebpflb_revsk6), finds them with sock_diag (IPv4 and IPv6 sockets: a
 dual-stack socket connected to an IPv4-mapped ClusterIP is an IPv6 one) in every network
-namespace with a process in
-it, and sends SOCK_DESTROY for each; the application's next call fails with ECONNABORTED
-and a resolver opens a new socket, which connect() translates to a live backend.
+namespace it can find, and sends SOCK_DESTROY for each; the application's next call fails
+with ECONNABORTED and a resolver opens a new socket, which connect() translates to a live
+backend.
+
+The namespaces: those of the processes /proc shows, and the bind mounts under
+/var/run/netns and /run/netns, where containerd and CRI-O (and `ip netns`) keep pods'
+namespaces. In a pod without hostPID, /proc shows the agent's own processes only: the
+DaemonSet mounts the host's /var/run/netns, so pods' sockets are found all the same.
 
 Needs CONFIG_INET_DIAG_DESTROY (SOCK_DESTROY answers EOPNOTSUPP without it; then nothing is
 destroyed and the sockets recover only when the application reopens them) and
@@ -56,13 +61,23 @@ def _libc_setns(fd: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def network_namespaces(proc: Path = Path("/proc")) -> dict[tuple[int, int], Path]:
-    """One /proc/PID/ns/net path per network namespace a process is in."""
+NETNS_MOUNTS = (Path("/var/run/netns"), Path("/run/netns"))
+
+
+def network_namespaces(
+    proc: Path = Path("/proc"), mounts: tuple[Path, ...] = NETNS_MOUNTS
+) -> dict[tuple[int, int], Path]:
+    """One path per network namespace: a /proc/PID/ns/net of a process in it, or a bind
+    mount of it in one of the `mounts` directories (a namespace no visible process is in)."""
+    pids = sorted((e for e in proc.iterdir() if e.name.isdigit()), key=lambda e: int(e.name))
+    candidates = [entry / "ns" / "net" for entry in pids]
+    for directory in mounts:
+        try:
+            candidates += sorted(directory.iterdir())
+        except OSError:
+            continue  # not on this node, or not mounted into the pod
     found: dict[tuple[int, int], Path] = {}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        path = entry / "ns" / "net"
+    for path in candidates:
         try:
             st = path.stat()
         except OSError:

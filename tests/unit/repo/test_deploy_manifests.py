@@ -245,6 +245,7 @@ def test_pod_template_translates_to_podman_arguments(tmp_path: Path) -> None:
         "/sys/fs/bpf:/sys/fs/bpf:rw,rslave",
         "/sys/fs/cgroup:/host/sys/fs/cgroup:rw,rprivate",
         f"{tmp_path}:/etc/ebpflb:ro,rprivate",
+        "/var/run/netns:/var/run/netns:ro,rslave",
     }
     assert run.container_path(Path("/sys/fs/cgroup/unified/t")) == Path(
         "/host/sys/fs/cgroup/unified/t"
