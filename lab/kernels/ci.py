@@ -137,6 +137,7 @@ PLACEMENTS: Sequence[Placement] = (
     # interfaces: the same hooks and helpers test_nodeport and test_packets run on each line.
     _covered("podpath/test_pod_path.py"),
     _covered("podpath/test_pod_path_two_nodes.py"),
+    _covered("podpath/test_pod_packets.py"),
     # The tc path's SNAT and FIB lookup through a VXLAN device: test_nodeport's on each line.
     _covered("nodeport/test_overlay.py"),
     _covered("datapath/test_progcache.py"),

@@ -169,13 +169,13 @@ SERVICES = (
         ((POD_LOCAL, NODE_NAME), (POD_NODE2, "node2")),
         policy=TrafficPolicy.LOCAL,
     ),
-    service("no-endpoints", 30085, ()),
+    service("no-endpoints", 30085, (), cluster_ip="10.96.0.85"),
     service("no-endpoints-udp", 30089, (), proto=Proto.UDP),
     service("unrouted", 30087, ((POD_UNROUTED, "node9"),)),
     service("lb", 30086, ((POD_LOCAL, NODE_NAME),), lb_ip=LB_IP, ranges=(f"{CLIENT}/32",)),
     service("dns", 30053, ((POD_LOCAL, NODE_NAME),), proto=Proto.UDP, target=5353),
     service("dns-remote", 30054, ((POD_NODE2, "node2"),), proto=Proto.UDP, target=5353),
-    service("via-eth2", 30091, ((POD_ETH2, "node5"),)),
+    service("via-eth2", 30091, ((POD_ETH2, "node5"),), cluster_ip="10.96.0.91"),
     # IPv6: frontends on the node's IPv6 addresses, backends IPv6.
     service("local6", 30180, ((POD6_LOCAL, NODE_NAME),), cluster_ip=CLUSTER_IP6),
     service("remote6", 30181, ((POD6_NODE2, "node2"),), cluster_ip="fd00:96::11"),
@@ -233,6 +233,10 @@ class Program(enum.Enum):
     TC_INGRESS = "tc-in"
     TC_EGRESS = "tc-out"
     XDP = "xdp"
+    # The same source built for pods' interfaces (the per-packet ClusterIP path; its cases:
+    # tests/kernel/podpath/pod_packet_cases.py).
+    POD_INGRESS = "pod-in"
+    POD_EGRESS = "pod-out"
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from ebpflb.config import Config, XdpMode
 from ebpflb.datapath.contract import Counter, CtFlags, NatFlags
 from ebpflb.datapath.maps import PRIMARY_IFINDEX, AddrPort, InterfaceAddresses, pins
 from ebpflb.datapath.maps.kernel import KernelMapSet
-from ebpflb.datapath.programs import loader, testrun
+from ebpflb.datapath.programs import loader, podlb, testrun
 from ebpflb.desired import NodeView, frontends_for_port
 from ebpflb.model import Frontend, Proto
 from ebpflb.reconcile import Reconciler
@@ -94,11 +94,19 @@ class Datapath:
     maps: KernelMapSet
     ifindex: dict[str, int]
     config: Config
+    pods: podlb.PodLB | None = None  # the pod-interface variant, when asked for
+
+    def program_fd(self, program: Program) -> int:
+        name = PROGRAM_NAMES[program]
+        if program in (Program.POD_INGRESS, Program.POD_EGRESS):
+            assert self.pods is not None, "open_datapath(pods=True) loads the pod programs"
+            return self.pods.programs.fds[name]
+        return self.nodeport.program_fd(name)
 
     def run(
         self, program: Program, frame: bytes, link: str, repeat: int = 1, gso_size: int = 0
     ) -> testrun.ProgramRun:
-        fd, name = self.nodeport.program_fd(PROGRAM_NAMES[program]), PROGRAM_NAMES[program]
+        fd, name = self.program_fd(program), PROGRAM_NAMES[program]
         with inside(self.netns):
             if program is Program.XDP:
                 assert not gso_size, "an XDP buffer has no GSO"
@@ -126,17 +134,25 @@ PROGRAM_NAMES = {
     Program.TC_INGRESS: loader.NodePortLB.INGRESS,
     Program.TC_EGRESS: loader.NodePortLB.EGRESS,
     Program.XDP: loader.NodePortLB.XDP,
+    Program.POD_INGRESS: podlb.INGRESS,
+    Program.POD_EGRESS: podlb.EGRESS,
 }
 
 
 @contextmanager
-def open_datapath(**config_overrides: Any) -> Iterator[Datapath]:
+def open_datapath(
+    *, pods: bool = False, cases: tuple[Case, ...] = (), **config_overrides: Any
+) -> Iterator[Datapath]:
     """The node's namespace, the programs compiled and loaded into a private pin directory,
     the services programmed; all removed again on leaving, also after a failure.
-    `config_overrides`: Config fields a test needs otherwise (e.g. a longer lifetime)."""
+    `pods`: the pod-interface programs too; `cases`: tables besides packet_cases' whose
+    cases `after` may name; `config_overrides`: Config fields a test needs otherwise (e.g.
+    a longer lifetime)."""
     namespaces = Namespaces(f"elb{uuid.uuid4().hex[:6]}")
     pin_dir = BPFFS / f"ebpflb-test-{uuid.uuid4().hex[:8]}"
     nodeport: loader.NodePortLB | None = None
+    pod_lb: podlb.PodLB | None = None
+    BY_ID.update({case.id: case for case in cases})
     try:
         netns, ifindex = build_node(namespaces)
         config = Config(
@@ -156,6 +172,8 @@ def open_datapath(**config_overrides: Any) -> Iterator[Datapath]:
         config = dataclasses.replace(config, **config_overrides)
         pins.ensure_bpffs(pin_dir)
         nodeport = loader.NodePortLB(config, loader.Features(set_retval=False))
+        if pods:
+            pod_lb = podlb.PodLB(config, loader.Features(set_retval=False))
         with KernelMapSet(pin_dir) as maps:
             maps.set_interface_addresses(
                 InterfaceAddresses(
@@ -188,8 +206,10 @@ def open_datapath(**config_overrides: Any) -> Iterator[Datapath]:
             }
             result = Reconciler(maps, hash_seed=config.hash_seed).apply(desired, full=True)
             assert result.errors == [] and result.added > 0
-            yield Datapath(netns, nodeport, maps, ifindex, config)
+            yield Datapath(netns, nodeport, maps, ifindex, config, pod_lb)
     finally:
+        if pod_lb is not None:
+            pod_lb.close()
         if nodeport is not None:
             nodeport.close()
         pins.remove_pins(pin_dir)
@@ -278,7 +298,7 @@ def prerequisite(name: str, program: Program) -> Case:
     same = f"{program.value}: {name}"
     if same in BY_ID:
         return BY_ID[same]
-    found = [case for case in pc.CASES if case.name == name]
+    found = [case for case in [*pc.CASES, *BY_ID.values()] if case.name == name]
     assert found, f"`after` names no case: {name!r}"
     return found[0]
 
@@ -458,7 +478,7 @@ def measure(dp: Datapath, m: Measurement) -> Timed:
     """Run `m` RUNS times (and REPEAT times in one syscall when that is honest) in the
     node's namespace; what the kernel answered."""
     frames = m.frames(dp.start(m.after, m.program))
-    fd = dp.nodeport.program_fd(PROGRAM_NAMES[m.program])
+    fd = dp.program_fd(m.program)
     run = testrun.run_xdp if m.program is Program.XDP else testrun.run_tc
     ifindex = dp.ifindex[m.link]
     before = dp.maps.counters()
