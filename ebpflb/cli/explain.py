@@ -32,6 +32,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         " sendmsg() on this node or in a pod (socket-LB)",
     )
     side.add_argument(
+        "--from-pod",
+        action="store_true",
+        help="a packet a pod sends without a socket hook's translation, through the"
+        " per-packet path on its interface (--pod-interfaces)",
+    )
+    side.add_argument(
         "--ingress",
         metavar="IFACE",
         help="like --from-outside, arriving on IFACE (its node address is the SNAT source)",
@@ -77,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         args.target,
         outside=args.from_outside or args.ingress is not None,
         ingress=args.ingress,
+        pod=args.from_pod,
         sendmsg=args.sendmsg,
         socket_cookie=args.socket_cookie,
         netns_cookie=args.netns_cookie,

@@ -2,7 +2,8 @@
 computed from the maps (read only).
 
 Each step function mirrors one decision of bpf/sock_lb.c (`Path.SOCKET`) or
-bpf/lib/nodeport.h (`Path.OUTSIDE`), in the order the C code takes them, and either
+bpf/lib/nodeport.h (`Path.OUTSIDE`; `Path.POD`, its pod-interface build, in pod.py), in
+the order the C code takes them, and either
 records what it found and returns None (go on) or returns the final Explanation. A new
 datapath step is one more function in SOCKET_STEPS/OUTSIDE_STEPS at the place the C code
 has it. Over 400 lines: the two paths share most steps, and splitting them across modules
@@ -257,6 +258,12 @@ def table(work: Work) -> Explanation | None:
     elif entry.flags & SvcFlags.ITP_LOCAL:
         why += " on this node (internalTrafficPolicy: Local)"
     work.note("table", f"empty (M=0): {why}")
+    if q.path is Path.POD:
+        return work.done(
+            Verdict.REJECTED,
+            f"{why}: answered with a TCP RST or ICMP port unreachable from the frontend, as"
+            " socket-LB refuses such a connect(); the client fails at once (ECONNREFUSED)",
+        )
     if q.path is Path.SOCKET:
         return work.done(
             Verdict.REFUSED,
@@ -625,7 +632,11 @@ def explain(
     """`affinity`: the pinned ebpflb_aff4 (explain.affinity.PinnedAffinity); None: not
     read (a frontend with session affinity then says the client's entry may decide)."""
     work = Work(query, maps, settings, affinity_table=affinity)
-    steps = SOCKET_STEPS if query.path is Path.SOCKET else OUTSIDE_STEPS
+    from ebpflb.explain.pod import POD_STEPS  # its steps build on this module's
+
+    steps = {Path.SOCKET: SOCKET_STEPS, Path.OUTSIDE: OUTSIDE_STEPS, Path.POD: POD_STEPS}[
+        query.path
+    ]
     for step in steps:
         found = step(work)
         if found is not None:

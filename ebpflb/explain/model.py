@@ -21,6 +21,9 @@ class Path(enum.Enum):
     SOCKET = "socket"
     # A packet arrives on one of the node's interfaces: the tc/XDP ingress program.
     OUTSIDE = "outside"
+    # A pod sends a packet no socket hook translated: the per-packet path on its interface
+    # (--pod-interfaces; bpf/nodeport.c built with EBPFLB_POD_PATH).
+    POD = "pod"
 
 
 class Verdict(enum.Enum):
@@ -58,6 +61,7 @@ def parse_query(
     *,
     outside: bool = False,
     ingress: str | None = None,
+    pod: bool = False,
     sendmsg: bool = False,
     socket_cookie: int | None = None,
     netns_cookie: int | None = None,
@@ -71,7 +75,8 @@ def parse_query(
     port, _, proto = rest.partition("/")
     if sendmsg and (proto or "TCP").upper() != "UDP":
         raise ConfigError(f"explain {target}: --sendmsg is for UDP (sendmsg4 sees UDP only)")
-    if netns_cookie is not None and (outside or ingress):
+    per_packet = outside or ingress is not None or pod
+    if netns_cookie is not None and per_packet:
         raise ConfigError(
             f"explain {target}: --netns-cookie is for socket-LB (tc/XDP key affinity by the"
             " client's address)"
@@ -79,7 +84,7 @@ def parse_query(
     try:
         vip, source = ip_address(address), ip_address(client_ip)
         mapped = vip.ipv4_mapped if isinstance(vip, IPv6Address) else None
-        if (outside or ingress) and (mapped is not None or vip.version != source.version):
+        if per_packet and (mapped is not None or vip.version != source.version):
             # A packet's two addresses are of one family; ::ffff:a.b.c.d is a dual-stack
             # socket's spelling, never on the wire.
             raise ValueError(
@@ -94,7 +99,7 @@ def parse_query(
             vip,
             _port(port if sep else "", "VIP:PORT"),
             Proto.parse(proto or "TCP"),
-            Path.OUTSIDE if outside or ingress else Path.SOCKET,
+            Path.POD if pod else Path.OUTSIDE if outside or ingress else Path.SOCKET,
             ingress,
             connected=not sendmsg,
             socket_cookie=socket_cookie,

@@ -8,6 +8,7 @@ from ebpflb.explain.model import Explanation, Path
 PATHS = {
     Path.SOCKET: "connect()/sendmsg() on this node (socket-LB)",
     Path.OUTSIDE: "a packet arriving on a node interface (tc/XDP)",
+    Path.POD: "a packet a pod sends, on its interface (the per-packet path, --pod-interfaces)",
 }
 
 

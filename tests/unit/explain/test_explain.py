@@ -666,3 +666,61 @@ def test_from_outside_the_two_addresses_are_of_one_family() -> None:
         parse_query("192.168.1.100:4000", "[::ffff:192.168.1.1]:30080", ingress="eth0")
     ok = parse_query(f"[{CLIENT6}]:4000", f"[{NODE6}]:30080", outside=True)
     assert ok.address == NODE6 and ok.path is Path.OUTSIDE
+
+
+# ---- the per-packet path on pods' interfaces (--from-pod) ----------------------------------
+
+
+def test_a_pod_packet_to_a_clusterip_is_dnated_by_the_flow_hash_keeping_its_address(
+    maps: FakeMapSet,
+) -> None:
+    entry = maps.services.data[frontend("10.96.0.10", 80)]
+    table = maps.slots.read(entry.table_off, entry.table_size)
+    client = "10.244.3.7"
+    seen = set()
+    for port in range(40000, 40040):
+        ex = explain(maps, parse_query(f"{client}:{port}", "10.96.0.10:80", pod=True), SETTINGS)
+        flow = Flow(
+            AddrPort(IPv4Address(client), port), AddrPort(IPv4Address("10.96.0.10"), 80), Proto.TCP
+        )
+        slot = flow4_hash(flow, SEED) % entry.table_size
+        assert ex.verdict is Verdict.TRANSLATED and ex.query.path is Path.POD
+        assert ex.backend is not None and ex.backend.backend_id == int(table[slot])
+        assert ex.nat is not None and not ex.nat.snat
+        seen.add(ex.backend.backend)
+    assert len(seen) == 4
+    assert "per-packet path" in render_text(ex)
+
+
+def test_a_pod_landing_on_itself_is_snated_to_the_node(maps: FakeMapSet) -> None:
+    entry = maps.services.data[frontend("10.96.0.10", 80)]
+    table = maps.slots.read(entry.table_off, entry.table_size)
+    # A port whose flow hash picks the client's own address: hairpin.
+    for port in range(40000, 41000):
+        for client in LOCAL:
+            flow = Flow(
+                AddrPort(IPv4Address(client), port),
+                AddrPort(IPv4Address("10.96.0.10"), 80),
+                Proto.TCP,
+            )
+            picked = maps.backends.data[int(table[flow4_hash(flow, SEED) % entry.table_size])]
+            if str(picked.backend.address) == client:
+                ex = explain(
+                    maps, parse_query(f"{client}:{port}", "10.96.0.10:80", pod=True), SETTINGS
+                )
+                assert ex.nat is not None and ex.nat.snat and "hairpin" in ex.nat.reason
+                assert ex.nat.source == str(NODE)
+                return
+    raise AssertionError("no port lands a local pod on itself")
+
+
+def test_a_pod_packet_to_a_clusterip_without_endpoints_is_answered(maps: FakeMapSet) -> None:
+    ex = explain(maps, parse_query("10.244.3.7:4000", "10.96.0.99:80", pod=True), SETTINGS)
+    assert ex.verdict is Verdict.REJECTED and "ECONNREFUSED" in ex.reason
+
+
+def test_from_pod_on_the_command_line() -> None:
+    args = parse_args(["explain", "10.244.3.7:4000", "10.96.0.10:80", "--from-pod"])
+    assert args.from_pod and not args.from_outside
+    with pytest.raises(SystemExit):
+        parse_args(["explain", "10.244.3.7", "10.96.0.10:80", "--from-pod", "--from-outside"])
