@@ -624,21 +624,3 @@ OUTSIDE_STEPS: Sequence[StepFn] = (
     outside_select,
     outside_nat,
 )
-
-
-def explain(
-    maps: MapSet, query: Query, settings: Settings, affinity: AffinityTable | None = None
-) -> Explanation:
-    """`affinity`: the pinned ebpflb_aff4 (explain.affinity.PinnedAffinity); None: not
-    read (a frontend with session affinity then says the client's entry may decide)."""
-    work = Work(query, maps, settings, affinity_table=affinity)
-    from ebpflb.explain.pod import POD_STEPS  # its steps build on this module's
-
-    steps = {Path.SOCKET: SOCKET_STEPS, Path.OUTSIDE: OUTSIDE_STEPS, Path.POD: POD_STEPS}[
-        query.path
-    ]
-    for step in steps:
-        found = step(work)
-        if found is not None:
-            return found
-    raise AssertionError("the last step always concludes")  # pragma: no cover
