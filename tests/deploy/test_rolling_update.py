@@ -173,6 +173,7 @@ def test_rolling_update_to_this_release_and_back_loses_no_connection(
     wait_until(lab, first, lambda: lab.http_status("/readyz") == 200, "ready")
     programs = agent_programs(lab)
     assert programs[0] > 0 and programs[1] > 0, programs
+    ids = lab.cgroup_programs()
     previous_record = pinlayout.read(lab.bpffs)
     # An ebpflb from before the record (layout 1) neither writes nor reads it.
     previous_layout = previous_record.layout if previous_record else pinlayout.UNVERSIONED
@@ -197,6 +198,9 @@ def test_rolling_update_to_this_release_and_back_loses_no_connection(
     status = lab.agent_status()["pin_layout"]
     assert status["found"] == previous_layout and status["layout"] == pinlayout.LAYOUT, status
     assert agent_programs(lab) == programs  # replaced or adopted, never added
+    replaced = lab.cgroup_programs() != ids
+    print(f"upgrade: socket-LB programs {'replaced' if replaced else 'adopted'}")
+    record_property("upgrade_replaced_programs", replaced)
 
     # Down: what the previous release does with this one's pins follows the record.
     expected = pinlayout.judge(
