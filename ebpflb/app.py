@@ -340,7 +340,13 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             )
         pinlayout.write(config.bpffs_dir)  # every map is in this agent's layout now
         status.programs_replaced(socket_lb.attach(cgroup))
-        log.info("socket-LB attached to cgroup %s; maps pinned under %s", cgroup, config.bpffs_dir)
+        status.socket_lb(config.socket_lb.value, socket_lb.netns_cookie or None)
+        log.info(
+            "socket-LB (%s) on cgroup %s; maps pinned under %s",
+            config.socket_lb.value,
+            cgroup,
+            config.bpffs_dir,
+        )
         _release_free_memory()  # what the compiler freed
         with KernelMapSet(config.bpffs_dir, config.slot_pool_size) as maps:
             snat = write_interface_maps(maps, InterfaceAddresses(), addresses, metrics)

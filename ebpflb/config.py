@@ -37,6 +37,17 @@ class XdpMode(enum.Enum):
     NATIVE = "native"  # XDP in the driver (veth, most 10G+ NICs), falling back to tc
 
 
+class SocketLbScope(enum.Enum):
+    """Which sockets socket-LB translates at connect()/sendmsg() (--socket-lb)."""
+
+    ALL = "all"  # every socket in the attached cgroup
+    # The agent's network namespace's only (the host's): pods' traffic keeps the ClusterIP
+    # until the per-packet path on their interfaces (--pod-interfaces), as service meshes'
+    # sidecars need (they intercept by destination, SO_ORIGINAL_DST).
+    HOSTNS_ONLY = "hostns-only"
+    OFF = "off"  # no socket programs attached
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     bpffs_dir: Path = DEFAULT_BPFFS_DIR
@@ -62,6 +73,7 @@ class Config:
     # path (ebpflb.datapath.programs.podlb), followed as pods come and go; (): none.
     pod_interfaces: tuple[str, ...] = ()
     xdp: XdpMode = XdpMode.OFF
+    socket_lb: SocketLbScope = SocketLbScope.ALL
     ct_max: int = 262144  # the limit conntrack grows to
     # Conntrack entries at start (1 MiB); doubled at a full resync that finds the table
     # half full, up to ct_max (ebpflb.datapath.maps.growable).

@@ -120,6 +120,12 @@
 /* Bytes for "namespace/name:port" in ebpflb_svcmeta: 63 + 1 + 63 + 1 + 15 = 143 (+ NUL). */
 #define EBPFLB_SVC_NAME_LEN 144
 
+/* --socket-lb=hostns-only: the network namespace cookie of the agent's namespace (the
+ * host's); socket-LB then translates only that namespace's sockets. 0: every socket. */
+#ifndef EBPFLB_SOCK_NETNS_COOKIE
+#define EBPFLB_SOCK_NETNS_COOKIE 0ULL
+#endif
+
 /* 1 when bpf/nodeport.c is compiled for pod interfaces (ebpflb_pod_in/out, the per-packet
  * ClusterIP path): frontends looked up as in-node clients see them, and SNAT only for a pod
  * reaching itself through its Service (hairpin). 0: the node's interfaces (NodePort). */

@@ -16,6 +16,16 @@ enum sys_verdict {
 	SYS_PROCEED = 1,
 };
 
+/* Whether socket-LB translates this socket: every socket, or with --socket-lb=hostns-only
+ * only those of the agent's (the host's) network namespace. A pod's are then left to the
+ * per-packet path on its interface, where a sidecar's iptables REDIRECT still sees the
+ * ClusterIP it asked for (SO_ORIGINAL_DST). Reverse translations need no check: a socket
+ * left alone has no reverse entry. */
+static __always_inline bool sock_in_scope(struct bpf_sock_addr *ctx)
+{
+	return !EBPFLB_SOCK_NETNS_COOKIE || bpf_get_netns_cookie(ctx) == EBPFLB_SOCK_NETNS_COOKIE;
+}
+
 /* Refuse a connect()/sendmsg() to a frontend without usable backend, counted. */
 static __always_inline enum sys_verdict sock_refuse(const struct lb_svc_val *svc)
 {
@@ -39,6 +49,8 @@ static __always_inline enum sys_verdict sock4_xlate_fwd(struct bpf_sock_addr *ct
 	__u32 backend_id;
 	__u64 client;
 
+	if (!sock_in_scope(ctx))
+		return SYS_PROCEED;
 	svc = lb4_lookup_service_in_node(vaddr, vport, (__u8)ctx->protocol);
 	if (!svc)
 		return SYS_PROCEED; /* not a frontend: leave the socket alone */
@@ -133,6 +145,8 @@ static __always_inline enum sys_verdict sock6_xlate_fwd(struct bpf_sock_addr *ct
 		}
 		return verdict;
 	}
+	if (!sock_in_scope(ctx))
+		return SYS_PROCEED;
 	svc = lb6_lookup_service_in_node(vaddr, vport, (__u8)ctx->protocol);
 	if (!svc)
 		return SYS_PROCEED;

@@ -51,7 +51,6 @@ examples:
 """
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ebpflb",

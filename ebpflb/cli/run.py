@@ -11,7 +11,7 @@ from typing import Any
 
 from ebpflb.cli import configfile
 from ebpflb.cli.common import DEFAULTS, add_config_arg, add_datapath_args, interfaces, port_range
-from ebpflb.config import Config, XdpMode
+from ebpflb.config import Config, SocketLbScope, XdpMode
 from ebpflb.errors import ConfigError
 from ebpflb.host import privileges
 
@@ -177,6 +177,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "node's IPv4 addresses; empty: none, socket-LB only)",
     )
     run.add_argument(
+        "--socket-lb",
+        type=SocketLbScope,
+        choices=list(SocketLbScope),
+        default=SocketLbScope.ALL,
+        metavar="{all,hostns-only,off}",
+        help="sockets translated at connect(): all, the host network namespace's only"
+        " (pods' then per packet with --pod-interfaces: service-mesh sidecars see the"
+        " ClusterIP), or none",
+    )
+    run.add_argument(
         "--pod-interfaces",
         type=interfaces,
         default=(),
@@ -218,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
         node_name=node_name(args.node_name),
         interfaces=args.interfaces,
         pod_interfaces=args.pod_interfaces,
+        socket_lb=args.socket_lb,
         xdp=args.xdp,
         **_snat_ports(args.snat_port_range),
         **_nodeport_fields({field: getattr(args, field) for _, field, _, _ in _CONFIG_FLAGS}),

@@ -112,6 +112,7 @@ class AgentStatus:
         self._replaced = 0
         self._interfaces: dict[str, str] = {}
         self._pod_interfaces: dict[str, Any] = {}
+        self._socket_lb: dict[str, Any] = {}
         self._syncs = 0
         self._first: SyncRecord | None = None
         self._last: SyncRecord | None = None
@@ -153,6 +154,12 @@ class AgentStatus:
         """The XDP mode ("native", "generic", or "off": tc only) each interface got."""
         with self._lock:
             self._interfaces.update(xdp_modes)
+
+    def socket_lb(self, scope: str, netns_cookie: int | None) -> None:
+        """--socket-lb's scope ("all", "hostns-only", "off") and, for hostns-only, the
+        network namespace cookie the programs translate for."""
+        with self._lock:
+            self._socket_lb = {"scope": scope, "netns_cookie": netns_cookie}
 
     def pod_interfaces(
         self, patterns: Sequence[str], attached: Sequence[str], failed: Sequence[str]
@@ -291,6 +298,7 @@ class AgentStatus:
                 },
                 "interfaces": {name: {"xdp": mode} for name, mode in self._interfaces.items()},
                 "pod_interfaces": dict(self._pod_interfaces) or None,
+                "socket_lb": dict(self._socket_lb) or None,
                 "features": {key: dict(value) for key, value in self._features.items()},
                 "pin_layout": dict(self._pin_layout) or None,
             }

@@ -44,7 +44,7 @@ KUBE_PROXY_FIGURES = {
 _KNOWN = {
     "ready", "healthy", "process_start", "phases", "compile_seconds", "lists", "sync",
     "frontends", "frontend_changes", "programs", "interfaces", "problems", "pin_layout",
-    "pod_interfaces",
+    "pod_interfaces", "socket_lb",
 }  # fmt: skip
 
 
@@ -303,6 +303,13 @@ def _agent_lines(
     if interfaces:
         shown = ", ".join(f"{name} (xdp {i['xdp']})" for name, i in interfaces.items())
         lines.append(f"interfaces  {shown}")
+    scope = status.get("socket_lb")
+    if scope and scope.get("scope") != "all":
+        cookie = scope.get("netns_cookie")
+        lines.append(
+            f"socket-LB   {scope['scope']}"
+            + (f" (the network namespace with cookie {cookie})" if cookie else "")
+        )
     pod = status.get("pod_interfaces")
     if pod:
         attached = pod.get("attached") or []

@@ -467,8 +467,6 @@ class Agent:
         self.runner.loop(stop)
 
 
-
-
 def _name_of(obj: Any) -> str:
     """namespace/name for a message about an object translation choked on, if it has one."""
     try:

@@ -138,6 +138,10 @@ PLACEMENTS: Sequence[Placement] = (
     _covered("podpath/test_pod_path.py"),
     _covered("podpath/test_pod_path_two_nodes.py"),
     _covered("podpath/test_pod_packets.py"),
+    # bpf_get_netns_cookie() in sock_addr programs is 5.7+ (both lines have it, and
+    # test_socket_lb's affinity cases use it there); the agent's own cookie
+    # (SO_NETNS_COOKIE) is 5.14+, so hostns-only runs on the host's kernel only.
+    _covered("socketlb/test_socket_lb_scope.py"),
     # The tc path's SNAT and FIB lookup through a VXLAN device: test_nodeport's on each line.
     _covered("nodeport/test_overlay.py"),
     _covered("datapath/test_progcache.py"),

@@ -55,9 +55,11 @@ DEFINES: tuple[Define, ...] = (
 HAVE_SET_RETVAL = "EBPFLB_HAVE_SET_RETVAL"
 HAVE_SK_STORAGE = "EBPFLB_HAVE_SK_STORAGE"
 FEATURE_MACROS = (HAVE_SET_RETVAL, HAVE_SK_STORAGE)
-# Set per program variant (podlb.PodLB): bpf/nodeport.c built for pods' interfaces.
+# Set per program variant: bpf/nodeport.c built for pods' interfaces (podlb.PodLB); the
+# agent's network namespace cookie for --socket-lb=hostns-only (loader.SocketLB).
 POD_PATH = "EBPFLB_POD_PATH"
-VARIANT_MACROS = (POD_PATH,)
+SOCK_NETNS_COOKIE = "EBPFLB_SOCK_NETNS_COOKIE"
+VARIANT_MACROS = (POD_PATH, SOCK_NETNS_COOKIE)
 
 
 def cflags(config: Config) -> list[str]:

@@ -296,8 +296,7 @@ class KernelMapSet:
     def interface_mtus(self) -> dict[int, int]:
         pinned = self._pins[MapName.IFACE_MTUS]
         return {
-            int(k.value): int(v.value)
-            for k, v in raw_items(pinned.fd, ct.c_uint32, ct.c_uint32)
+            int(k.value): int(v.value) for k, v in raw_items(pinned.fd, ct.c_uint32, ct.c_uint32)
         }
 
     def interface_addresses(self) -> InterfaceAddresses:

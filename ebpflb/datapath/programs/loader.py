@@ -20,19 +20,21 @@ import enum
 import errno
 import logging
 import os
+import socket
+import struct
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from ebpflb.config import Config, XdpMode
+from ebpflb.config import Config, SocketLbScope, XdpMode
 from ebpflb.datapath import contract, probes
 from ebpflb.datapath.maps import growable, pins
 from ebpflb.datapath.programs import netdev, programset
 from ebpflb.datapath.programs.programset import Function, Origin, ProgramSet
 from ebpflb.datapath.syscall import bpfsys, uapi
-from ebpflb.errors import AttachError, BpfLoadError
+from ebpflb.errors import AttachError, BpfLoadError, KernelSetupError
 
 log = logging.getLogger(__name__)
 
@@ -95,19 +97,45 @@ def probe_features() -> Features:
     return Features.from_report(probes.probe())
 
 
+def own_netns_cookie() -> int:
+    """This process's network namespace cookie, as bpf_get_netns_cookie() gives it to the
+    programs (SO_NETNS_COOKIE, Linux 5.14)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8)
+        except OSError as exc:
+            raise KernelSetupError(
+                "--socket-lb=hostns-only needs this network namespace's cookie, which the"
+                f" kernel gives from Linux 5.14 (SO_NETNS_COOKIE); this one does not"
+                f" ({exc.strerror}): use --socket-lb=all, or off with --pod-interfaces"
+            ) from exc
+    return int(struct.unpack("=Q", raw)[0])
+
+
+SO_NETNS_COOKIE = 71  # asm-generic/socket.h
+
+
 class SocketLB:
-    """The socket-LB programs; attaching leaves them in the kernel after exit."""
+    """The socket-LB programs; attaching leaves them in the kernel after exit. With
+    --socket-lb=hostns-only they are built for the agent's network namespace (its cookie);
+    with off they are loaded (their maps serve the other programs too) but not attached."""
 
     def __init__(self, config: Config, features: Features | None = None) -> None:
         self.config = config
         self.features = features or probe_features()
+        self.netns_cookie = (
+            own_netns_cookie() if config.socket_lb is SocketLbScope.HOSTNS_ONLY else 0
+        )
         pins.ensure_bpffs(config.bpffs_dir)
         pins.drop_incompatible(config)
         growable.ensure(config)  # the programs reach growable maps through pinned ref maps
         started = time.monotonic()
+        scope = (
+            [f"-D{contract.SOCK_NETNS_COOKIE}={self.netns_cookie}ULL"] if self.netns_cookie else []
+        )
         self.programs = ProgramSet(
             BPF_DIR / "sock_lb.c",
-            contract.cflags(config) + self.features.cflags(),
+            contract.cflags(config) + self.features.cflags() + scope,
             [
                 Function(
                     hook.function,
@@ -136,7 +164,16 @@ class SocketLB:
 
     def attach(self, cgroup: Path) -> int:
         """Attach to `cgroup` (where not attached yet), then detach any other ebpflb
-        programs there (a previous agent's); how many were replaced."""
+        programs there (a previous agent's); how many were replaced. With
+        --socket-lb=off, only the detaching."""
+        if self.config.socket_lb is SocketLbScope.OFF:
+            fd = _open_cgroup(cgroup)
+            try:
+                detached = _detach_ebpflb_programs(fd, cgroup)
+            finally:
+                os.close(fd)
+            self.programs.commit_pins()
+            return detached
         fd = _open_cgroup(cgroup)
         try:
             mine = set()

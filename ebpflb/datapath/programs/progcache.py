@@ -265,7 +265,6 @@ def close_fds(fds: Sequence[int]) -> None:
             os.close(fd)
 
 
-
 def _create_map(m: MapRecord) -> int:
     """A new map of the recorded shape. Socket storage must be described by BTF (an int key,
     a value of its size), which BCC derives from the source: here, a value of bytes."""

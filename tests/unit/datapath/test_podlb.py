@@ -1,9 +1,12 @@
 """Which interfaces get the per-packet ClusterIP path (ebpflb/datapath/programs/podlb.py),
-and the --pod-interfaces option."""
+and the --pod-interfaces and --socket-lb options."""
 
 from __future__ import annotations
 
+import pytest
+
 from ebpflb.cli import parse_args
+from ebpflb.config import SocketLbScope
 from ebpflb.datapath.programs import podlb
 from ebpflb.datapath.programs.netdev import Interface
 
@@ -26,3 +29,14 @@ def test_pod_interfaces_option_takes_a_comma_list_and_defaults_to_none() -> None
     assert parse_args(["run", "--manifests", "x"]).pod_interfaces == ()
     args = parse_args(["run", "--manifests", "x", "--pod-interfaces", "veth*,cali*"])
     assert args.pod_interfaces == ("veth*", "cali*")
+
+
+def test_socket_lb_scope_option_and_its_refusal_of_other_values(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse_args(["run", "--manifests", "x"]).socket_lb is SocketLbScope.ALL
+    args = parse_args(["run", "--manifests", "x", "--socket-lb", "hostns-only"])
+    assert args.socket_lb is SocketLbScope.HOSTNS_ONLY
+    with pytest.raises(SystemExit):
+        parse_args(["run", "--manifests", "x", "--socket-lb", "pods"])
+    assert "--socket-lb" in capsys.readouterr().err
