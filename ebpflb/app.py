@@ -355,6 +355,9 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
                 status.interfaces_attached({name: mode.value for name, mode in modes.items()})
             links = podlb.follow(pod_lb, status.pod_interfaces) if pod_lb else None
             status.phase_done(Phase.ATTACHED)
+            for programs in (socket_lb, nodeport, pod_lb):
+                if programs is not None:
+                    status.program_ids(programs.program_ids())
             registry.register(DatapathCollector(maps.counters))
             registry.register(
                 ServiceCounterCollector(

@@ -113,6 +113,7 @@ class AgentStatus:
         self._interfaces: dict[str, str] = {}
         self._pod_interfaces: dict[str, Any] = {}
         self._socket_lb: dict[str, Any] = {}
+        self._program_ids: dict[str, int] = {}
         self._syncs = 0
         self._first: SyncRecord | None = None
         self._last: SyncRecord | None = None
@@ -154,6 +155,11 @@ class AgentStatus:
         """The XDP mode ("native", "generic", or "off": tc only) each interface got."""
         with self._lock:
             self._interfaces.update(xdp_modes)
+
+    def program_ids(self, ids: Mapping[str, int]) -> None:
+        """Each loaded program's id (function name -> id, for `bpftool prog show id N`)."""
+        with self._lock:
+            self._program_ids.update(ids)
 
     def socket_lb(self, scope: str, netns_cookie: int | None) -> None:
         """--socket-lb's scope ("all", "hostns-only", "off") and, for hostns-only, the
@@ -295,6 +301,7 @@ class AgentStatus:
                     "replaced_previous": self._replaced,
                     "origin": dict(self._origin),
                     "headers": dict(self._headers),
+                    "ids": dict(sorted(self._program_ids.items())),
                 },
                 "interfaces": {name: {"xdp": mode} for name, mode in self._interfaces.items()},
                 "pod_interfaces": dict(self._pod_interfaces) or None,

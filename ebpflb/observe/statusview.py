@@ -323,6 +323,9 @@ def _agent_lines(
             + (f"; {len(pod['failed'])} failed: {pod['failed'][0]}" if pod.get("failed") else "")
         )
     programs = status.get("programs") or {}
+    ids = programs.get("ids") or {}
+    if ids:
+        lines.append("program ids " + ", ".join(f"{name} {id_}" for name, id_ in ids.items()))
     shown_parts = [f"{name} {how}" for name, how in (programs.get("origin") or {}).items()]
     replaced = programs.get("replaced_previous")
     if replaced:

@@ -162,6 +162,9 @@ class SocketLB:
     def program_fds(self) -> dict[str, int]:
         return dict(self.programs.fds)
 
+    def program_ids(self) -> dict[str, int]:
+        return self.programs.ids()
+
     def attach(self, cgroup: Path) -> int:
         """Attach to `cgroup` (where not attached yet), then detach any other ebpflb
         programs there (a previous agent's); how many were replaced. With
@@ -284,6 +287,10 @@ class NodePortLB:
         if self.xdp_programs is not None:
             self.xdp_programs.commit_pins()
         return modes
+
+    def program_ids(self) -> dict[str, int]:
+        sets = [self.programs, *([self.xdp_programs] if self.xdp_programs else [])]
+        return {name: id_ for s in sets for name, id_ in s.ids().items()}
 
     def program_fd(self, name: str) -> int:
         """The fd of one loaded program (INGRESS, EGRESS, or XDP when config.xdp is not

@@ -80,6 +80,9 @@ class PodLB:
     def headers(self) -> str:
         return self.programs.headers
 
+    def program_ids(self) -> dict[str, int]:
+        return self.programs.ids()
+
     @property
     def attached(self) -> list[str]:
         with self._lock:

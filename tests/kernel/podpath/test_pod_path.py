@@ -191,3 +191,7 @@ def test_status_names_the_pod_interfaces_and_tc_holds_both_programs(node: Node) 
         capture_output=True, text=True, timeout=30, check=True,
     ).stdout  # fmt: skip
     assert "ebpflb_pod_in" in shown
+    # /status names every loaded program's id, as bpftool and tc show them.
+    ids = status["programs"]["ids"]
+    assert f"id {ids['ebpflb_pod_in']} " in shown
+    assert {"ebpflb_connect4", "ebpflb_pod_out"} <= set(ids)

@@ -74,6 +74,7 @@ def test_startup_phases_and_figures(status: AgentStatus, clock: FakeClock) -> No
     )
     status.compiled("nodeport", 0.52, Phase.NODEPORT_COMPILED)
     status.programs_replaced(4)
+    status.program_ids({"ebpflb_np_in": 41, "ebpflb_connect4": 40})
     status.interfaces_attached({"eth0": "native", "eth1": "off"})
     clock.advance(0.5)
     status.phase_done(Phase.ATTACHED)
@@ -91,6 +92,7 @@ def test_startup_phases_and_figures(status: AgentStatus, clock: FakeClock) -> No
         "replaced_previous": 4,
         "origin": {"socket_lb": "loaded"},
         "headers": {"socket_lb": "bundled /usr/share/h (6.1.0)"},
+        "ids": {"ebpflb_connect4": 40, "ebpflb_np_in": 41},
     }
     assert document["interfaces"] == {"eth0": {"xdp": "native"}, "eth1": {"xdp": "off"}}
     assert document["problems"]["source_errors"] == ["a.yaml document 2: bad"]
