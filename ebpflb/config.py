@@ -37,6 +37,11 @@ class XdpMode(enum.Enum):
     NATIVE = "native"  # XDP in the driver (veth, most 10G+ NICs), falling back to tc
 
 
+# Pods' host-side interface names of common CNIs: veth-based ones (bridge, flannel, kindnet,
+# Weave: veth*), Calico (cali*), Cilium (lxc*), AWS VPC CNI (eni*), GKE (gke*), Azure (azv*).
+DEFAULT_POD_INTERFACES = ("veth*", "cali*", "lxc*", "eni*", "gke*", "azv*")
+
+
 class SocketLbScope(enum.Enum):
     """Which sockets socket-LB translates at connect()/sendmsg() (--socket-lb)."""
 
@@ -71,7 +76,7 @@ class Config:
     interfaces: tuple[str, ...] | None = None
     # Name patterns (fnmatch) of pods' host-side interfaces that get the per-packet ClusterIP
     # path (ebpflb.datapath.programs.podlb), followed as pods come and go; (): none.
-    pod_interfaces: tuple[str, ...] = ()
+    pod_interfaces: tuple[str, ...] = DEFAULT_POD_INTERFACES
     xdp: XdpMode = XdpMode.OFF
     socket_lb: SocketLbScope = SocketLbScope.ALL
     ct_max: int = 262144  # the limit conntrack grows to

@@ -189,11 +189,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     run.add_argument(
         "--pod-interfaces",
         type=interfaces,
-        default=(),
+        default=DEFAULTS.pod_interfaces,
         metavar="GLOB[,GLOB]",
-        help="pods' host-side interfaces (name patterns, e.g. 'veth*,cali*,lxc*') whose"
-        " traffic to ClusterIPs is translated per packet, for what no socket hook sees"
-        " (default: none)",
+        help="pods' host-side interfaces (name patterns) whose traffic to ClusterIPs is"
+        " translated per packet, for what no socket hook sees (default: "
+        + ",".join(DEFAULTS.pod_interfaces)
+        + "; empty: none)",
     )
     run.add_argument(
         "--snat-port-range",

@@ -25,10 +25,12 @@ def test_no_pattern_matches_nothing() -> None:
     assert podlb.matching(links("veth0", "eth0"), ()) == []
 
 
-def test_pod_interfaces_option_takes_a_comma_list_and_defaults_to_none() -> None:
-    assert parse_args(["run", "--manifests", "x"]).pod_interfaces == ()
+def test_pod_interfaces_option_takes_a_comma_list_and_defaults_to_common_cnis() -> None:
+    default = parse_args(["run", "--manifests", "x"]).pod_interfaces
+    assert {"veth*", "cali*", "lxc*", "eni*", "gke*", "azv*"} == set(default)
     args = parse_args(["run", "--manifests", "x", "--pod-interfaces", "veth*,cali*"])
     assert args.pod_interfaces == ("veth*", "cali*")
+    assert parse_args(["run", "--manifests", "x", "--pod-interfaces="]).pod_interfaces == ()
 
 
 def test_socket_lb_scope_option_and_its_refusal_of_other_values(
