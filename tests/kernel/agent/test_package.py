@@ -122,6 +122,7 @@ def test_installed_agent_translates_a_clusterip(
             "--cgroup",
             str(cgroup.path),
             "--interfaces=",
+            "--pod-interfaces=",  # in this namespace: never the machine's interfaces
             "--metrics-bind-address=",
         ],
         cwd=installed,
