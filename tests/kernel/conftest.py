@@ -163,8 +163,9 @@ def wait_backends(
 
 def programs_but_headers(status: dict[str, Any]) -> dict[str, Any]:
     """/status's `programs` without `headers` (which tree compiled them, where recorded:
-    tests/kernel/datapath/test_headers.py's subject)."""
-    return {k: v for k, v in status["programs"].items() if k != "headers"}
+    tests/kernel/datapath/test_headers.py's subject) and `ids` (the kernel's program ids:
+    test_restart_adopt.py and podpath/test_pod_path.py check them against the attached)."""
+    return {k: v for k, v in status["programs"].items() if k not in ("headers", "ids")}
 
 
 def headers_here() -> str:
