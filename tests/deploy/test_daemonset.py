@@ -85,9 +85,10 @@ def test_agent_syncs_and_serves_clusterip_and_nodeport(lab: Lab) -> None:
     assert served(lab.nodeport()) <= set(PODS)
     # connect, sendmsg, recvmsg and getpeername, for IPv4 and for IPv6
     assert len(lab.cgroup_programs()) == 8
-    # Compiled with the image's header tree: the pod mounts none of the node's.
+    # Compiled with the image's header tree: the pod mounts none of the node's. The
+    # per-packet pod path is on by default (--pod-interfaces), so it is compiled too.
     headers = lab.agent_status()["programs"]["headers"]
-    assert set(headers) == {"socket_lb", "nodeport"}, headers
+    assert set(headers) == {"socket_lb", "nodeport", "pod"}, headers
     assert all(h.startswith("bundled /usr/share/ebpflb/kernel-headers (") for h in headers.values())
     # Changes through the API reach the node (the watch, not only the first list).
     api_objects = web_objects()
