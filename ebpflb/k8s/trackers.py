@@ -7,11 +7,18 @@ Sources call ``update(obj)``/``delete(ref)`` from their own threads; the sync lo
 state the change is dropped, so a flapping object costs no map write. Several slices of one
 Service are merged before comparing. Both sources (manifests, Kubernetes) feed the same
 trackers: one code path from objects to maps.
+
+The sync reads the *synced* view: the state as of its ``take_changes()`` (kube-proxy's
+serviceMap, updated with the changes at the start of a sync). An update recorded while a
+sync runs stays pending against what that sync programs; were the sync to read the latest
+state instead, a later update back to the older state would cancel out against a baseline
+the datapath no longer has, and wait for the next full resync.
 """
 
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -35,7 +42,7 @@ class ServiceState:
     endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]]
 
 
-class _ChangeLog(Generic[T]):
+class _ChangeLog(ABC, Generic[T]):
     """Per Service, its state at the last sync while it differs from the current one."""
 
     def __init__(self) -> None:
@@ -43,11 +50,18 @@ class _ChangeLog(Generic[T]):
         self._previous: dict[NamespacedName, T] = {}
 
     def take_changes(self) -> set[NamespacedName]:
-        """The Services changed since the last call (the sync about to run)."""
+        """The Services changed since the last call (the sync about to run); their latest
+        state becomes the synced view the sync reads."""
         with self._lock:
             changed = set(self._previous)
+            for ref in changed:
+                self._commit(ref)
             self._previous.clear()
             return changed
+
+    @abstractmethod
+    def _commit(self, ref: NamespacedName) -> None:
+        """Copy one Service's latest state into the synced view (lock held)."""
 
     def pending(self) -> int:
         with self._lock:
@@ -59,7 +73,8 @@ class ServiceTracker(_ChangeLog[PortMap]):
 
     def __init__(self) -> None:
         super().__init__()
-        self._services: dict[NamespacedName, ServiceTranslation] = {}
+        self._latest: dict[NamespacedName, ServiceTranslation] = {}
+        self._synced: dict[NamespacedName, ServiceTranslation] = {}
 
     def update(self, translation: ServiceTranslation) -> bool:
         """Record a translated Service; True when something is now pending."""
@@ -71,27 +86,41 @@ class ServiceTracker(_ChangeLog[PortMap]):
             return self._record(ref, None)
 
     def _record(self, ref: NamespacedName, new: ServiceTranslation | None) -> bool:
-        old = self._services.get(ref)
+        old = self._latest.get(ref)
         self._previous.setdefault(ref, dict(old.ports) if old else {})
         if new is None:
-            self._services.pop(ref, None)
+            self._latest.pop(ref, None)
         else:
-            self._services[ref] = new
+            self._latest[ref] = new
         if self._previous[ref] == (dict(new.ports) if new else {}):
-            del self._previous[ref]  # cancelled out
+            del self._previous[ref]  # cancelled out: the same ports as synced
+            self._commit(ref)  # what else changed (a skip reason) programs nothing
         return bool(self._previous)
 
+    def _commit(self, ref: NamespacedName) -> None:
+        latest = self._latest.get(ref)
+        if latest is None:
+            self._synced.pop(ref, None)
+        else:
+            self._synced[ref] = latest
+
     def get(self, ref: NamespacedName) -> ServiceTranslation | None:
+        """The Service as of the last take_changes (what the sync programs)."""
         with self._lock:
-            return self._services.get(ref)
+            return self._synced.get(ref)
+
+    def latest(self, ref: NamespacedName) -> ServiceTranslation | None:
+        """The Service as last recorded, synced or not (for reporting an update)."""
+        with self._lock:
+            return self._latest.get(ref)
 
     def refs(self) -> set[NamespacedName]:
         with self._lock:
-            return set(self._services)
+            return set(self._synced)
 
     def skipped(self) -> dict[NamespacedName, str]:
         with self._lock:
-            return {ref: t.skipped for ref, t in self._services.items() if t.skipped}
+            return {ref: t.skipped for ref, t in self._synced.items() if t.skipped}
 
 
 class EndpointSliceTracker(_ChangeLog[tuple[SliceTranslation, ...]]):
@@ -108,6 +137,7 @@ class EndpointSliceTracker(_ChangeLog[tuple[SliceTranslation, ...]]):
         self.start_time = start_time
         self._slices: dict[NamespacedName, SliceTranslation] = {}
         self._by_service: dict[NamespacedName, dict[NamespacedName, SliceTranslation]] = {}
+        self._synced: dict[NamespacedName, tuple[SliceTranslation, ...]] = {}
         self._trigger_times: dict[NamespacedName, list[float]] = {}
         self._updates = 0  # slice updates that changed something, since the last sync
 
@@ -168,14 +198,23 @@ class EndpointSliceTracker(_ChangeLog[tuple[SliceTranslation, ...]]):
             del self._by_service[service]
         if self._previous[service] == _merged(group):
             del self._previous[service]
+            self._commit(service)  # trigger times aside, the same slices as synced
+
+    def _commit(self, ref: NamespacedName) -> None:
+        group = self._by_service.get(ref)
+        if group:
+            self._synced[ref] = _merged(group)
+        else:
+            self._synced.pop(ref, None)
 
     def slices_for(self, service: NamespacedName) -> tuple[SliceTranslation, ...]:
+        """The Service's slices as of the last take_changes (what the sync programs)."""
         with self._lock:
-            return _merged(self._by_service.get(service, {}))
+            return self._synced.get(service, ())
 
     def services(self) -> set[NamespacedName]:
         with self._lock:
-            return set(self._by_service)
+            return set(self._synced)
 
 
 def _merged(group: Mapping[NamespacedName, SliceTranslation]) -> tuple[SliceTranslation, ...]:

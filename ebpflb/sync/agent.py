@@ -174,7 +174,7 @@ class Agent:
             self._changed()
 
     def _service_updated(self, translation: ServiceTranslation) -> bool:
-        previous = self.services.get(translation.ref)
+        previous = self.services.latest(translation.ref)
         if translation.skipped and (previous is None or previous.skipped != translation.skipped):
             log.info("skipping service %s: %s", translation.ref, translation.skipped)
         # What is left out of a Service is reported when it first is, not at every update.

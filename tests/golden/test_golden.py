@@ -73,6 +73,7 @@ def run_case(files: dict[str, str], tmp_path: Path) -> dict[str, Any]:
                 slices.update(translate_slice(obj))
         except InvalidObjectError as exc:
             errors.append(str(exc))
+    services.take_changes(), slices.take_changes()  # what a sync reads
     desired: dict[NamespacedName, dict[Frontend, DesiredFrontend]] = {}
     for ref in sorted(services.refs()):
         state = service_state(services, slices, ref)

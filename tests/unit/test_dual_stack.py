@@ -75,6 +75,7 @@ def state_of(svc: dict[str, Any], slice_objs: list[dict[str, Any]]) -> ServiceSt
     services.update(translate_service(svc))
     for obj in slice_objs:
         tracked.update(translate_slice(obj))
+    services.take_changes(), tracked.take_changes()  # what a sync reads
     state = service_state(services, tracked, WEB)
     assert state is not None
     return state
