@@ -90,12 +90,7 @@ ROWS: tuple[Row, ...] = (
         "service.go",
         S + "should preserve source pod IP for traffic thru service cluster IP [LinuxOnly]",
     ),
-    Row(
-        "service.go",
-        S + "should allow pods to hairpin back to themselves through services",
-        differs="socket-LB's hairpin: translated at connect(), the pod reaches its own address;"
-        " a per-packet path's hairpin (SNAT back through the node, issue 23) is not covered",
-    ),
+    Row("service.go", S + "should allow pods to hairpin back to themselves through services"),
     Row("service.go", S + "should be able to up and down services"),
     Row("service.go", S + "should work after the service has been recreated"),
     _later("service.go", S + "should work after restarting kube-proxy [Disruptive]"),

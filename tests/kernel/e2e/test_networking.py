@@ -59,6 +59,7 @@ def granular(e2e: E2E, origin: str, mode: str) -> None:
         eventually(lambda t=target: every_endpoint(dial(e2e, origin, mode, t)), f"{target}")
 
 
+@pytest.mark.pod_clients
 @pytest.mark.parametrize(
     ("origin", "mode"),
     [
@@ -67,12 +68,6 @@ def granular(e2e: E2E, origin: str, mode: str) -> None:
         ),
         pytest.param(
             "pod", "udp", marks=pytest.mark.upstream(G + "should function for pod-Service: udp")
-        ),
-        pytest.param(
-            "node", "tcp", marks=pytest.mark.upstream(G + "should function for node-Service: http")
-        ),
-        pytest.param(
-            "node", "udp", marks=pytest.mark.upstream(G + "should function for node-Service: udp")
         ),
         pytest.param(
             "endpoint",
@@ -90,6 +85,22 @@ def test_granular_service_checks(e2e: E2E, origin: str, mode: str) -> None:
     granular(e2e, origin, mode)
 
 
+NODE_HTTP, NODE_UDP = (G + "should function for node-Service: " + m for m in ("http", "udp"))
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("tcp", marks=pytest.mark.upstream(NODE_HTTP)),
+        pytest.param("udp", marks=pytest.mark.upstream(NODE_UDP)),
+    ],
+)
+def test_granular_node_service_checks(e2e: E2E, mode: str) -> None:
+    """A hostNetwork test container: the same on both datapaths (socket-LB in the node)."""
+    granular(e2e, "node", mode)
+
+
+@pytest.mark.pod_clients
 @pytest.mark.parametrize(
     "mode",
     [
@@ -113,6 +124,7 @@ def test_handle_large_requests(e2e: E2E, mode: str) -> None:
     eventually(lambda: whole(dial(e2e, "pod", mode, target, "--size", "2000")), "2,000 bytes")
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(G + "should function for multiple endpoint-Services with same selector")
 def test_multiple_endpoint_services_with_same_selector(e2e: E2E) -> None:
     """A second Service over the same pods: both ClusterIPs reach every endpoint."""
@@ -124,6 +136,7 @@ def test_multiple_endpoint_services_with_same_selector(e2e: E2E) -> None:
             eventually(lambda m=mode, t=target: every_endpoint(dial(e2e, "pod", m, t)), target)
 
 
+@pytest.mark.pod_clients
 @pytest.mark.parametrize(
     "mode",
     [

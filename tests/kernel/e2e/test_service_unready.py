@@ -63,6 +63,7 @@ def rounds(e2e: E2E, a: Allocation, check: Any, what: str) -> None:
             time.sleep(ROUND_INTERVAL)
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should be able to connect to terminating and unready endpoints if"
     " PublishNotReadyAddresses is true"
@@ -76,6 +77,7 @@ def test_connect_to_terminating_and_unready_endpoints_if_publish_not_ready(e2e: 
     rounds(e2e, a, lambda rs: answers(rs) == ["pod21"] * 6, "terminating pod served")
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should not be able to connect to terminating and unready endpoints if"
     " PublishNotReadyAddresses is false"
@@ -89,6 +91,7 @@ def test_not_connect_to_terminating_and_unready_endpoints_if_not_published(e2e: 
     rounds(e2e, a, lambda rs: not any(r["ok"] for r in rs), "terminating pod not served")
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should be rejected for evicted pods (no endpoints exist)")
 def test_rejected_for_evicted_pods(e2e: E2E) -> None:
     """The only pod evicted (publishNotReadyAddresses on): the controller drops it, and
