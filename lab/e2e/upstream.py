@@ -170,25 +170,25 @@ ROWS: tuple[Row, ...] = (
         " [Serial]",
     ),
     # conntrack.go
-    _later(
+    Row(
         "conntrack.go",
         C + "should be able to preserve UDP traffic when server pod cycles for a NodePort service",
     ),
-    _later(
+    Row(
         "conntrack.go",
         C + "should be able to preserve UDP traffic when server pod cycles for a ClusterIP service",
     ),
-    _later(
+    Row(
         "conntrack.go",
         C + "should be able to preserve UDP traffic when server pod cycles for a ClusterIP"
         " service and client is hostNetwork",
     ),
-    _later(
+    Row(
         "conntrack.go",
         C + "should be able to preserve UDP traffic when server pod cycles for a ClusterIP"
         " service with InternalTrafficPolicy set to Local",
     ),
-    _later(
+    Row(
         "conntrack.go",
         C + "should be able to preserve UDP traffic when initial unready endpoints get ready",
     ),
