@@ -93,7 +93,7 @@ ROWS: tuple[Row, ...] = (
     Row("service.go", S + "should allow pods to hairpin back to themselves through services"),
     Row("service.go", S + "should be able to up and down services"),
     Row("service.go", S + "should work after the service has been recreated"),
-    _later("service.go", S + "should work after restarting kube-proxy [Disruptive]"),
+    Row("service.go", S + "should work after restarting kube-proxy [Disruptive]"),
     _later("service.go", S + "should work after restarting apiserver [Disruptive]"),
     Row(
         "service.go",
@@ -164,7 +164,7 @@ ROWS: tuple[Row, ...] = (
         S + "should fallback to local terminating endpoints when there are no ready endpoints"
         " with externalTrafficPolicy=Local",
     ),
-    _later(
+    Row(
         "service.go",
         S + "should allow creating a basic SCTP service with pod and endpoints [LinuxOnly]"
         " [Serial]",
@@ -203,14 +203,14 @@ ROWS: tuple[Row, ...] = (
     Row("networking.go", G + "should function for multiple endpoint-Services with same selector"),
     Row("networking.go", G + "should update endpoints: http"),
     Row("networking.go", G + "should update endpoints: udp"),
-    _later("networking.go", G + "should update nodePort: http [Slow]"),
-    _later("networking.go", G + "should update nodePort: udp [Slow]"),
+    Row("networking.go", G + "should update nodePort: http [Slow]"),
+    Row("networking.go", G + "should update nodePort: udp [Slow]"),
     Row("networking.go", G + "should support basic nodePort: udp functionality"),
-    _later(
+    Row(
         "networking.go",
         G + "should function for client IP based session affinity: http [LinuxOnly]",
     ),
-    _later(
+    Row(
         "networking.go", G + "should function for client IP based session affinity: udp [LinuxOnly]"
     ),
     Row("networking.go", G + "should be able to handle large requests: http"),

@@ -74,6 +74,8 @@ class Shared:
     api: FakeApiServer
     path: str  # which datapath serves its pod clients: SOCKET_LB or PER_PACKET
     nodes: dict[str, NodeAgent] = field(default_factory=dict)
+    agent_args: dict[str, list[str]] = field(default_factory=dict)  # to restart one
+    logs: dict[str, Path] = field(default_factory=dict)
     pods: dict[str, Pod] = field(default_factory=dict)
     ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -120,30 +122,30 @@ def shared_cluster(tmp: Path, *agent_args: str, path: str = SOCKET_LB) -> Iterat
                 tmp,  # unused: the API is the source
             )
             shared.nodes[node_name] = agent
+            shared.agent_args[node_name] = [
+                "--kubeconfig",
+                str(kubeconfig),
+                "--bpffs",
+                str(agent.bpffs),
+                "--cgroup",
+                str(agent.cgroup.path),
+                "--interfaces",
+                "eth0",
+                "--node-name",
+                node_name,
+                "--min-sync-period",
+                "0.1",
+                # kube-proxy's own ports, as upstream's URL checks reach them: inside
+                # the node's namespace, so never the machine's.
+                f"--healthz-bind-address=0.0.0.0:{HEALTHZ_PORT}",
+                f"--metrics-bind-address=127.0.0.1:{METRICS_PORT}",
+                # CVE-2020-8554: none by default; upstream's external IP test's range
+                f"--external-ip-cidrs={EXTERNAL_IP_CIDR}",
+                *agent_args,
+            ]
+            shared.logs[node_name] = tmp / f"{path}-{node_name}-agent.log"
             agent.agent = AgentProcess(
-                [
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--bpffs",
-                    str(agent.bpffs),
-                    "--cgroup",
-                    str(agent.cgroup.path),
-                    "--interfaces",
-                    "eth0",
-                    "--node-name",
-                    node_name,
-                    "--min-sync-period",
-                    "0.1",
-                    # kube-proxy's own ports, as upstream's URL checks reach them: inside
-                    # the node's namespace, so never the machine's.
-                    f"--healthz-bind-address=0.0.0.0:{HEALTHZ_PORT}",
-                    f"--metrics-bind-address=127.0.0.1:{METRICS_PORT}",
-                    # CVE-2020-8554: none by default; upstream's external IP test's range
-                    f"--external-ip-cidrs={EXTERNAL_IP_CIDR}",
-                    *agent_args,
-                ],
-                netns=node.netns,
-                log_file=tmp / f"{path}-{node_name}-agent.log",
+                shared.agent_args[node_name], netns=node.netns, log_file=shared.logs[node_name]
             )
         for agent in shared.nodes.values():
             assert agent.agent is not None
@@ -159,6 +161,18 @@ def shared_cluster(tmp: Path, *agent_args: str, path: str = SOCKET_LB) -> Iterat
             agent.cgroup.close()
         api.close()
         cluster.close()
+
+
+def restart_agent(shared: Shared, node: str) -> None:
+    """Stop `node`'s agent and start it again with the same flags (its pins, programs
+    and maps stay: the new one adopts them), until it is ready."""
+    agent = shared.nodes[node]
+    old = shared.agent(node)
+    assert old.stop() == 0, "the agent did not exit cleanly"
+    agent.agent = AgentProcess(
+        shared.agent_args[node], netns=agent.netns, log_file=shared.logs[node]
+    )
+    agent.agent.wait_ready()
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,6 @@ def rounds(e2e: E2E, a: Allocation, check: Any, what: str) -> None:
             time.sleep(ROUND_INTERVAL)
 
 
-@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should be able to connect to terminating and unready endpoints if"
     " PublishNotReadyAddresses is true"
@@ -77,7 +76,6 @@ def test_connect_to_terminating_and_unready_endpoints_if_publish_not_ready(e2e: 
     rounds(e2e, a, lambda rs: answers(rs) == ["pod21"] * 6, "terminating pod served")
 
 
-@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should not be able to connect to terminating and unready endpoints if"
     " PublishNotReadyAddresses is false"
