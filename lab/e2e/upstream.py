@@ -18,6 +18,11 @@ N = "[sig-network] Networking "
 C = "[sig-network] Conntrack "
 K = "[sig-network] KubeProxy "
 LATER = "not ported yet (a later batch of issue 24)"
+AFFINITY_TIMEOUT_DIFFERS = (
+    "timeoutSeconds 2 and pauses of timeout + 1 s, shorter than upstream's (its timeout and"
+    " timeout + 5 s pauses would cost minutes): the same steps, 15 sticky requests, then up"
+    " to 10 tries with a pause after each same-pod answer, until another pod answers"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +124,15 @@ ROWS: tuple[Row, ...] = (
         S + "should not be able to connect to terminating and unready endpoints if"
         " PublishNotReadyAddresses is false",
     ),
-    _later(
+    Row(
         "service.go",
         S + "should have session affinity timeout work for service with type clusterIP [LinuxOnly]",
+        differs=AFFINITY_TIMEOUT_DIFFERS,
     ),
-    _later(
+    Row(
         "service.go",
         S + "should have session affinity timeout work for NodePort service [LinuxOnly]",
+        differs=AFFINITY_TIMEOUT_DIFFERS,
     ),
     Row("service.go", S + "should implement service.kubernetes.io/service-proxy-name"),
     Row("service.go", S + "should implement service.kubernetes.io/headless"),
@@ -140,7 +147,7 @@ ROWS: tuple[Row, ...] = (
         "service.go",
         S + "should respect internalTrafficPolicy=Local Pod and Node, to Pod (hostNetwork: true)",
     ),
-    _later(
+    Row(
         "service.go",
         S + "should fail health check node port if there are only terminating endpoints",
     ),

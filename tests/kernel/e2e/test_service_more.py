@@ -3,12 +3,15 @@ a restarted proxy, ported."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from lab.harness.nshttp import http_get
 from tests.factories import service
-from tests.kernel.e2e.harness import E2E, Result, eventually, restart_agent, slice_for
+from tests.kernel.e2e.harness import E2E, NODE_IPS, Result, eventually, restart_agent, slice_for
 
 S = "[sig-network] Services "
 MODULES, PROTOCOLS = Path("/proc/modules"), Path("/proc/net/protocols")
@@ -92,3 +95,103 @@ def test_work_after_restarting_kube_proxy(e2e: E2E) -> None:
     assert up(0) and up(1)
     create(2)
     eventually(lambda: up(2), "a Service created after the restart up")
+
+
+def health(e2e: E2E, node: str, port: int) -> int:
+    """The status of `node`'s healthCheckNodePort /healthz, asked from outside (0: no
+    answer), as a cloud load balancer's probe asks it."""
+    client = e2e.shared.cluster.clients["client"]
+    try:
+        status, _headers, _body = http_get(
+            NODE_IPS[node], port, "/healthz", netns=client, timeout=1
+        )
+    except OSError:
+        return 0
+    return status
+
+
+@pytest.mark.upstream(
+    S + "should fail health check node port if there are only terminating endpoints"
+)
+def test_fail_health_check_node_port_if_only_terminating_endpoints(e2e: E2E) -> None:
+    """An externalTrafficPolicy=Local LoadBalancer Service, its one pod on node1: node1's
+    healthCheckNodePort answers 200; the pod deleted (grace period running): 503, while
+    traffic to node1's nodePort still reaches the terminating pod."""
+    a = e2e.allocate("svc-proxy-terminating")
+    node_port, hc_port = a.node_ports[0], a.node_ports[1]
+    port = {
+        "name": "http",
+        "protocol": "TCP",
+        "port": 80,
+        "targetPort": 8080,
+        "nodePort": node_port,
+    }
+    e2e.apply(
+        service(
+            a.name,
+            cluster_ip=a.cluster_ip,
+            type="LoadBalancer",
+            ports=[port],
+            externalTrafficPolicy="Local",
+            healthCheckNodePort=hc_port,
+        ),
+        slice_for(a.name, ["pod11"]),
+    )
+    target = f"{NODE_IPS['node1']}:{node_port}"
+    eventually(lambda: health(e2e, "node1", hc_port) == 200, "200 with a ready local pod")
+    eventually(lambda: served_by(e2e.from_outside("tcp", target, 5), {"pod11"}), "served")
+    e2e.apply(slice_for(a.name, ["pod11"], ready=False, serving=True, terminating=True))
+    eventually(lambda: health(e2e, "node1", hc_port) == 503, "503 with only a terminating pod")
+    assert served_by(e2e.from_outside("tcp", target, 5), {"pod11"})
+
+
+AFFINITY_CONFIRM_COUNT = 15  # upstream's AffinityConfirmCount
+AFFINITY_TIMEOUT = 2  # seconds; shorter than upstream's (the row's note says how)
+AFFINITY_TIMEOUT_ROWS = (
+    "should have session affinity timeout work for service with type clusterIP [LinuxOnly]",
+    "should have session affinity timeout work for NodePort service [LinuxOnly]",
+)
+
+
+@pytest.mark.pod_clients
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("clusterIP", marks=pytest.mark.upstream(S + AFFINITY_TIMEOUT_ROWS[0])),
+        pytest.param("NodePort", marks=pytest.mark.upstream(S + AFFINITY_TIMEOUT_ROWS[1])),
+    ],
+)
+def test_session_affinity_timeout_work(e2e: E2E, kind: str) -> None:
+    """ClientIP affinity with timeoutSeconds: sticky for 15 requests in a row; then, each
+    time the same pod answers, a pause longer than the timeout (timeout + 1 s)
+    and another request, up to 10: another pod must answer (3 pods: a new pick)."""
+    a = e2e.allocate("affinity-timeout")
+    port: dict[str, Any] = {"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}
+    spec: dict[str, Any] = {
+        "sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": AFFINITY_TIMEOUT}},
+    }
+    target = f"{a.cluster_ip}:80"
+    if kind == "NodePort":
+        port["nodePort"] = a.node_ports[0]
+        spec["type"] = "NodePort"
+        target = f"{NODE_IPS['node2']}:{a.node_ports[0]}"
+    e2e.apply(
+        service(a.name, cluster_ip=a.cluster_ip, ports=[port], **spec),
+        slice_for(a.name, ["pod11", "pod12", "pod21"]),
+    )
+
+    def sticky() -> bool:
+        results = e2e.from_pod("client1", "tcp", target, AFFINITY_CONFIRM_COUNT)
+        return all(r["ok"] for r in results) and len({r["server"] for r in results}) == 1
+
+    eventually(sticky, "sticky")
+    hosts: set[str] = set()
+    for _ in range(10):
+        (result,) = e2e.from_pod("client1", "tcp", target, 1)
+        if result["ok"]:
+            hosts.add(str(result["server"]))
+            if len(hosts) > 1:
+                return
+            time.sleep(AFFINITY_TIMEOUT + 1)
+    pytest.fail(f"sticky after the timeout: {hosts}")
