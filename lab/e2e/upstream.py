@@ -99,7 +99,12 @@ ROWS: tuple[Row, ...] = (
     Row("service.go", S + "should be able to up and down services"),
     Row("service.go", S + "should work after the service has been recreated"),
     Row("service.go", S + "should work after restarting kube-proxy [Disruptive]"),
-    _later("service.go", S + "should work after restarting apiserver [Disruptive]"),
+    _later(
+        "service.go",
+        S + "should work after restarting apiserver [Disruptive]",
+        LATER + ": needs lab/harness/fakeapi.py to restart on its address (watches cut, a"
+        " relist after); the agent restart row runs",
+    ),
     Row(
         "service.go",
         S + "should be possible to connect to a service via ExternalIP when the external IP is"
@@ -146,6 +151,7 @@ ROWS: tuple[Row, ...] = (
     _later(
         "service.go",
         S + "should respect internalTrafficPolicy=Local Pod and Node, to Pod (hostNetwork: true)",
+        LATER + ": needs hostNetwork endpoints (servers in the nodes' namespaces, port 10180)",
     ),
     Row(
         "service.go",
@@ -199,7 +205,16 @@ ROWS: tuple[Row, ...] = (
         "conntrack.go",
         C + "should be able to preserve UDP traffic when initial unready endpoints get ready",
     ),
-    _later("conntrack.go", C + "should drop INVALID conntrack entries [Privileged]"),
+    _later(
+        "conntrack.go",
+        C + "should drop INVALID conntrack entries [Privileged]",
+        LATER + ": needs a server injecting out-of-window TCP segments (a raw socket, as"
+        " upstream's regression-issue-74839 image). Expected, not yet shown: a socket-LB"
+        " connection is to the pod's own address, so such a segment reaches the client as"
+        " its own flow's (answered by an ACK, not a RST); the tc paths' reply translation"
+        " keys on addresses and ports without window tracking, so it is translated as any"
+        " reply, never passed un-NATed",
+    ),
     # networking.go
     Row("networking.go", G + "should function for pod-Service: http"),
     Row("networking.go", G + "should function for pod-Service: udp"),
@@ -222,7 +237,11 @@ ROWS: tuple[Row, ...] = (
     ),
     Row("networking.go", G + "should be able to handle large requests: http"),
     Row("networking.go", G + "should be able to handle large requests: udp"),
-    _later("networking.go", G + "should function for service endpoints using hostNetwork"),
+    _later(
+        "networking.go",
+        G + "should function for service endpoints using hostNetwork",
+        LATER + ": needs hostNetwork endpoints (servers in the nodes' namespaces)",
+    ),
     Row(
         "networking.go",
         N + "should check kube-proxy urls",
@@ -232,13 +251,19 @@ ROWS: tuple[Row, ...] = (
     _later(
         "kube_proxy.go",
         K + "should set TCP CLOSE_WAIT timeout [Privileged]",
-        LATER + ": the port states what ebpflb's own conntrack does with CLOSE_WAIT flows"
-        " (upstream checks nf_conntrack's 3,600 s)",
+        LATER + ". Upstream checks nf_conntrack's CLOSE_WAIT timeout is kube-proxy's 3,600 s."
+        " ebpflb's conntrack (tc paths: NodePort, per-packet) has no CLOSE_WAIT state: from"
+        " the first FIN or RST of either side a flow lives --ct-tcp-close-timeout (10 s),"
+        " renewed by each packet, so a half-closed flow idle over 10 s loses its translation"
+        " (socket-LB connections keep none per packet)",
     ),
-    _later(
+    Row(
         "kube_proxy.go",
         K + "should update metric for tracking accepted packets destined for localhost nodeports",
-        "ebpflb has no counter of packets accepted to localhost nodePorts yet",
+        differs="kubeproxy_iptables_localhost_nodeports_accepted_packets_total is iptables"
+        " mode's count of packets its localhost-nodePort rule accepted; ebpflb translates"
+        " 127.0.0.1:nodePort at connect() (socket-LB), no packet to count: the port reads"
+        " ebpflb_service_socket_translations_total of the 127.0.0.1:nodePort frontend",
     ),
 )
 
