@@ -146,6 +146,7 @@ class Reconciler:
         gone = [f for f in candidates if f not in wanted]
         report.verbose_removals = len(gone) <= LOG_EACH_MAX
         released = [self.state.frontends[f].entry.svc_id for f in gone]
+        flows_gone = self._udp_flows_of(gone)
         for frontend in gone:
             self._remove(frontend, result, report)
 
@@ -171,7 +172,7 @@ class Reconciler:
                 failed += 1
                 self._give_up(outcome, planner, writer, report)
         flows_left, sockets_left = self._udp_backends_left(outcomes)
-        for table, deleted in purge_udp_flows(self.maps, flows_left).items():
+        for table, deleted in purge_udp_flows(self.maps, {**flows_gone, **flows_left}).items():
             result.count_write(table, deleted)
         if sockets_left:
             self.maps.destroy_udp_sockets(sockets_left)
@@ -230,12 +231,34 @@ class Reconciler:
         if report.log_changes:
             report.changed(outcome, old_ids, self.backends)
 
+    def _udp_flows_of(self, frontends: list[Frontend]) -> dict[int, set[AddrPort]]:
+        """Every backend of the removed UDP frontends, by service id (stale.py): their
+        flows go with them. Left behind, a flow's reply translation would turn the next
+        flow of the same addresses and ports (a ClusterIP's, say) into the deleted
+        frontend's for up to the UDP timeout, refreshed by every reply."""
+        by_svc: dict[int, set[AddrPort]] = {}
+        entries = self.backends.entries
+        for frontend in frontends:
+            current = self.state.frontends[frontend]
+            if frontend.protocol is not Proto.UDP:
+                continue
+            addresses = {
+                AddrPort(entries[i].backend.address, entries[i].backend.port)
+                for i in current.backend_ids
+                if i in entries
+            }
+            if addresses:
+                by_svc[current.entry.svc_id] = addresses
+        return by_svc
+
     def _udp_backends_left(
         self, outcomes: list[Outcome]
     ) -> tuple[dict[int, set[AddrPort]], dict[AddrPort, set[AddrPort]]]:
-        """Backends that left UDP frontends (stale.py): by service id for the frontends
-        tc/XDP serve (their conntrack entries), by frontend address for the entries
-        in-node clients use (their connected sockets)."""
+        """Backends that left UDP frontends (stale.py): by service id for every frontend
+        (the conntrack entries tc/XDP keep: NodePort's on the nodes' interfaces, and on
+        pods' interfaces every frontend's, ClusterIPs included, as the per-packet path
+        looks them up), by frontend address for the entries in-node clients use (their
+        connected sockets)."""
         by_svc: dict[int, set[AddrPort]] = {}
         by_frontend: dict[AddrPort, set[AddrPort]] = {}
         entries = self.backends.entries  # before collect(): the leavers are still there
@@ -253,8 +276,9 @@ class Reconciler:
             if not addresses:
                 continue
             flags = current.entry.flags
-            if frontend.scope is Scope.EXTERNAL and flags & SvcFlags.EXTERNAL:
-                by_svc[plan.svc_id] = addresses
+            # Any frontend may hold flows: the per-packet path's (--pod-interfaces) are
+            # keyed by the in-node entry's id. A frontend without flows costs a lookup.
+            by_svc[plan.svc_id] = addresses
             if frontend.scope is Scope.INTERNAL or not flags & SvcFlags.INTERNAL_SCOPE:
                 key = AddrPort(frontend.address, frontend.port)
                 by_frontend.setdefault(key, set()).update(addresses)

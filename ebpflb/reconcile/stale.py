@@ -1,5 +1,6 @@
-"""Stale UDP flows: when a UDP backend leaves a NodePort/LoadBalancer/external-IP frontend,
-its conntrack entries (and their reply translations) are deleted, so the next datagram of
+"""Stale UDP flows: when a UDP backend leaves a frontend (NodePort, LoadBalancer, external
+IP, or any one the per-packet path on pods' interfaces translates, ClusterIPs included), its
+conntrack entries (and their reply translations) are deleted, so the next datagram of
 such a flow starts over on a live backend instead of going into the void until the entry
 idles out (kube-proxy deletes the kernel's conntrack entries for the same reason:
 pkg/proxy/conntrack, kubernetes#59368). TCP flows keep their backend: they end when it

@@ -18,6 +18,11 @@ N = "[sig-network] Networking "
 C = "[sig-network] Conntrack "
 K = "[sig-network] KubeProxy "
 LATER = "not ported yet (a later batch of issue 24)"
+AFFINITY_TIMEOUT_DIFFERS = (
+    "timeoutSeconds 2 and pauses of timeout + 1 s, shorter than upstream's (its timeout and"
+    " timeout + 5 s pauses would cost minutes): the same steps, 15 sticky requests, then up"
+    " to 10 tries with a pause after each same-pod answer, until another pod answers"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +95,16 @@ ROWS: tuple[Row, ...] = (
         "service.go",
         S + "should preserve source pod IP for traffic thru service cluster IP [LinuxOnly]",
     ),
-    Row(
-        "service.go",
-        S + "should allow pods to hairpin back to themselves through services",
-        differs="socket-LB's hairpin: translated at connect(), the pod reaches its own address;"
-        " a per-packet path's hairpin (SNAT back through the node, issue 23) is not covered",
-    ),
+    Row("service.go", S + "should allow pods to hairpin back to themselves through services"),
     Row("service.go", S + "should be able to up and down services"),
     Row("service.go", S + "should work after the service has been recreated"),
-    _later("service.go", S + "should work after restarting kube-proxy [Disruptive]"),
-    _later("service.go", S + "should work after restarting apiserver [Disruptive]"),
+    Row("service.go", S + "should work after restarting kube-proxy [Disruptive]"),
+    _later(
+        "service.go",
+        S + "should work after restarting apiserver [Disruptive]",
+        LATER + ": needs lab/harness/fakeapi.py to restart on its address (watches cut, a"
+        " relist after); the agent restart row runs",
+    ),
     Row(
         "service.go",
         S + "should be possible to connect to a service via ExternalIP when the external IP is"
@@ -124,13 +129,15 @@ ROWS: tuple[Row, ...] = (
         S + "should not be able to connect to terminating and unready endpoints if"
         " PublishNotReadyAddresses is false",
     ),
-    _later(
+    Row(
         "service.go",
         S + "should have session affinity timeout work for service with type clusterIP [LinuxOnly]",
+        differs=AFFINITY_TIMEOUT_DIFFERS,
     ),
-    _later(
+    Row(
         "service.go",
         S + "should have session affinity timeout work for NodePort service [LinuxOnly]",
+        differs=AFFINITY_TIMEOUT_DIFFERS,
     ),
     Row("service.go", S + "should implement service.kubernetes.io/service-proxy-name"),
     Row("service.go", S + "should implement service.kubernetes.io/headless"),
@@ -144,8 +151,9 @@ ROWS: tuple[Row, ...] = (
     _later(
         "service.go",
         S + "should respect internalTrafficPolicy=Local Pod and Node, to Pod (hostNetwork: true)",
+        LATER + ": needs hostNetwork endpoints (servers in the nodes' namespaces, port 10180)",
     ),
-    _later(
+    Row(
         "service.go",
         S + "should fail health check node port if there are only terminating endpoints",
     ),
@@ -169,35 +177,44 @@ ROWS: tuple[Row, ...] = (
         S + "should fallback to local terminating endpoints when there are no ready endpoints"
         " with externalTrafficPolicy=Local",
     ),
-    _later(
+    Row(
         "service.go",
         S + "should allow creating a basic SCTP service with pod and endpoints [LinuxOnly]"
         " [Serial]",
     ),
     # conntrack.go
-    _later(
+    Row(
         "conntrack.go",
         C + "should be able to preserve UDP traffic when server pod cycles for a NodePort service",
     ),
-    _later(
+    Row(
         "conntrack.go",
         C + "should be able to preserve UDP traffic when server pod cycles for a ClusterIP service",
     ),
-    _later(
+    Row(
         "conntrack.go",
         C + "should be able to preserve UDP traffic when server pod cycles for a ClusterIP"
         " service and client is hostNetwork",
     ),
-    _later(
+    Row(
         "conntrack.go",
         C + "should be able to preserve UDP traffic when server pod cycles for a ClusterIP"
         " service with InternalTrafficPolicy set to Local",
     ),
-    _later(
+    Row(
         "conntrack.go",
         C + "should be able to preserve UDP traffic when initial unready endpoints get ready",
     ),
-    _later("conntrack.go", C + "should drop INVALID conntrack entries [Privileged]"),
+    _later(
+        "conntrack.go",
+        C + "should drop INVALID conntrack entries [Privileged]",
+        LATER + ": needs a server injecting out-of-window TCP segments (a raw socket, as"
+        " upstream's regression-issue-74839 image). Expected, not yet shown: a socket-LB"
+        " connection is to the pod's own address, so such a segment reaches the client as"
+        " its own flow's (answered by an ACK, not a RST); the tc paths' reply translation"
+        " keys on addresses and ports without window tracking, so it is translated as any"
+        " reply, never passed un-NATed",
+    ),
     # networking.go
     Row("networking.go", G + "should function for pod-Service: http"),
     Row("networking.go", G + "should function for pod-Service: udp"),
@@ -208,19 +225,23 @@ ROWS: tuple[Row, ...] = (
     Row("networking.go", G + "should function for multiple endpoint-Services with same selector"),
     Row("networking.go", G + "should update endpoints: http"),
     Row("networking.go", G + "should update endpoints: udp"),
-    _later("networking.go", G + "should update nodePort: http [Slow]"),
-    _later("networking.go", G + "should update nodePort: udp [Slow]"),
+    Row("networking.go", G + "should update nodePort: http [Slow]"),
+    Row("networking.go", G + "should update nodePort: udp [Slow]"),
     Row("networking.go", G + "should support basic nodePort: udp functionality"),
-    _later(
+    Row(
         "networking.go",
         G + "should function for client IP based session affinity: http [LinuxOnly]",
     ),
-    _later(
+    Row(
         "networking.go", G + "should function for client IP based session affinity: udp [LinuxOnly]"
     ),
     Row("networking.go", G + "should be able to handle large requests: http"),
     Row("networking.go", G + "should be able to handle large requests: udp"),
-    _later("networking.go", G + "should function for service endpoints using hostNetwork"),
+    _later(
+        "networking.go",
+        G + "should function for service endpoints using hostNetwork",
+        LATER + ": needs hostNetwork endpoints (servers in the nodes' namespaces)",
+    ),
     Row(
         "networking.go",
         N + "should check kube-proxy urls",
@@ -230,13 +251,19 @@ ROWS: tuple[Row, ...] = (
     _later(
         "kube_proxy.go",
         K + "should set TCP CLOSE_WAIT timeout [Privileged]",
-        LATER + ": the port states what ebpflb's own conntrack does with CLOSE_WAIT flows"
-        " (upstream checks nf_conntrack's 3,600 s)",
+        LATER + ". Upstream checks nf_conntrack's CLOSE_WAIT timeout is kube-proxy's 3,600 s."
+        " ebpflb's conntrack (tc paths: NodePort, per-packet) has no CLOSE_WAIT state: from"
+        " the first FIN or RST of either side a flow lives --ct-tcp-close-timeout (10 s),"
+        " renewed by each packet, so a half-closed flow idle over 10 s loses its translation"
+        " (socket-LB connections keep none per packet)",
     ),
-    _later(
+    Row(
         "kube_proxy.go",
         K + "should update metric for tracking accepted packets destined for localhost nodeports",
-        "ebpflb has no counter of packets accepted to localhost nodePorts yet",
+        differs="kubeproxy_iptables_localhost_nodeports_accepted_packets_total is iptables"
+        " mode's count of packets its localhost-nodePort rule accepted; ebpflb translates"
+        " 127.0.0.1:nodePort at connect() (socket-LB), no packet to count: the port reads"
+        " ebpflb_service_socket_translations_total of the 127.0.0.1:nodePort frontend",
     ),
 )
 

@@ -144,13 +144,17 @@ def tcp_request(target: tuple[str, int], timeout: float, size: int = 0) -> dict[
 
 
 def udp_request(
-    target: tuple[str, int], timeout: float, connected: bool, size: int = 0
+    target: tuple[str, int], timeout: float, connected: bool, size: int = 0, source_port: int = 0
 ) -> dict[str, Any]:
     """One datagram and its answer. `size`: the request's payload, padded to that many
     bytes (the answer echoes it: a datagram larger than one packet travels as fragments
-    both ways)."""
+    both ways). `source_port`: sent from that port (upstream's `nc -u -p 12345`: every
+    request the same flow, so state kept for the flow between requests shows)."""
     s = socket.socket(_family(target[0]), socket.SOCK_DGRAM)
     s.settimeout(timeout)
+    if source_port:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("::" if _family(target[0]) == socket.AF_INET6 else "0.0.0.0", source_port))
     nonce = os.urandom(8).hex()
     payload = nonce + "." * max(size - len(nonce), 0)
     try:
@@ -299,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.add_argument("--timeout", type=float, default=2.0)
         if mode == "udp":
             cli.add_argument("--connected", action="store_true")
+            cli.add_argument("--source-port", type=int, default=0, help="send from this port")
             cli.add_argument("--size", type=int, default=0, help="pad requests to this size")
         if mode == "tcp":
             cli.add_argument("--size", type=int, default=0, help="send a body of this size")
@@ -321,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "tcp":
             result = tcp_request(args.target, args.timeout, args.size)
         else:
-            result = udp_request(args.target, args.timeout, args.connected, args.size)
+            result = udp_request(
+                args.target, args.timeout, args.connected, args.size, args.source_port
+            )
         print(json.dumps(result), flush=True)
     return 0
 

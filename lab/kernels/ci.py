@@ -178,6 +178,8 @@ PLACEMENTS: Sequence[Placement] = (
     _host("e2e/test_service_external.py"),
     _host("e2e/test_networking.py"),
     _host("e2e/test_kube_proxy.py"),
+    _host("e2e/test_conntrack.py"),
+    _host("e2e/test_service_more.py"),
 )
 
 

@@ -14,6 +14,12 @@ Clients as upstream's: a pod client runs in its pod's namespace inside its node'
 cgroup (so that node's socket-LB applies, as to a pod's container); a hostNetwork client in
 the node's namespace and cgroup; the external client on the wire, outside any cgroup.
 
+Two datapaths serve pod clients (`PATHS`): socket-LB (the cluster above) and the per-packet
+path (issue 23): a second cluster whose agents also get `--pod-interfaces` naming the pods'
+host-side links (`p<pod>`), with its pod clients OUTSIDE the agent's cgroup, so no socket
+hook sees them and the tc programs on their links translate every packet. hostNetwork and
+external clients are the same on both: the per-packet cluster serves only pod-client tests.
+
 Each test builds its Services with names, ClusterIPs and nodePorts of its own
 (`E2E.allocate`) and `E2E` deletes what the test created when it ends: one cluster and one
 pair of agents serve the whole package.
@@ -54,6 +60,9 @@ CLIENT_IPS = {name: f"10.244.{node[-1]}.{host}" for node, (name, host) in CLIENT
 TCP_PORTS, UDP_PORTS = (8080, 8081), (8080, 5353)
 HEALTHZ_PORT, METRICS_PORT = 10256, 10249  # kube-proxy's defaults
 EXTERNAL_IP_CIDR = "203.0.113.0/24"  # TEST-NET-3, assigned to no node
+SOCKET_LB, PER_PACKET = "socket-lb", "per-packet"
+PATHS = (SOCKET_LB, PER_PACKET)
+POD_LINKS = "p*"  # the pods' host-side links (Cluster.add_pod: p<name>); nothing else in a node
 Result = dict[str, Any]
 
 
@@ -63,7 +72,10 @@ class Shared:
 
     cluster: Cluster
     api: FakeApiServer
+    path: str  # which datapath serves its pod clients: SOCKET_LB or PER_PACKET
     nodes: dict[str, NodeAgent] = field(default_factory=dict)
+    agent_args: dict[str, list[str]] = field(default_factory=dict)  # to restart one
+    logs: dict[str, Path] = field(default_factory=dict)
     pods: dict[str, Pod] = field(default_factory=dict)
     ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -74,9 +86,13 @@ class Shared:
 
 
 @contextlib.contextmanager
-def shared_cluster(tmp: Path, *agent_args: str) -> Iterator[Shared]:
-    """The cluster, its API server and both agents (`agent_args` added to each); all of it
-    removed on exit, also on failure."""
+def shared_cluster(tmp: Path, *agent_args: str, path: str = SOCKET_LB) -> Iterator[Shared]:
+    """The cluster, its API server and both agents (`agent_args` added to each; with
+    `path` PER_PACKET, --pod-interfaces on the pods' links, else none: the agent's default
+    names common CNIs' links); all of it removed on exit, also on failure."""
+    assert path in PATHS, path
+    links = POD_LINKS if path == PER_PACKET else ""
+    agent_args = (*agent_args, f"--pod-interfaces={links}")
     cluster = Cluster.create()
     shared: Shared | None = None
     api = FakeApiServer(host=API_IP)
@@ -84,7 +100,7 @@ def shared_cluster(tmp: Path, *agent_args: str) -> Iterator[Shared]:
         sh("ip", "-n", cluster.wire_ns, "addr", "add", f"{API_IP}/24", "dev", "br0")
         with thread_in_netns(cluster.wire_ns):  # its threads inherit the wire namespace
             api.start()
-        shared = Shared(cluster, api)
+        shared = Shared(cluster, api, path)
         for node, pods in SERVERS.items():
             for name, host in pods.items():
                 pod = cluster.add_pod(node, name, host)
@@ -106,30 +122,30 @@ def shared_cluster(tmp: Path, *agent_args: str) -> Iterator[Shared]:
                 tmp,  # unused: the API is the source
             )
             shared.nodes[node_name] = agent
+            shared.agent_args[node_name] = [
+                "--kubeconfig",
+                str(kubeconfig),
+                "--bpffs",
+                str(agent.bpffs),
+                "--cgroup",
+                str(agent.cgroup.path),
+                "--interfaces",
+                "eth0",
+                "--node-name",
+                node_name,
+                "--min-sync-period",
+                "0.1",
+                # kube-proxy's own ports, as upstream's URL checks reach them: inside
+                # the node's namespace, so never the machine's.
+                f"--healthz-bind-address=0.0.0.0:{HEALTHZ_PORT}",
+                f"--metrics-bind-address=127.0.0.1:{METRICS_PORT}",
+                # CVE-2020-8554: none by default; upstream's external IP test's range
+                f"--external-ip-cidrs={EXTERNAL_IP_CIDR}",
+                *agent_args,
+            ]
+            shared.logs[node_name] = tmp / f"{path}-{node_name}-agent.log"
             agent.agent = AgentProcess(
-                [
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--bpffs",
-                    str(agent.bpffs),
-                    "--cgroup",
-                    str(agent.cgroup.path),
-                    "--interfaces",
-                    "eth0",
-                    "--node-name",
-                    node_name,
-                    "--min-sync-period",
-                    "0.1",
-                    # kube-proxy's own ports, as upstream's URL checks reach them: inside
-                    # the node's namespace, so never the machine's.
-                    f"--healthz-bind-address=0.0.0.0:{HEALTHZ_PORT}",
-                    f"--metrics-bind-address=127.0.0.1:{METRICS_PORT}",
-                    # CVE-2020-8554: none by default; upstream's external IP test's range
-                    f"--external-ip-cidrs={EXTERNAL_IP_CIDR}",
-                    *agent_args,
-                ],
-                netns=node.netns,
-                log_file=tmp / f"{node_name}-agent.log",
+                shared.agent_args[node_name], netns=node.netns, log_file=shared.logs[node_name]
             )
         for agent in shared.nodes.values():
             assert agent.agent is not None
@@ -139,10 +155,24 @@ def shared_cluster(tmp: Path, *agent_args: str) -> Iterator[Shared]:
         for agent in shared.nodes.values() if shared else ():
             if agent.agent is not None:
                 agent.agent.stop()
-            cleanup_datapath(agent.bpffs, agent.cgroup.path, ["eth0"], agent.netns)
+            # The pods' links go with the cluster's namespaces; their filters named anyway.
+            links = ["eth0", *(f"p{pod}"[:15] for pod in cluster.nodes[agent.name].pods)]
+            cleanup_datapath(agent.bpffs, agent.cgroup.path, links, agent.netns)
             agent.cgroup.close()
         api.close()
         cluster.close()
+
+
+def restart_agent(shared: Shared, node: str) -> None:
+    """Stop `node`'s agent and start it again with the same flags (its pins, programs
+    and maps stay: the new one adopts them), until it is ready."""
+    agent = shared.nodes[node]
+    old = shared.agent(node)
+    assert old.stop() == 0, "the agent did not exit cleanly"
+    agent.agent = AgentProcess(
+        shared.agent_args[node], netns=agent.netns, log_file=shared.logs[node]
+    )
+    agent.agent.wait_ready()
 
 
 @dataclass(frozen=True)
@@ -164,6 +194,7 @@ class E2E:
 
     def __init__(self, shared: Shared) -> None:
         self.shared = shared
+        self.path = shared.path
         self.api = shared.api
         self._created: list[tuple[str, str]] = []  # (kind, name), deleted at the end
 
@@ -200,17 +231,13 @@ class E2E:
         self, client: str, mode: str, target: str, count: int = 1, *extra: str, timeout: float = 1.0
     ) -> list[Result]:
         """`count` requests from pod `client` (client1 on node1, client2 on node2, or a
-        server pod: a pod reaching its own Service)."""
+        server pod: a pod reaching its own Service): inside its node's agent cgroup on the
+        socket-LB cluster, outside any agent's cgroup on the per-packet one."""
         clients = {name: node for node, (name, _) in CLIENTS.items()}
         node = clients.get(client) or POD_NODE[client]
+        cgroup = self.shared.nodes[node].cgroup if self.path == SOCKET_LB else None
         return self.shared.cluster.requests(
-            self.shared.pods[client].netns,
-            mode,
-            target,
-            count,
-            self.shared.nodes[node].cgroup,
-            *extra,
-            timeout=timeout,
+            self.shared.pods[client].netns, mode, target, count, cgroup, *extra, timeout=timeout
         )
 
     def from_host(

@@ -59,6 +59,7 @@ def granular(e2e: E2E, origin: str, mode: str) -> None:
         eventually(lambda t=target: every_endpoint(dial(e2e, origin, mode, t)), f"{target}")
 
 
+@pytest.mark.pod_clients
 @pytest.mark.parametrize(
     ("origin", "mode"),
     [
@@ -67,12 +68,6 @@ def granular(e2e: E2E, origin: str, mode: str) -> None:
         ),
         pytest.param(
             "pod", "udp", marks=pytest.mark.upstream(G + "should function for pod-Service: udp")
-        ),
-        pytest.param(
-            "node", "tcp", marks=pytest.mark.upstream(G + "should function for node-Service: http")
-        ),
-        pytest.param(
-            "node", "udp", marks=pytest.mark.upstream(G + "should function for node-Service: udp")
         ),
         pytest.param(
             "endpoint",
@@ -90,6 +85,22 @@ def test_granular_service_checks(e2e: E2E, origin: str, mode: str) -> None:
     granular(e2e, origin, mode)
 
 
+NODE_HTTP, NODE_UDP = (G + "should function for node-Service: " + m for m in ("http", "udp"))
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("tcp", marks=pytest.mark.upstream(NODE_HTTP)),
+        pytest.param("udp", marks=pytest.mark.upstream(NODE_UDP)),
+    ],
+)
+def test_granular_node_service_checks(e2e: E2E, mode: str) -> None:
+    """A hostNetwork test container: the same on both datapaths (socket-LB in the node)."""
+    granular(e2e, "node", mode)
+
+
+@pytest.mark.pod_clients
 @pytest.mark.parametrize(
     "mode",
     [
@@ -113,6 +124,7 @@ def test_handle_large_requests(e2e: E2E, mode: str) -> None:
     eventually(lambda: whole(dial(e2e, "pod", mode, target, "--size", "2000")), "2,000 bytes")
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(G + "should function for multiple endpoint-Services with same selector")
 def test_multiple_endpoint_services_with_same_selector(e2e: E2E) -> None:
     """A second Service over the same pods: both ClusterIPs reach every endpoint."""
@@ -124,6 +136,7 @@ def test_multiple_endpoint_services_with_same_selector(e2e: E2E) -> None:
             eventually(lambda m=mode, t=target: every_endpoint(dial(e2e, "pod", m, t)), target)
 
 
+@pytest.mark.pod_clients
 @pytest.mark.parametrize(
     "mode",
     [
@@ -152,3 +165,64 @@ def test_support_basic_nodeport_udp(e2e: E2E) -> None:
     for ip in NODE_IPS.values():
         target = f"{ip}:{node_ports['udp']}"
         eventually(lambda t=target: every_endpoint(dial(e2e, "node", "udp", t)), target)
+
+
+@pytest.mark.pod_clients
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(
+            "tcp",
+            marks=pytest.mark.upstream(
+                G + "should function for client IP based session affinity: http [LinuxOnly]"
+            ),
+        ),
+        pytest.param(
+            "udp",
+            marks=pytest.mark.upstream(
+                G + "should function for client IP based session affinity: udp [LinuxOnly]"
+            ),
+        ),
+    ],
+)
+def test_client_ip_based_session_affinity(e2e: E2E, mode: str) -> None:
+    """The netexec Service with sessionAffinity ClientIP: every one of the test
+    container's requests to the ClusterIP answered by one and the same endpoint
+    (upstream: `len(eps) != 1` fails)."""
+    a = e2e.allocate(f"affinity-{mode}")
+    ports = [
+        {"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080},
+        {"name": "udp", "protocol": "UDP", "port": 90, "targetPort": 8080},
+    ]
+    e2e.apply(
+        service(a.name, cluster_ip=a.cluster_ip, ports=ports, sessionAffinity="ClientIP"),
+        slice_for(a.name, ENDPOINTS, SLICE_PORTS),
+    )
+    target = f"{a.cluster_ip}:{80 if mode == 'tcp' else 90}"
+
+    def one_endpoint() -> bool:
+        results = dial(e2e, "pod", mode, target)
+        return all(r["ok"] for r in results) and len({r["server"] for r in results}) == 1
+
+    eventually(one_endpoint, "one endpoint for every request")
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("tcp", marks=pytest.mark.upstream(G + "should update nodePort: http [Slow]")),
+        pytest.param("udp", marks=pytest.mark.upstream(G + "should update nodePort: udp [Slow]")),
+    ],
+)
+def test_update_nodeport(e2e: E2E, mode: str) -> None:
+    """From a node, its address with the nodePort reaches every endpoint; the NodePort
+    Service deleted: 10 tries get no endpoint (upstream: ZERO host endpoints after 10)."""
+    a, node_ports = netexec_service(e2e, f"update-np-{mode}")
+    target = f"{NODE_IPS['node1']}:{node_ports[mode]}"
+    eventually(lambda: every_endpoint(dial(e2e, "node", mode, target)), "every endpoint")
+    e2e.delete("Service", a.name)
+
+    def none() -> bool:
+        return not any(r["ok"] for r in e2e.from_host("node1", mode, target, 10, timeout=0.3))
+
+    eventually(none, "no endpoint through the deleted nodePort")

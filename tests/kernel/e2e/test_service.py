@@ -19,6 +19,9 @@ from tests.kernel.e2e.harness import (
     CLIENT_IPS,
     E2E,
     NODE_IPS,
+    POD_IPS,
+    POD_NODE,
+    SOCKET_LB,
     Result,
     answers,
     eventually,
@@ -46,6 +49,7 @@ def host(e2e: E2E, node: str, target: str, count: int = 5) -> list[Result]:
     return e2e.from_host(node, "tcp", target, count, timeout=0.5)
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should be updated after adding or deleting ports")
 def test_updated_after_adding_or_deleting_ports(e2e: E2E) -> None:
     a = e2e.allocate("edit-port-test")
@@ -76,6 +80,7 @@ def test_updated_after_adding_or_deleting_ports(e2e: E2E) -> None:
     assert only("pod11", pod(e2e, "client1", one))
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should preserve source pod IP for traffic thru service cluster IP [LinuxOnly]"
 )
@@ -90,10 +95,13 @@ def test_preserve_source_pod_ip_for_traffic_thru_service_cluster_ip(e2e: E2E) ->
         assert {str(r["seen_as"]).rsplit(":", 1)[0] for r in results} == {CLIENT_IPS[client]}
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should allow pods to hairpin back to themselves through services")
 def test_allow_pods_to_hairpin_back_to_themselves_through_services(e2e: E2E) -> None:
-    """The only endpoint's own pod dials its Service and reaches itself (socket-LB
-    translates at connect(), so the connection goes to the pod's own address)."""
+    """The only endpoint's own pod dials its Service and reaches itself. Socket-LB
+    translates at connect(): the connection goes to the pod's own address, from it. The
+    per-packet path SNATs it to the node's address (kube-proxy's masquerade), which the
+    pod sees as the source: otherwise it would answer itself and the client drop that."""
     a = e2e.allocate("hairpin-test")
     vip = f"{a.cluster_ip}:8080"
     e2e.apply(
@@ -101,8 +109,12 @@ def test_allow_pods_to_hairpin_back_to_themselves_through_services(e2e: E2E) -> 
         slice_for(a.name, ["pod12"]),
     )
     eventually(lambda: only("pod12", pod(e2e, "pod12", vip)), "hairpin")
+    source = POD_IPS["pod12"] if e2e.path == SOCKET_LB else NODE_IPS[POD_NODE["pod12"]]
+    results = pod(e2e, "pod12", vip, 3)
+    assert {str(r["seen_as"]).rsplit(":", 1)[0] for r in results} == {source}, results
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should be able to up and down services")
 def test_up_and_down_services(e2e: E2E) -> None:
     """Three Services of two pods each; one deleted: only its ClusterIP stops, the others
@@ -132,6 +144,7 @@ def test_up_and_down_services(e2e: E2E) -> None:
     assert up(1)
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should work after the service has been recreated")
 def test_work_after_the_service_has_been_recreated(e2e: E2E) -> None:
     """Deleted and created again under the same name with a new ClusterIP: the new one
@@ -147,6 +160,7 @@ def test_work_after_the_service_has_been_recreated(e2e: E2E) -> None:
     assert failing(pod(e2e, "client1", old, 2))
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should be rejected when no endpoints exist")
 def test_rejected_when_no_endpoints_exist(e2e: E2E) -> None:
     """agnhost connect --timeout=3s must say REFUSED: the connection is rejected at once,
@@ -162,6 +176,7 @@ def test_rejected_when_no_endpoints_exist(e2e: E2E) -> None:
         assert time.monotonic() - started < 3.0 * TIMEOUT_SCALE  # not a timeout
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should create endpoints for unready pods")
 def test_create_endpoints_for_unready_pods(e2e: E2E) -> None:
     """publishNotReadyAddresses: an unready pod is served; the pod terminating and the
@@ -215,11 +230,13 @@ def labelled_toggle(e2e: E2E, label: str, value: str) -> None:
     assert only("pod12", pod(e2e, "client1", control_vip))
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should implement service.kubernetes.io/service-proxy-name")
 def test_implement_service_proxy_name(e2e: E2E) -> None:
     labelled_toggle(e2e, "service.kubernetes.io/service-proxy-name", "foo-bar")
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should implement service.kubernetes.io/headless")
 def test_implement_service_headless(e2e: E2E) -> None:
     labelled_toggle(e2e, "service.kubernetes.io/headless", "")
@@ -229,14 +246,7 @@ ITP_POD = S + "should respect internalTrafficPolicy=Local Pod to Pod"
 ITP_HOST = S + "should respect internalTrafficPolicy=Local Pod (hostNetwork: true) to Pod"
 
 
-@pytest.mark.parametrize(
-    "network",
-    [
-        pytest.param("pod", marks=pytest.mark.upstream(ITP_POD)),
-        pytest.param("host", marks=pytest.mark.upstream(ITP_HOST)),
-    ],
-)
-def test_respect_internal_traffic_policy_local(e2e: E2E, network: str) -> None:
+def itp_local(e2e: E2E, network: str) -> None:
     """The endpoint on node1: a client there reaches it; one on node2 fails every time."""
     a = e2e.allocate("itp-local")
     vip = f"{a.cluster_ip}:80"
@@ -254,12 +264,24 @@ def test_respect_internal_traffic_policy_local(e2e: E2E, network: str) -> None:
     assert failing(client("node2"))
 
 
+@pytest.mark.pod_clients
+@pytest.mark.upstream(ITP_POD)
+def test_respect_internal_traffic_policy_local_pod_to_pod(e2e: E2E) -> None:
+    itp_local(e2e, "pod")
+
+
+@pytest.mark.upstream(ITP_HOST)
+def test_respect_internal_traffic_policy_local_host_to_pod(e2e: E2E) -> None:
+    itp_local(e2e, "host")
+
+
 def terminating_only(a: Any, pods: list[str]) -> dict[str, Any]:
     """The slice of a Service whose only pods were deleted (grace period still running):
     not ready, still serving, terminating."""
     return slice_for(a.name, pods, ready=False, serving=True, terminating=True)
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should fallback to terminating endpoints when there are no ready endpoints with"
     " internalTrafficPolicy=Cluster"
@@ -275,6 +297,7 @@ def test_fallback_to_terminating_endpoints_internal_cluster(e2e: E2E) -> None:
         assert only("pod11", pod(e2e, client, vip)), client
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should fallback to local terminating endpoints when there are no ready endpoints"
     " with internalTrafficPolicy=Local"
@@ -303,6 +326,7 @@ def nodeport(a: Any, **spec: Any) -> dict[str, Any]:
     )
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should fallback to terminating endpoints when there are no ready endpoints with"
     " externallTrafficPolicy=Cluster"
@@ -319,6 +343,7 @@ def test_fallback_to_terminating_endpoints_external_cluster(e2e: E2E) -> None:
         assert only("pod11", pod(e2e, client, target)), client
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should fallback to local terminating endpoints when there are no ready endpoints"
     " with externalTrafficPolicy=Local"

@@ -42,6 +42,7 @@ def refused(e2e: E2E, target: str, client: str = "client1") -> None:
     )
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should serve a basic endpoint from pods [Conformance]")
 def test_serve_a_basic_endpoint_from_pods(e2e: E2E) -> None:
     """Endpoints 0 -> 1 -> 2 -> 1 -> 0 pods; the ClusterIP follows every state (none:
@@ -57,6 +58,7 @@ def test_serve_a_basic_endpoint_from_pods(e2e: E2E) -> None:
     refused(e2e, vip)
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should serve multiport endpoints from pods [Conformance]")
 def test_serve_multiport_endpoints_from_pods(e2e: E2E) -> None:
     """Two ports to named target ports (80 -> svc1, 81 -> svc2), each pod serving one of
@@ -86,6 +88,7 @@ def test_serve_multiport_endpoints_from_pods(e2e: E2E) -> None:
     refused(e2e, two)
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should serve endpoints on same port and different protocols [Conformance]"
 )
@@ -113,6 +116,7 @@ def test_serve_endpoints_on_same_port_and_different_protocols(e2e: E2E) -> None:
         eventually(lambda: works("tcp") and works("udp"), "both protocols back", 30)
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should be able to create a functioning NodePort service [Conformance]")
 def test_create_a_functioning_nodeport_service(e2e: E2E) -> None:
     """A NodePort Service with two pods (one per node): its ClusterIP and every node's
@@ -160,6 +164,7 @@ def frontend_ports(e2e: E2E, node: str) -> set[int]:
     }
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should be able to change the type from ExternalName to ClusterIP [Conformance]"
 )
@@ -175,6 +180,7 @@ def test_change_the_type_from_externalname_to_clusterip(e2e: E2E) -> None:
     )
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should be able to change the type from ExternalName to NodePort [Conformance]"
 )
@@ -188,6 +194,7 @@ def test_change_the_type_from_externalname_to_nodeport(e2e: E2E) -> None:
         reach(e2e, lambda t, n: e2e.from_outside("tcp", t, n), f"{ip}:{a.node_ports[0]}", both)
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should be able to change the type from ClusterIP to ExternalName [Conformance]"
 )
@@ -276,6 +283,7 @@ def affinity_clients(e2e: E2E, a: Any, node_port: bool) -> list[tuple[str, Any]]
     return pairs
 
 
+@pytest.mark.pod_clients
 @pytest.mark.parametrize(
     "kind",
     [
@@ -291,6 +299,7 @@ def test_session_affinity_work(e2e: E2E, kind: str) -> None:
         eventually(lambda c=client: sticky(c(AFFINITY_CONFIRM_COUNT)), f"{target} sticky")
 
 
+@pytest.mark.pod_clients
 @pytest.mark.parametrize(
     "kind",
     [

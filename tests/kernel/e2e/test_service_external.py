@@ -12,6 +12,7 @@ S = "[sig-network] Services "
 NOT_ALLOWED = "198.51.100.7"  # TEST-NET-2: outside the agents' --external-ip-cidrs
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should be possible to connect to a service via ExternalIP when the external IP is"
     " not assigned to a node"
@@ -39,6 +40,7 @@ def test_connect_via_external_ip_not_assigned_to_a_node(e2e: E2E) -> None:
     assert not any(r["ok"] for r in e2e.from_pod("client2", "tcp", f"{NOT_ALLOWED}:80", 2))
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(
     S + "should be able to update service type to NodePort listening on same port number"
     " but different protocols"

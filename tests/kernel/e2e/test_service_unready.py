@@ -89,6 +89,7 @@ def test_not_connect_to_terminating_and_unready_endpoints_if_not_published(e2e: 
     rounds(e2e, a, lambda rs: not any(r["ok"] for r in rs), "terminating pod not served")
 
 
+@pytest.mark.pod_clients
 @pytest.mark.upstream(S + "should be rejected for evicted pods (no endpoints exist)")
 def test_rejected_for_evicted_pods(e2e: E2E) -> None:
     """The only pod evicted (publishNotReadyAddresses on): the controller drops it, and

@@ -615,7 +615,6 @@ def test_node_name_defaults_to_env_then_hostname(monkeypatch: pytest.MonkeyPatch
 # ---- boundaries and deployment ---------------------------------------------------------------
 
 
-
 def test_deploy_manifests_grant_what_the_source_uses() -> None:
     rbac = list(yaml.safe_load_all((REPO / "deploy/base/rbac.yaml").read_text()))
     (role,) = [d for d in rbac if d["kind"] == "ClusterRole"]

@@ -110,3 +110,50 @@ def test_stale_cookies_match_backend_and_frontend() -> None:
     a, b, f = IPv4Address("10.244.1.1"), IPv4Address("10.244.1.2"), IPv4Address("10.96.0.53")
     entries = [(1, a, 53, f, 53), (2, b, 53, f, 53), (3, a, 53, f, 54), (4, a, 54, f, 53)]
     assert stale_cookies(iter(entries), {(f, 53): {(a, 53)}}) == {1}
+
+
+def test_clusterip_udp_flows_of_a_leaving_backend_are_deleted() -> None:
+    """The per-packet path (--pod-interfaces) tracks ClusterIP flows too, keyed by the
+    ClusterIP's entry: a backend leaving takes them with it, as NodePort's (found porting
+    upstream's Conntrack "server pod cycles for a ClusterIP service" to that path)."""
+    maps = FakeMapSet()
+    rec = Reconciler(maps)
+    vip = Frontend(IPv4Address("10.96.0.10"), 53, Proto.UDP)
+    name = ServicePortName(WEB, "dns", Proto.UDP)
+
+    def want_vip(*lasts: int) -> dict[Frontend, DesiredFrontend]:
+        bes = tuple(
+            WeightedBackend(Backend(IPv4Address(f"10.244.1.{n}"), 5353, Proto.UDP)) for n in lasts
+        )
+        return {vip: DesiredFrontend(vip, name, SvcFlags.CLUSTER_IP, bes)}
+
+    rec.apply({WEB: want_vip(1, 2)}, full=True)
+    svc_id = maps.services.data[vip].svc_id
+    flows = {}
+    for port, backend in ((1001, 1), (1002, 2)):
+        flow = Flow(
+            AddrPort(IPv4Address("10.244.1.50"), port), AddrPort(vip.address, 53), Proto.UDP
+        )
+        target = AddrPort(IPv4Address(f"10.244.1.{backend}"), 5353)
+        maps.conntrack.put(flow, ConntrackEntry(target, CtFlags(0), None, svc_id, 0, 1, 1, 1))
+        flows[backend] = flow
+    result = rec.apply({WEB: want_vip(2)})
+    assert set(maps.conntrack4.data) == {flows[2]}
+    assert result.writes[maps.conntrack4.name] == 1
+
+
+def test_udp_flows_of_a_removed_frontend_are_deleted() -> None:
+    """A UDP NodePort Service deleted: its flows and their reply translations go too. Kept,
+    the reply translation (backend:port -> client:port) rewrote the replies of a later flow
+    of the same addresses and ports, a ClusterIP's through socket-LB, into the deleted
+    nodePort's (found porting upstream's Conntrack rows: the ClusterIP one after the
+    NodePort one, the same client port 12345 and server pod)."""
+    maps = FakeMapSet()
+    rec = Reconciler(maps)
+    rec.apply({WEB: {**want(Proto.UDP, 1), **want(Proto.TCP, 1)}}, full=True)
+    add_flow(maps, Proto.UDP, 1001, 1)
+    tcp = add_flow(maps, Proto.TCP, 1003, 1)
+    result = rec.apply({WEB: want(Proto.TCP, 1)})  # the UDP port removed
+    assert set(maps.conntrack4.data) == {tcp}
+    assert {nat.client.port for nat in maps.reply_nat4.data.values()} == {1003}
+    assert result.writes[maps.conntrack4.name] == 1

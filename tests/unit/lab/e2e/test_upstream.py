@@ -14,6 +14,7 @@ from _pytest.mark.structures import Mark, ParameterSet
 
 from lab.e2e import table
 from lab.e2e.upstream import ROWS, Row
+from lab.kernels.junit import Outcome
 from tests import REPO
 
 E2E_TESTS = REPO / "tests" / "kernel" / "e2e"
@@ -64,15 +65,15 @@ def test_rows_name_their_source_and_never_both_differ_and_wait() -> None:
         assert not (row.differs and row.not_yet), row.name
 
 
-def _junit(path: Path, cases: list[tuple[str, str, str]]) -> Path:
-    """A pytest-style JUnit file: (classname, test name, outcome) with the upstream name of
-    ROWS[0] on the first two cases."""
+def _junit(path: Path, cases: list[tuple[str, str, str, int]]) -> Path:
+    """A pytest-style JUnit file: (classname, test name, outcome, index of the row of ROWS
+    it names; -1: none)."""
     suite = ET.Element("testsuite")
-    for index, (classname, name, outcome) in enumerate(cases):
+    for classname, name, outcome, row in cases:
         case = ET.SubElement(suite, "testcase", classname=classname, name=name)
-        if index < 2:
+        if row >= 0:
             props = ET.SubElement(case, "properties")
-            ET.SubElement(props, "property", name="upstream", value=ROWS[index].name)
+            ET.SubElement(props, "property", name="upstream", value=ROWS[row].name)
         if outcome == "failed":
             ET.SubElement(case, "failure", message="boom")
         elif outcome == "skipped":
@@ -82,33 +83,53 @@ def _junit(path: Path, cases: list[tuple[str, str, str]]) -> Path:
 
 
 def test_the_table_comes_from_the_reports(tmp_path: Path) -> None:
+    e2e = "tests.kernel.e2e.test_a"
     host = _junit(
         tmp_path / "host.xml",
         [
-            ("tests.kernel.e2e.test_a", "test_one", "passed"),
-            ("tests.kernel.e2e.test_a", "test_two", "failed"),
-            ("tests.kernel.other.test_b", "test_three", "passed"),  # no upstream name
+            (e2e, "test_one[socket-lb]", "passed", 0),
+            (e2e, "test_one[per-packet]", "failed", 0),
+            (e2e, "test_two", "failed", 1),  # no pod client: no per-packet case
+            (e2e, "test_three[per-packet-tcp]", "passed", 2),  # its socket-LB case absent
+            ("tests.kernel.other.test_b", "test_four", "passed", -1),  # no upstream name
         ],
     )
     kernels = tmp_path / "kernels"
     (kernels / "6.1").mkdir(parents=True)
-    _junit(kernels / "6.1" / "junit.xml", [("tests.kernel.e2e.test_a", "test_one", "skipped")])
+    _junit(kernels / "6.1" / "junit.xml", [(e2e, "test_one[socket-lb]", "skipped", 0)])
     columns = table.load_columns(host, kernels)
-    assert [c.ran for c in columns] == [True, False, True]
-    first, second = ROWS[0], ROWS[1]
+    assert [c.label.split(" ")[0] for c in columns] == ["host", "host,", "5.10", "6.1"]
+    assert [c.ran for c in columns] == [True, True, False, True]
+    first, second, third = ROWS[0], ROWS[1], ROWS[2]
     assert [table.result(first, c) for c in columns] == [
         "passed",
+        "**failed** (1 of 1)",
         "not run",
         "**skipped** (1 of 1)",
     ]
-    assert table.result(second, columns[0]) == "**failed** (1 of 1)"
+    assert [table.result(second, c) for c in columns[:2]] == ["**failed** (1 of 1)", "-"]
+    assert [table.result(third, c) for c in columns[:2]] == ["not run", "passed"]
+    # One name for both paths' cases; the path parameter dropped, the others kept.
     assert table.test_names(first, columns) == "`test_a::test_one`"
+    assert table.test_names(third, columns) == "`test_a::test_three[tcp]`"
     waiting = Row("service.go", "[sig-network] x", not_yet="needs y")
     assert table.result(waiting, columns[0]) == "not yet"
     assert table.notes(waiting) == "not yet: needs y"
     rendered = table.render(columns, [first, waiting])
     assert "1 of 2 upstream tests ported" in rendered
     assert rendered.count("\n|") == 3  # header rule and two rows
+
+
+def test_a_case_is_per_packet_by_its_ids_parameter() -> None:
+    def case(nodeid: str) -> table.E2ECase:
+        return table.E2ECase(ROWS[0].name, nodeid, Outcome.PASSED)
+
+    assert table.is_per_packet(case("tests/kernel/e2e/test_a.py::t[per-packet]"))
+    assert table.is_per_packet(case("tests/kernel/e2e/test_a.py::t[per-packet-pod-udp]"))
+    assert not table.is_per_packet(case("tests/kernel/e2e/test_a.py::t[socket-lb]"))
+    assert not table.is_per_packet(case("tests/kernel/e2e/test_per-packet.py::t"))
+    assert table.without_path("t[socket-lb-pod-udp]") == "t[pod-udp]"
+    assert table.without_path("t[per-packet]") == "t"
 
 
 def test_the_doc_holds_the_generated_table_between_its_markers() -> None:
