@@ -34,6 +34,7 @@ from ebpflb.datapath.programs import loader, netdev, podlb
 from ebpflb.datapath.syscall.mounts import cgroup2_root
 from ebpflb.desired import NodeView
 from ebpflb.errors import ConfigError, EbpflbError
+from ebpflb.host import sysctl
 from ebpflb.host.lock import Holder, PinDirLock
 from ebpflb.k8s.sources.base import ObjectSink, Source
 from ebpflb.k8s.sources.manifests import ManifestSource
@@ -254,6 +255,10 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         config = place_snat_ports(config, netdev.ephemeral_port_range())
     registry = CollectorRegistry()
     metrics = Metrics(registry)
+    if config.conntrack_sysctls:
+        for outcome in sysctl.ensure_conntrack(config.ct_tcp_close_wait_timeout):
+            if not outcome.ok:
+                metrics.sysctl_errors.labels(outcome.name.replace("/", ".")).inc()
     registry.register(StatusCollector(status.phases, status.frontend_changes))
     health = HealthCheckServers()
     # The attached interfaces' addresses are followed while the agent runs (addrwatch).

@@ -94,6 +94,11 @@ class Config:
     ct_tcp_timeout: int = 21600
     ct_tcp_syn_timeout: int = 60
     ct_tcp_close_timeout: int = 10
+    # A half-closed TCP flow (one side's FIN): kube-proxy's --conntrack-tcp-timeout-close-wait
+    # (1 h), for ebpflb's conntrack and, as kube-proxy sets it, the node's nf_conntrack.
+    ct_tcp_close_wait_timeout: int = 3600
+    # Set the node's nf_conntrack sysctls kube-proxy sets (ebpflb.host.sysctl).
+    conntrack_sysctls: bool = True
     ct_udp_timeout: int = 60
     # Bounded-frequency sync (kube-proxy's minSyncPeriod / syncPeriod): bursts within
     # min_sync_period coalesce; every max_sync_period the maps are re-read and repaired.
@@ -140,6 +145,7 @@ class Config:
             "ct_tcp_timeout",
             "ct_tcp_syn_timeout",
             "ct_tcp_close_timeout",
+            "ct_tcp_close_wait_timeout",
             "ct_udp_timeout",
         ):
             value = getattr(self, name)

@@ -18,6 +18,8 @@ static __always_inline __u64 ct_lifetime(__u8 proto, __u16 flags)
 		return EBPFLB_CT_UDP_TIMEOUT * EBPFLB_NSEC_PER_SEC;
 	if (flags & CT_F_CLOSING)
 		return EBPFLB_CT_TCP_CLOSE_TIMEOUT * EBPFLB_NSEC_PER_SEC;
+	if (flags & (CT_F_FIN_CLIENT | CT_F_FIN_BACKEND))
+		return EBPFLB_CT_TCP_CLOSE_WAIT_TIMEOUT * EBPFLB_NSEC_PER_SEC;
 	if (flags & CT_F_ESTABLISHED)
 		return EBPFLB_CT_TCP_TIMEOUT * EBPFLB_NSEC_PER_SEC;
 	return EBPFLB_CT_TCP_SYN_TIMEOUT * EBPFLB_NSEC_PER_SEC;
@@ -30,7 +32,11 @@ static __always_inline __u16 ct_next_flags(__u16 flags, __u8 tcp_flags, int repl
 		flags |= CT_F_REPLY_SEEN;
 	else if ((flags & CT_F_REPLY_SEEN) && (tcp_flags & TCP_FLAG_ACK))
 		flags |= CT_F_ESTABLISHED; /* the client acknowledged the backend's answer */
-	if (tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+	if (tcp_flags & TCP_FLAG_FIN)
+		flags |= reply ? CT_F_FIN_BACKEND : CT_F_FIN_CLIENT;
+	/* A FIN of one side half-closes the flow: the other may still send (CLOSE_WAIT). */
+	if ((tcp_flags & TCP_FLAG_RST) ||
+	    (flags & (CT_F_FIN_CLIENT | CT_F_FIN_BACKEND)) == (CT_F_FIN_CLIENT | CT_F_FIN_BACKEND))
 		flags |= CT_F_CLOSING;
 	return flags;
 }
@@ -116,7 +122,8 @@ static __always_inline int ct6_store(const struct flow6 *flow, const struct ct6_
 	return table ? bpf_map_update_elem(table, (void *)flow, (void *)ct, BPF_ANY) : -1;
 }
 
-/* A live flow for this tuple, or NULL. A new TCP SYN restarts a closing flow. */
+/* A live flow for this tuple, or NULL. A new TCP SYN restarts a closing or half-closed
+ * flow (the client reuses its port for a new connection). */
 static __always_inline struct ct4_entry *ct4_lookup(const struct flow4 *flow,
 						    const struct pkt4 *pkt, __u64 now)
 {
@@ -124,7 +131,7 @@ static __always_inline struct ct4_entry *ct4_lookup(const struct flow4 *flow,
 
 	if (!ct || ct->expires < now)
 		return NULL;
-	if ((ct->flags & CT_F_CLOSING) && (pkt->tcp_flags & TCP_FLAG_SYN) &&
+	if ((ct->flags & CT_MASK_ENDING) && (pkt->tcp_flags & TCP_FLAG_SYN) &&
 	    !(pkt->tcp_flags & TCP_FLAG_ACK))
 		return NULL;
 	return ct;
@@ -138,7 +145,7 @@ static __always_inline struct ct6_entry *ct6_lookup(const struct flow6 *flow,
 
 	if (!ct || ct->expires < now)
 		return NULL;
-	if ((ct->flags & CT_F_CLOSING) && (pkt->tcp_flags & TCP_FLAG_SYN) &&
+	if ((ct->flags & CT_MASK_ENDING) && (pkt->tcp_flags & TCP_FLAG_SYN) &&
 	    !(pkt->tcp_flags & TCP_FLAG_ACK))
 		return NULL;
 	return ct;

@@ -103,7 +103,9 @@
 #define EBPFLB_NSEC_PER_SEC 1000000000ULL /* bpf_ktime_get_ns() units */
 
 /* Conntrack lifetimes in seconds (Cilium's defaults): a TCP flow before its handshake
- * completes, an established TCP flow, a TCP flow after FIN/RST, a UDP flow. */
+ * completes, an established TCP flow, a TCP flow after FINs of both sides or a RST, a UDP
+ * flow; and a half-closed TCP flow (one side's FIN: nf_conntrack's CLOSE_WAIT, kube-proxy's
+ * 3,600 s), whose other side may keep sending for as long as it likes. */
 #ifndef EBPFLB_CT_TCP_SYN_TIMEOUT
 #define EBPFLB_CT_TCP_SYN_TIMEOUT 60
 #endif
@@ -112,6 +114,9 @@
 #endif
 #ifndef EBPFLB_CT_TCP_CLOSE_TIMEOUT
 #define EBPFLB_CT_TCP_CLOSE_TIMEOUT 10
+#endif
+#ifndef EBPFLB_CT_TCP_CLOSE_WAIT_TIMEOUT
+#define EBPFLB_CT_TCP_CLOSE_WAIT_TIMEOUT 3600
 #endif
 #ifndef EBPFLB_CT_UDP_TIMEOUT
 #define EBPFLB_CT_UDP_TIMEOUT 60
@@ -187,8 +192,11 @@
 /* ct4_entry.flags. */
 #define CT_F_SNAT       (1 << 0) /* source rewritten to nat_addr:nat_port */
 #define CT_F_REPLY_SEEN (1 << 1) /* the backend answered */
-#define CT_F_CLOSING    (1 << 2) /* TCP FIN or RST seen: short lifetime */
+#define CT_F_CLOSING    (1 << 2) /* TCP: RST, or FINs of both sides, seen: short lifetime */
 #define CT_F_ESTABLISHED (1 << 3) /* TCP: client ACKed after the backend answered */
+#define CT_F_FIN_CLIENT  (1 << 4) /* TCP: the client sent FIN (half-closed until both have) */
+#define CT_F_FIN_BACKEND (1 << 5) /* TCP: the backend sent FIN */
+#define CT_MASK_ENDING (CT_F_CLOSING | CT_F_FIN_CLIENT | CT_F_FIN_BACKEND) /* any of the three */
 
 /* rnat4_val.flags: which hook uses the entry. */
 #define RNAT_F_SNAT (1 << 0) /* reply to a SNATed flow, matched on ingress (dst = nat addr) */

@@ -85,6 +85,20 @@ _CONFIG_FLAGS: tuple[tuple[str, str, Callable[[str], object], str], ...] = (
         "seconds an idle established TCP flow keeps its backend",
     ),
     (
+        "--conntrack-tcp-timeout-close-wait",
+        "ct_tcp_close_wait_timeout",
+        int,
+        "seconds an idle half-closed TCP flow (one side's FIN) keeps its backend, in"
+        " ebpflb's conntrack and the node's nf_conntrack (kube-proxy's flag; 1 h)",
+    ),
+    (
+        "--conntrack-sysctls",
+        "conntrack_sysctls",
+        configfile.parse_bool,
+        "true (default): set the node's nf_conntrack CLOSE_WAIT timeout to"
+        " --conntrack-tcp-timeout-close-wait, as kube-proxy does; false: leave it",
+    ),
+    (
         "--metrics-bind-address",
         "metrics_bind_address",
         str,

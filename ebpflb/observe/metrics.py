@@ -64,6 +64,13 @@ class Metrics:
             ["kind", "reason"],
             registry=registry,
         )
+        self.sysctl_errors = Counter(
+            "ebpflb_sysctl_errors_total",
+            "Node sysctls kube-proxy sets that the agent could not set (read-only /proc/sys),"
+            " by sysctl.",
+            ["sysctl"],
+            registry=registry,
+        )
         self.external_ips_refused = Counter(
             "ebpflb_external_ips_refused_total",
             "Service externalIPs not programmed: outside --external-ip-cidrs (CVE-2020-8554).",

@@ -248,15 +248,7 @@ ROWS: tuple[Row, ...] = (
         differs="/proxyMode names ebpflb's mode, not iptables or ipvs",
     ),
     # kube_proxy.go
-    _later(
-        "kube_proxy.go",
-        K + "should set TCP CLOSE_WAIT timeout [Privileged]",
-        LATER + ". Upstream checks nf_conntrack's CLOSE_WAIT timeout is kube-proxy's 3,600 s."
-        " ebpflb's conntrack (tc paths: NodePort, per-packet) has no CLOSE_WAIT state: from"
-        " the first FIN or RST of either side a flow lives --ct-tcp-close-timeout (10 s),"
-        " renewed by each packet, so a half-closed flow idle over 10 s loses its translation"
-        " (socket-LB connections keep none per packet)",
-    ),
+    Row("kube_proxy.go", K + "should set TCP CLOSE_WAIT timeout [Privileged]"),
     Row(
         "kube_proxy.go",
         K + "should update metric for tracking accepted packets destined for localhost nodeports",

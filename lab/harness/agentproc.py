@@ -95,6 +95,9 @@ class AgentProcess:
             args = [*args, "--interfaces="]
         if not any(a.startswith("--pod-interfaces") for a in args):
             args = [*args, "--pod-interfaces="]
+        # Nor do they change the machine's own sysctls (the node's, in a namespace).
+        if netns is None and not any(a.startswith("--conntrack-sysctls") for a in args):
+            args = [*args, "--conntrack-sysctls=false"]
         self.netns = netns
         ports = free_ports(2, netns)
         self.metrics_address = _flag_value(args, "--metrics-bind-address")

@@ -41,6 +41,8 @@ class CtFlags(enum.IntFlag):
     REPLY_SEEN = 1 << 1
     CLOSING = 1 << 2
     ESTABLISHED = 1 << 3
+    FIN_CLIENT = 1 << 4
+    FIN_BACKEND = 1 << 5
 
 
 class NatFlags(enum.IntFlag):

@@ -49,6 +49,7 @@ DEFINES: tuple[Define, ...] = (
     Define("EBPFLB_CT_TCP_TIMEOUT", lambda c: c.ct_tcp_timeout),
     Define("EBPFLB_CT_TCP_SYN_TIMEOUT", lambda c: c.ct_tcp_syn_timeout),
     Define("EBPFLB_CT_TCP_CLOSE_TIMEOUT", lambda c: c.ct_tcp_close_timeout),
+    Define("EBPFLB_CT_TCP_CLOSE_WAIT_TIMEOUT", lambda c: c.ct_tcp_close_wait_timeout),
     Define("EBPFLB_CT_UDP_TIMEOUT", lambda c: c.ct_udp_timeout),
 )
 # Set from the kernel feature probe (loader.Features), not from the configuration.

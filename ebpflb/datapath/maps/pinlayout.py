@@ -36,10 +36,12 @@ PIN = "ebpflb_layout"
 # LAYOUT whenever a pinned map's shape or an entry's meaning changes: describe() changes,
 # and tests/unit/datapath/test_pinlayout.py fails until FINGERPRINT is updated with LAYOUT.
 # Raise OLDEST_READER only when older agents would misread the new pins.
-LAYOUT = 2
+# 3: conntrack entries' FIN_CLIENT and FIN_BACKEND flags (half-closed TCP); layout 2
+# agents ignore them (a half-closed flow lives as an established one), so they still read.
+LAYOUT = 3
 OLDEST_READER = 2
 # sha256 of `describe()` for the layout above, its first 16 hex digits.
-FINGERPRINT = "7ae10382df4ae6f4"
+FINGERPRINT = "1cdb7214856d7499"
 UNVERSIONED = 1  # maps pinned by an ebpflb from before this record
 
 

@@ -123,6 +123,7 @@ def test_installed_agent_translates_a_clusterip(
             str(cgroup.path),
             "--interfaces=",
             "--pod-interfaces=",  # in this namespace: never the machine's interfaces
+            "--conntrack-sysctls=false",  # nor its sysctls
             "--metrics-bind-address=",
         ],
         cwd=installed,

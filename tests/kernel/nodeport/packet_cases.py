@@ -250,6 +250,7 @@ class FlowRow:
     snat: str | None = None  # the SNAT address (its port: Ref.SNAT_PORT); flags get SNAT
     flags: CtFlags = CtFlags.NONE  # besides SNAT
     packets: int = 1  # client -> backend packets counted
+    lifetime_s: int | None = None  # if given: the entry expires this many seconds from now
 
 
 @dataclass(frozen=True)
@@ -340,6 +341,8 @@ LOCAL_NEW = "new flow to a local backend: DNAT, checksums updated"
 REMOTE_NEW = "new flow to a remote backend: DNAT + SNAT to the node, forwarded"
 REMOTE_REPLY = Frame(MAC[NODE2], MAC["eth1"], NODE2_POD, (NODE_ETH1, Ref.SNAT_PORT), tcp_flags="SA")
 LOCAL_FLOW = FlowRow((CLIENT, 40000), (NODE, 30080), LOCAL)
+HALF_CLOSED = "the client's FIN half-closes the flow: CLOSE_WAIT's lifetime"
+CLOSE_TIMEOUT, CLOSE_WAIT_TIMEOUT = 10, 3600  # Config's defaults, the tests' datapath's
 REMOTE_FLOW = FlowRow((CLIENT, 40001), (NODE, 30081), NODE2_POD, snat=NODE_ETH1)
 ROUTER_ALERT = b"\x94\x04\x00\x00"  # an IPv4 option (RFC 2113): the header grows to 24 bytes
 # Its last 16-bit word makes the translated datagram's checksum compute to 0.
@@ -518,8 +521,57 @@ CASES: tuple[Case, ...] = (
         (OK, PASS),
         to_pod(40000, LOCAL, tcp_flags="R"),
         counters={FWD: 1},
-        flows=(FlowRow((CLIENT, 40000), (NODE, 30080), LOCAL, flags=CtFlags.CLOSING, packets=2),),
+        flows=(
+            FlowRow(
+                (CLIENT, 40000),
+                (NODE, 30080),
+                LOCAL,
+                flags=CtFlags.CLOSING,
+                packets=2,
+                lifetime_s=CLOSE_TIMEOUT,
+            ),
+        ),
         after=(LOCAL_NEW,),
+    ),
+    *ingress(
+        HALF_CLOSED,
+        client(40000, (NODE, 30080), tcp_flags="FA"),
+        (OK, PASS),
+        to_pod(40000, LOCAL, tcp_flags="FA"),
+        counters={FWD: 1},
+        flows=(
+            FlowRow(
+                (CLIENT, 40000),
+                (NODE, 30080),
+                LOCAL,
+                flags=CtFlags.FIN_CLIENT,
+                packets=2,
+                lifetime_s=CLOSE_WAIT_TIMEOUT,
+            ),
+        ),
+        after=(LOCAL_NEW,),
+    ),
+    Case(
+        "the backend's FIN after the client's: the flow is closing",
+        Program.TC_EGRESS,
+        Frame(MAC["eth0"], MAC[CLIENT], LOCAL, (CLIENT, 40000), tcp_flags="FA", ttl=63),
+        OK,
+        Frame(MAC["eth0"], MAC[CLIENT], (NODE, 30080), (CLIENT, 40000), tcp_flags="FA", ttl=63),
+        counters={REPLY: 1},
+        flows=(
+            FlowRow(
+                (CLIENT, 40000),
+                (NODE, 30080),
+                LOCAL,
+                flags=CtFlags.FIN_CLIENT
+                | CtFlags.FIN_BACKEND
+                | CtFlags.REPLY_SEEN
+                | CtFlags.CLOSING,
+                packets=2,
+                lifetime_s=CLOSE_TIMEOUT,
+            ),
+        ),
+        after=(LOCAL_NEW, HALF_CLOSED),
     ),
     *ingress(
         "a SYN on a closing flow starts a new one",

@@ -380,8 +380,17 @@ class Flows:
         maps, now, lines = self.dp.maps, time.monotonic_ns(), []
         want_ct, want_nat = self.expected(rows)
         got_ct, got_nat = set(), set()
+        lifetimes = {
+            (addr_port(r.client), addr_port(r.frontend), r.proto): r.lifetime_s
+            for r in rows
+            if r.lifetime_s is not None
+        }
         for key, e in maps.conntrack.items():
             src, dst, proto = key.source, key.destination, key.protocol
+            want_s = lifetimes.get((src, dst, proto))
+            left_s = (e.expires_ns - now) / 1e9
+            if want_s is not None and not want_s - 5 < left_s <= want_s:
+                lines.append(f"conntrack {src} -> {dst}: expires in {left_s:.1f} s, not {want_s}")
             got_ct.add(CtRow(src, dst, proto, e.backend, e.flags, e.snat, e.packets, e.svc_id))
             known = maps.backends.get(e.backend_id)
             if known is None or AddrPort(known.backend.address, known.backend.port) != e.backend:
