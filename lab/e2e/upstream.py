@@ -205,16 +205,7 @@ ROWS: tuple[Row, ...] = (
         "conntrack.go",
         C + "should be able to preserve UDP traffic when initial unready endpoints get ready",
     ),
-    _later(
-        "conntrack.go",
-        C + "should drop INVALID conntrack entries [Privileged]",
-        LATER + ": needs a server injecting out-of-window TCP segments (a raw socket, as"
-        " upstream's regression-issue-74839 image). Expected, not yet shown: a socket-LB"
-        " connection is to the pod's own address, so such a segment reaches the client as"
-        " its own flow's (answered by an ACK, not a RST); the tc paths' reply translation"
-        " keys on addresses and ports without window tracking, so it is translated as any"
-        " reply, never passed un-NATed",
-    ),
+    Row("conntrack.go", C + "should drop INVALID conntrack entries [Privileged]"),
     # networking.go
     Row("networking.go", G + "should function for pod-Service: http"),
     Row("networking.go", G + "should function for pod-Service: udp"),

@@ -181,6 +181,7 @@ PLACEMENTS: Sequence[Placement] = (
     _host("e2e/test_conntrack.py"),
     _host("e2e/test_service_more.py"),
     _host("e2e/test_close_wait.py"),
+    _host("e2e/test_conntrack_invalid.py"),
 )
 
 

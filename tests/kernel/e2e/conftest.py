@@ -5,8 +5,9 @@ generated from the run by those names (lab/e2e).
 
 A test marked `@pytest.mark.pod_clients` (its clients are pods) runs on both datapaths:
 parametrized with `path` = "socket-lb" (the package's cluster) and "per-packet" (a second
-cluster, built only when such a test first needs it, with --pod-interfaces and the pod
-clients outside the agents' cgroups). The path is in the test's id, so the JUnit report
+cluster, built only when such a test first needs it, with --pod-interfaces and
+--socket-lb=hostns-only: its socket hooks skip the pod clients). The path is in the test's
+id, so the JUnit report
 and the table tell the two results apart."""
 
 from __future__ import annotations

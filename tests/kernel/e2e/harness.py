@@ -16,9 +16,11 @@ the node's namespace and cgroup; the external client on the wire, outside any cg
 
 Two datapaths serve pod clients (`PATHS`): socket-LB (the cluster above) and the per-packet
 path (issue 23): a second cluster whose agents also get `--pod-interfaces` naming the pods'
-host-side links (`p<pod>`), with its pod clients OUTSIDE the agent's cgroup, so no socket
-hook sees them and the tc programs on their links translate every packet. hostNetwork and
-external clients are the same on both: the per-packet cluster serves only pod-client tests.
+host-side links (`p<pod>`) and `--socket-lb=hostns-only`, the setting for meshes and VMs:
+its pod clients are inside the agent's cgroup as on the first, yet the socket hooks leave
+them alone (another network namespace than the agent's), so the tc programs on their links
+translate every packet. hostNetwork and external clients are the same on both: the
+per-packet cluster serves only pod-client tests.
 
 Each test builds its Services with names, ClusterIPs and nodePorts of its own
 (`E2E.allocate`) and `E2E` deletes what the test created when it ends: one cluster and one
@@ -88,11 +90,14 @@ class Shared:
 @contextlib.contextmanager
 def shared_cluster(tmp: Path, *agent_args: str, path: str = SOCKET_LB) -> Iterator[Shared]:
     """The cluster, its API server and both agents (`agent_args` added to each; with
-    `path` PER_PACKET, --pod-interfaces on the pods' links, else none: the agent's default
-    names common CNIs' links); all of it removed on exit, also on failure."""
+    `path` PER_PACKET, --pod-interfaces on the pods' links and --socket-lb=hostns-only,
+    else no pod interfaces: the agent's default names common CNIs' links); all of it
+    removed on exit, also on failure."""
     assert path in PATHS, path
-    links = POD_LINKS if path == PER_PACKET else ""
-    agent_args = (*agent_args, f"--pod-interfaces={links}")
+    if path == PER_PACKET:
+        agent_args = (*agent_args, f"--pod-interfaces={POD_LINKS}", "--socket-lb=hostns-only")
+    else:
+        agent_args = (*agent_args, "--pod-interfaces=")
     cluster = Cluster.create()
     shared: Shared | None = None
     api = FakeApiServer(host=API_IP)
@@ -231,11 +236,11 @@ class E2E:
         self, client: str, mode: str, target: str, count: int = 1, *extra: str, timeout: float = 1.0
     ) -> list[Result]:
         """`count` requests from pod `client` (client1 on node1, client2 on node2, or a
-        server pod: a pod reaching its own Service): inside its node's agent cgroup on the
-        socket-LB cluster, outside any agent's cgroup on the per-packet one."""
+        server pod: a pod reaching its own Service), inside its node's agent cgroup (the
+        per-packet cluster's socket hooks skip it: --socket-lb=hostns-only)."""
         clients = {name: node for node, (name, _) in CLIENTS.items()}
         node = clients.get(client) or POD_NODE[client]
-        cgroup = self.shared.nodes[node].cgroup if self.path == SOCKET_LB else None
+        cgroup = self.shared.nodes[node].cgroup
         return self.shared.cluster.requests(
             self.shared.pods[client].netns, mode, target, count, cgroup, *extra, timeout=timeout
         )
@@ -328,3 +333,17 @@ def wait_flagged(e2e: E2E, frontend: str, flag: str, nodes: Sequence[str]) -> No
                 return bool(backends) and all(flag in b.get("flags", ()) for b in backends)
 
             eventually(flagged, f"{frontend} {flag} on {node}", timeout=10)
+
+
+def wait_programmed(e2e: E2E, frontend: str, nodes: Sequence[str], timeout: float = 30) -> None:
+    """Until `frontend` ("VIP:PORT/PROTO") has backends in the maps of each of `nodes`: for
+    a test whose clients cannot retry (one long connection) or whose server takes a single
+    one."""
+    for node in nodes:
+        with KernelMapSet(e2e.shared.nodes[node].bpffs) as maps:
+
+            def programmed() -> bool:
+                found = [s for s in dump.collect(maps)["services"] if s["frontend"] == frontend]
+                return any(s["backends"] for s in found)
+
+            eventually(programmed, f"{frontend} programmed on {node}", timeout=timeout)

@@ -31,6 +31,7 @@ from tests.kernel.e2e.harness import (
     POD_IPS,
     eventually,
     slice_for,
+    wait_programmed,
 )
 
 PORT = 9090  # the server's own port: the pods' echo servers keep theirs
@@ -144,7 +145,7 @@ def test_set_tcp_close_wait_timeout(e2e: E2E, tracked: None, tmp_path: Path) -> 
         direct = _read_json(clients[-1])["local"]
         # ebpflb's part: the external client through node1's NodePort (SNAT to node2).
         frontend = f"{NODE_IPS['node1']}:{node_port}"
-        eventually(lambda: _nodeport_programmed(e2e, frontend), f"{frontend} programmed")
+        wait_programmed(e2e, f"{frontend}/TCP", ["node1"])
         clients.append(
             cluster.spawn(cluster.clients["client"], [sys.executable, "-c", CLIENT, frontend])
         )
@@ -179,11 +180,6 @@ def test_set_tcp_close_wait_timeout(e2e: E2E, tracked: None, tmp_path: Path) -> 
             if proc.poll() is None:
                 proc.kill()
             proc.communicate(timeout=30)
-
-
-def _nodeport_programmed(e2e: E2E, frontend: str) -> bool:
-    with KernelMapSet(e2e.shared.nodes["node1"].bpffs) as maps:
-        return any(s["frontend"] == f"{frontend}/TCP" for s in dump.collect(maps)["services"])
 
 
 def _flow(e2e: E2E, frontend: str, client_port: int) -> dict[str, Any]:
