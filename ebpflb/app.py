@@ -31,6 +31,7 @@ from ebpflb.datapath.contract import MAX_IFACES, MapName
 from ebpflb.datapath.maps import InterfaceAddresses, pinlayout, pins
 from ebpflb.datapath.maps.kernel import KernelMapSet
 from ebpflb.datapath.programs import loader, netdev, podlb
+from ebpflb.datapath.syscall import sockdiag
 from ebpflb.datapath.syscall.mounts import cgroup2_root
 from ebpflb.desired import NodeView
 from ebpflb.errors import ConfigError, EbpflbError
@@ -345,7 +346,9 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             )
         pinlayout.write(config.bpffs_dir)  # every map is in this agent's layout now
         status.programs_replaced(socket_lb.attach(cgroup))
-        status.socket_lb(config.socket_lb.value, socket_lb.netns_cookie or None)
+        status.socket_lb(
+            config.socket_lb.value, socket_lb.netns_cookie or None, sockdiag.METHOD
+        )
         log.info(
             "socket-LB (%s) on cgroup %s; maps pinned under %s",
             config.socket_lb.value,

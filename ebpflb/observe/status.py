@@ -161,11 +161,16 @@ class AgentStatus:
         with self._lock:
             self._program_ids.update(ids)
 
-    def socket_lb(self, scope: str, netns_cookie: int | None) -> None:
-        """--socket-lb's scope ("all", "hostns-only", "off") and, for hostns-only, the
-        network namespace cookie the programs translate for."""
+    def socket_lb(self, scope: str, netns_cookie: int | None, udp_destroy: str) -> None:
+        """--socket-lb's scope ("all", "hostns-only", "off"), for hostns-only the network
+        namespace cookie the programs translate for, and how connected UDP sockets of a
+        backend that left are destroyed."""
         with self._lock:
-            self._socket_lb = {"scope": scope, "netns_cookie": netns_cookie}
+            self._socket_lb = {
+                "scope": scope,
+                "netns_cookie": netns_cookie,
+                "udp_socket_destroy": udp_destroy,
+            }
 
     def pod_interfaces(
         self, patterns: Sequence[str], attached: Sequence[str], failed: Sequence[str]

@@ -310,6 +310,8 @@ def _agent_lines(
             f"socket-LB   {scope['scope']}"
             + (f" (the network namespace with cookie {cookie})" if cookie else "")
         )
+    if scope and scope.get("udp_socket_destroy"):
+        lines.append(f"stale UDP   {scope['udp_socket_destroy']}")
     pod = status.get("pod_interfaces")
     if pod:
         attached = pod.get("attached") or []

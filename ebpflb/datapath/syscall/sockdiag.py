@@ -62,6 +62,10 @@ def _libc_setns(fd: int) -> None:
 
 
 NETNS_MOUNTS = (Path("/var/run/netns"), Path("/run/netns"))
+# What /status says of this module: how a stale connected UDP socket is destroyed.
+METHOD = "sock_diag SOCK_DESTROY, in the agent's network namespace, those of visible" + (
+    " processes and those mounted under " + " and ".join(str(p) for p in NETNS_MOUNTS)
+)
 
 
 def network_namespaces(

@@ -150,6 +150,7 @@ def test_hostns_only_translates_the_nodes_sockets_and_leaves_pods_to_the_pod_pat
     agent = node.start("hostns-only")
     status = agent.status()["socket_lb"]
     assert status["scope"] == "hostns-only" and status["netns_cookie"] > 0
+    assert status["udp_socket_destroy"].startswith("sock_diag SOCK_DESTROY"), status
     before = node.conntrack_clients()
     on_node = node.topology.requests(node.topology.node_ns, "tcp", WEB, 10, node.cgroup)
     assert set(served_by(on_node)) <= set(PODS) and {r["peer"] for r in on_node} == {WEB}

@@ -184,6 +184,18 @@ def test_a_pending_change_and_problems_are_shown() -> None:
     assert "problems    1 invalid object(s), e.g. Service a/b: spec.ports: is empty" in text
 
 
+def test_the_socket_lb_scope_and_the_udp_socket_destroy_method_are_shown() -> None:
+    document = status_document()
+    document["status"]["socket_lb"] = {
+        "scope": "hostns-only",
+        "netns_cookie": 4097,
+        "udp_socket_destroy": "sock_diag SOCK_DESTROY, in the agent's network namespace",
+    }
+    text = statusview.render_text(document, now=NOW)
+    assert "socket-LB   hostns-only (the network namespace with cookie 4097)" in text
+    assert "stale UDP   sock_diag SOCK_DESTROY, in the agent's network namespace" in text
+
+
 EXPECTED_PINS = """\
 agent       NOT answering on 127.0.0.1:10249: Connection refused
 pins        what the maps pinned under /sys/fs/bpf/ebpflb hold (traffic still uses them):
