@@ -99,12 +99,7 @@ ROWS: tuple[Row, ...] = (
     Row("service.go", S + "should be able to up and down services"),
     Row("service.go", S + "should work after the service has been recreated"),
     Row("service.go", S + "should work after restarting kube-proxy [Disruptive]"),
-    _later(
-        "service.go",
-        S + "should work after restarting apiserver [Disruptive]",
-        LATER + ": needs lab/harness/fakeapi.py to restart on its address (watches cut, a"
-        " relist after); the agent restart row runs",
-    ),
+    Row("service.go", S + "should work after restarting apiserver [Disruptive]"),
     Row(
         "service.go",
         S + "should be possible to connect to a service via ExternalIP when the external IP is"

@@ -178,15 +178,17 @@ class FakeApiServer:
         self._closing = threading.Event()
         self.requests: list[Request] = []
         self._server: ThreadingHTTPServer | None = None
+        self._port: int | None = None  # the port served, kept across a restart
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> FakeApiServer:
-        server = _Server((self._host, 0), _Handler)
+    def start(self, port: int = 0) -> FakeApiServer:
+        server = _Server((self._host, port), _Handler)
         server.api = self
         self._server = server
+        self._port = int(server.server_address[1])
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fakeapi"
         )
@@ -227,6 +229,22 @@ class FakeApiServer:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._server = None
+
+    def restart(self, down_for: float = 0.0) -> None:
+        """Stop serving as close() does (every watch and connection cut), stay down for
+        `down_for` seconds, then serve again on the same address: the objects and the
+        resourceVersions continue, as an API server restarted over the same etcd. Call it
+        in the network namespace start() ran in."""
+        self.close()
+        time.sleep(down_for)
+        self.restart_stopped()
+
+    def restart_stopped(self) -> None:
+        """Serve again, after close(), on the address served before (restart's second
+        half, for a caller doing something while the server is down)."""
+        assert self._port is not None, "start() first"
+        self._closing.clear()
+        self.start(self._port)
 
     def __enter__(self) -> FakeApiServer:
         return self.start()

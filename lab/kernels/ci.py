@@ -182,6 +182,7 @@ PLACEMENTS: Sequence[Placement] = (
     _host("e2e/test_service_more.py"),
     _host("e2e/test_close_wait.py"),
     _host("e2e/test_conntrack_invalid.py"),
+    _host("e2e/test_service_apiserver.py"),
 )
 
 

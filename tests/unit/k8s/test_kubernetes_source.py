@@ -416,6 +416,28 @@ def test_dropped_watch_reconnects_and_misses_nothing(
     }
 
 
+def test_an_api_server_restart_is_ridden_out(
+    api: FakeApiServer, start_source: SourceFactory, agent: Agent
+) -> None:
+    """The server goes away (connections refused for a while) and comes back on its
+    address with its objects: the source reconnects and what changed is programmed."""
+    api.create(service("web"))
+    api.create(endpoint_slice("web-1"))
+    recorder = Recorder()
+    source = start_source(Tee(recorder, agent))
+    wait_until(both_listed(recorder), "both initial lists")
+    api.wait_for_watches(2)
+    api.restart(down_for=0.3)
+    api.create(service("api", cluster_ip="10.96.0.13"))
+    wait_until(in_step(api, recorder), "the change made after the restart")
+    assert source.stats(SVC).failures >= 1
+    sync(agent)
+    assert frontends(agent_maps(agent)) == {
+        "10.96.0.10:80/TCP": ["10.244.1.11:8080", "10.244.1.12:8080", "10.244.1.13:8080"],
+        "10.96.0.13:80/TCP": [],
+    }
+
+
 @pytest.mark.parametrize("api", ["status", "event"], indirect=True)
 def test_410_relist_catches_up_with_the_gap(
     api: FakeApiServer, start_source: SourceFactory, agent: Agent
