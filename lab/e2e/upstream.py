@@ -17,7 +17,6 @@ G = "[sig-network] Networking Granular Checks: Services "
 N = "[sig-network] Networking "
 C = "[sig-network] Conntrack "
 K = "[sig-network] KubeProxy "
-LATER = "not ported yet (a later batch of issue 24)"
 AFFINITY_TIMEOUT_DIFFERS = (
     "timeoutSeconds 2 and pauses of timeout + 1 s, shorter than upstream's (its timeout and"
     " timeout + 5 s pauses would cost minutes): the same steps, 15 sticky requests, then up"
@@ -35,10 +34,6 @@ class Row:
     @property
     def ported(self) -> bool:
         return not self.not_yet
-
-
-def _later(source: str, name: str, why: str = LATER) -> Row:
-    return Row(source, name, not_yet=why)
 
 
 ROWS: tuple[Row, ...] = (
@@ -143,10 +138,9 @@ ROWS: tuple[Row, ...] = (
         "service.go",
         S + "should respect internalTrafficPolicy=Local Pod (hostNetwork: true) to Pod",
     ),
-    _later(
+    Row(
         "service.go",
         S + "should respect internalTrafficPolicy=Local Pod and Node, to Pod (hostNetwork: true)",
-        LATER + ": needs hostNetwork endpoints (servers in the nodes' namespaces, port 10180)",
     ),
     Row(
         "service.go",
@@ -223,11 +217,7 @@ ROWS: tuple[Row, ...] = (
     ),
     Row("networking.go", G + "should be able to handle large requests: http"),
     Row("networking.go", G + "should be able to handle large requests: udp"),
-    _later(
-        "networking.go",
-        G + "should function for service endpoints using hostNetwork",
-        LATER + ": needs hostNetwork endpoints (servers in the nodes' namespaces)",
-    ),
+    Row("networking.go", G + "should function for service endpoints using hostNetwork"),
     Row(
         "networking.go",
         N + "should check kube-proxy urls",

@@ -183,6 +183,7 @@ PLACEMENTS: Sequence[Placement] = (
     _host("e2e/test_close_wait.py"),
     _host("e2e/test_conntrack_invalid.py"),
     _host("e2e/test_service_apiserver.py"),
+    _host("e2e/test_hostnetwork_endpoints.py"),
 )
 
 
