@@ -98,6 +98,43 @@ static __always_inline bool np_reject(const struct lb_svc_val *svc)
 	return EBPFLB_POD_PATH || (svc->flags & SVC_F_REJECT);
 }
 
+/* A backend's SYN-ACK answers a SYN. When the flow a reply translation belongs to is
+ * ending (FIN or RST seen) or gone, that SYN was another connection's on the same addresses
+ * and ports (the client reusing its port to reach the backend directly, untranslated): the
+ * translation is stale, and is removed before it rewrites that connection's replies. */
+static __always_inline bool rnat4_stale(const struct pkt4 *pkt, const struct rnat4_val *rnat,
+					__u64 now)
+{
+	struct flow4 orig = {};
+	struct ct4_entry *ct;
+
+	if (pkt->flow.proto != IPPROTO_TCP || !(pkt->tcp_flags & TCP_FLAG_SYN))
+		return false;
+	rnat4_orig(&orig, rnat, pkt->flow.proto);
+	ct = ct4_get(&orig);
+	if (ct && ct->expires >= now && !(ct->flags & CT_MASK_ENDING))
+		return false;
+	ebpflb_rnat4.delete((struct flow4 *)&pkt->flow);
+	return true;
+}
+
+/* rnat4_stale's twin. */
+static __always_inline bool rnat6_stale(const struct pkt6 *pkt, const struct rnat6_val *rnat,
+					__u64 now)
+{
+	struct flow6 orig = {};
+	struct ct6_entry *ct;
+
+	if (pkt->flow.proto != IPPROTO_TCP || !(pkt->tcp_flags & TCP_FLAG_SYN))
+		return false;
+	rnat6_orig(&orig, rnat, pkt->flow.proto);
+	ct = ct6_get(&orig);
+	if (ct && ct->expires >= now && !(ct->flags & CT_MASK_ENDING))
+		return false;
+	ebpflb_rnat6.delete((struct flow6 *)&pkt->flow);
+	return true;
+}
+
 /* Reply direction: backend -> client, shown as frontend -> client. */
 static __always_inline void np4_reply(const struct pkt4 *pkt, struct rnat4_val *rnat, __u64 now,
 				      struct xlate4 *out)
@@ -393,12 +430,13 @@ static __always_inline enum np_verdict np6_ingress(void *ctx, const struct pkt6 
 /* Egress on a node interface: replies of flows DNATed to a local backend. */
 static __always_inline enum np_verdict np4_egress(const struct pkt4 *pkt, struct xlate4 *out)
 {
+	__u64 now = bpf_ktime_get_ns();
 	struct rnat4_val *rnat;
 
 	rnat = ebpflb_rnat4.lookup((struct flow4 *)&pkt->flow);
-	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+	if (!rnat || (rnat->flags & RNAT_F_SNAT) || rnat4_stale(pkt, rnat, now))
 		return NP_PASS;
-	np4_reply(pkt, rnat, bpf_ktime_get_ns(), out);
+	np4_reply(pkt, rnat, now, out);
 	out->daddr = pkt->flow.daddr; /* the client, unchanged */
 	out->dport = pkt->flow.dport;
 	return NP_XLATE;
@@ -407,12 +445,13 @@ static __always_inline enum np_verdict np4_egress(const struct pkt4 *pkt, struct
 /* Egress on a node interface: replies of IPv6 flows DNATed to a local backend. */
 static __always_inline enum np_verdict np6_egress(const struct pkt6 *pkt, struct xlate6 *out)
 {
+	__u64 now = bpf_ktime_get_ns();
 	struct rnat6_val *rnat;
 
 	rnat = ebpflb_rnat6.lookup((struct flow6 *)&pkt->flow);
-	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+	if (!rnat || (rnat->flags & RNAT_F_SNAT) || rnat6_stale(pkt, rnat, now))
 		return NP_PASS;
-	np6_reply(pkt, rnat, bpf_ktime_get_ns(), out);
+	np6_reply(pkt, rnat, now, out);
 	addr6_copy(out->daddr, pkt->flow.daddr); /* the client, unchanged */
 	out->dport = pkt->flow.dport;
 	return NP_XLATE;

@@ -12,8 +12,9 @@ before the next mode, on a quiet machine:
 
 Data plane (a compiled client; client and server on CPU 0): connect() latency to the
 first, the last and a random service in interleaved batches with conntrack flushed before
-each; new connections per second to the last service; the NodePort request rate
-(connect, request, response, close) from the external namespace. Control plane: all N
+each, from the node and from a pod behind it (ebpflb: socket-LB, and the per-packet path on
+the pod's link); new connections per second to the last service, from both; the NodePort
+request rate (connect, request, response, close) from the external namespace. Control plane: all N
 programmed from nothing, one endpoint change, their CPU seconds, the kernel memory the
 rules or maps cost. Then the targets (lab.bench.targets) are judged.
 
@@ -27,6 +28,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from ipaddress import ip_address
 
 from ebpflb.errors import EbpflbError
@@ -50,6 +52,7 @@ from lab.bench.settings import CompareSettings, Mode
 from lab.bench.topology import BenchTopology
 
 SERVER_CPU = 0  # with the client: see lab.bench.measure.traffic.CLIENT_CPU
+NODE, POD = "node", "pod"  # where a ClusterIP client runs
 METRICS_TIMEOUT = 120.0  # /metrics of 100,000 services takes seconds
 
 
@@ -65,6 +68,13 @@ def cluster_client(topo: BenchTopology, mode: Mode) -> Client:
         return Client(topo.node, base, scenario.TARGET_PORT, topo.plain_cgroup)
     cgroup = topo.lb_cgroup if mode is Mode.EBPFLB else topo.plain_cgroup
     return Client(topo.node, str(plan.service_cidr.network_address), scenario.PORT, cgroup)
+
+
+def pod_client(topo: BenchTopology, mode: Mode) -> Client:
+    """The pod's client: the same targets as the node's, from the pod behind pod0 and in no
+    socket-LB cgroup, so ebpflb serves it per packet on the pod's link."""
+    node = cluster_client(topo, mode)
+    return Client(topo.pod, node.base, node.port, topo.plain_cgroup)
 
 
 def nodeport_client(topo: BenchTopology, mode: Mode, n: int) -> tuple[Client, int]:
@@ -102,20 +112,32 @@ def _network(settings: CompareSettings) -> Iterator[BenchTopology]:
 def _data_plane(
     topo: BenchTopology, modes: Sequence[Mode], n: int, settings: CompareSettings
 ) -> dict[Mode, DataPlane]:
-    clients = {mode: cluster_client(topo, mode) for mode in modes}
+    # Each mode from the node and from the pod, all interleaved in the same rounds.
+    clients = {
+        **{(mode, NODE): cluster_client(topo, mode) for mode in modes},
+        **{(mode, POD): pod_client(topo, mode) for mode in modes},
+    }
     # After programming: e.g. rules replaced by a partial sync being freed.
     wait_until_quiet(timeout=settings.quiet_timeout)
     latency = measure_latency(
         clients, n, rounds=settings.rounds, batch=settings.batch, flush=topo.flush_conntrack
     )
     rates = measure_rates(
-        {mode: (client, n - 1) for mode, client in clients.items()},
+        {key: (client, n - 1) for key, client in clients.items()},
         repeats=settings.rate_repeats,
         seconds=settings.rate_seconds,
         flush=topo.flush_conntrack,
         request=False,
     )
-    return {mode: DataPlane(latency=latency[mode], connections=rates[mode]) for mode in modes}
+    return {
+        mode: DataPlane(
+            latency=latency[mode, NODE],
+            connections=rates[mode, NODE],
+            pod_latency=latency[mode, POD],
+            pod_connections=rates[mode, POD],
+        )
+        for mode in modes
+    }
 
 
 def _nodeport(topo: BenchTopology, mode: Mode, n: int, settings: CompareSettings) -> Rate:
@@ -139,7 +161,7 @@ def kube_proxy_phase(
         nodeport = _nodeport(topo, mode, n, settings)
     return ModeResult(
         mode,
-        DataPlane(data.latency, data.connections, nodeport),
+        replace(data, nodeport=nodeport),
         control,
         phase_s=time.perf_counter() - started,
     )
@@ -156,7 +178,7 @@ def ebpflb_phase(
         none_nodeport = _nodeport(topo, Mode.NONE, n, settings)
         if not with_ebpflb:
             none = _data_plane(topo, [Mode.NONE], n, settings)[Mode.NONE]
-            data = DataPlane(none.latency, none.connections, none_nodeport)
+            data = replace(none, nodeport=none_nodeport)
             return [ModeResult(Mode.NONE, data, phase_s=time.perf_counter() - started)]
         picks = change_picks(n, settings.changes)
         with (
@@ -178,7 +200,7 @@ def ebpflb_phase(
             both = _data_plane(topo, [Mode.NONE, Mode.EBPFLB], n, settings)
             nodeport = _nodeport(topo, Mode.EBPFLB, n, settings)
         none, ebpflb = both[Mode.NONE], both[Mode.EBPFLB]
-        data = DataPlane(ebpflb.latency, ebpflb.connections, nodeport)
+        data = replace(ebpflb, nodeport=nodeport)
         results.append(ModeResult(Mode.EBPFLB, data, control))
         if settings.xdp:
             with ebpflb_agent(topo, services, memory=None, xdp=True) as agent:
@@ -189,7 +211,7 @@ def ebpflb_phase(
             results.append(ModeResult(Mode.EBPFLB_XDP, xdp_data, xdp_control))
     none_result = ModeResult(
         Mode.NONE,
-        DataPlane(none.latency, none.connections, none_nodeport),
+        replace(none, nodeport=none_nodeport),
         phase_s=time.perf_counter() - started,
         listed=Mode.NONE in settings.modes,  # else measured as ebpflb's reference only
     )
@@ -240,6 +262,8 @@ def problems(sizes: Sequence[SizeResult]) -> tuple[str, ...]:
                 ("latency", data.latency),
                 ("connections", data.connections),
                 ("nodeport", data.nodeport),
+                ("pod latency", data.pod_latency),
+                ("pod connections", data.pod_connections),
             )
             for kind, figures in measured:
                 if figures is not None and figures.errors:

@@ -7,7 +7,7 @@
 - nftables: kube-proxy's nftables ruleset (kubeproxy.nftables; table ip6 kube-proxy for
   IPv6), loaded with `nft -f`;
 - ebpflb: the real agent on the Kubernetes source (lab.bench.agentrun) in the node
-  namespace, its socket programs on the `lb` cgroup.
+  namespace, its socket programs on the `lb` cgroup, its per-packet path on the pod's link.
 
 The loaders run in a fresh memory cgroup, so its kernel-memory counter is what the rules
 cost; the full load and each change are timed (lab.bench.measure.cost).
@@ -27,7 +27,7 @@ from lab.bench.measure.cost import KernelMemoryCgroup, Timed, memory_cgroup, run
 from lab.bench.records.compare import ControlPlane, KernelMemory, RulesLoad
 from lab.bench.scenario import AGENT_NODE, BenchService
 from lab.bench.settings import IPTABLES_MODES, CompareSettings, Mode
-from lab.bench.topology import NODE_INTERFACES, BenchTopology
+from lab.bench.topology import NODE_INTERFACES, POD_LINK, BenchTopology
 
 AGENT_CPU = 1  # away from the data-plane client, so its housekeeping never lands inside
 
@@ -138,6 +138,7 @@ def ebpflb_agent(
     extra = [
         f"--node-name={AGENT_NODE}",
         f"--interfaces={','.join(NODE_INTERFACES)}",
+        f"--pod-interfaces={POD_LINK}",  # the per-packet path for the pod's client
         f"--xdp={'native' if xdp else 'off'}",
     ]
     with running_agent(

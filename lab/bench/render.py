@@ -75,6 +75,26 @@ def data_plane_rows(run: CompareRun) -> list[list[str]]:
     return rows
 
 
+def pod_rows(run: CompareRun) -> list[list[str]]:
+    """ClusterIP from the pod: ebpflb's per-packet path beside kube-proxy's PREROUTING."""
+    rows = []
+    for n, result in listed(run):
+        latency, data = result.data.pod_latency, result.data
+        if latency is None:
+            continue
+        name = f"{result.mode.value} (per packet)" if result.mode is Mode.EBPFLB else None
+        rows.append(
+            [
+                f"{n:,}",
+                name or result.mode.value,
+                *(_fmt(latency.of(t).p50_us) for t in Target),
+                _fmt(latency.last.p99_us),
+                _fmt(data.pod_connections.per_s if data.pod_connections else None, "/s"),
+            ]
+        )
+    return rows
+
+
 def control_plane_rows(run: CompareRun) -> list[list[str]]:
     rows = []
     for n, result in listed(run):
@@ -117,6 +137,7 @@ DATA_HEADERS = [
     "new conn/s (1 core)",
     "NodePort req/s",
 ]
+POD_HEADERS = DATA_HEADERS[:-1]  # no NodePort column: the pod's client is ClusterIP only
 CONTROL_HEADERS = [
     "N",
     "mode",
@@ -145,6 +166,7 @@ def render_compare(run: CompareRun, *, width: int = 140) -> str:
     )
     for title, headers, rows in (
         ("Data plane", DATA_HEADERS, data_plane_rows(run)),
+        ("ClusterIP from a pod behind the node", POD_HEADERS, pod_rows(run)),
         ("Control plane", CONTROL_HEADERS, control_plane_rows(run)),
     ):
         table = Table(title=title, title_justify="left")

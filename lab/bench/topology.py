@@ -2,6 +2,8 @@
 
     external (10.240.0.2) --eth0-- node --eth1-- backends (10.250.0.2, owns 10.128.0.0/11)
                                    10.240.0.1 / 10.250.0.1
+                                     |pod0
+                                    pod (10.159.255.254: the pod network's last address)
 
 With `--family ipv6` the same network in unique local addresses (ADDRESSES): external
 fd00:240::2, node fd00:240::1 / fd00:250::1, backends fd00:250::2 owning the IPv6 pod
@@ -15,6 +17,11 @@ at once) and the node forwards IPv6.
 - backends: one server answers every endpoint address (an AnyIP route for the whole pod
   network), so 100,000 services need no 100,000 pods.
 - external: the NodePort client, on the node's "physical" link.
+- pod: a pod behind the node (its link's node side `pod0`, POD_LINK), at an address of the
+  pod network (so kube-proxy's rules treat it as a pod: no masquerade) that the backends
+  namespace routes back to the node: the ClusterIP client whose packets the proxy
+  translates on their way through the node (kube-proxy's PREROUTING; ebpflb's per-packet
+  path on pod0), as for every pod on a real node.
 
 The links are set up as NIC-like for every mode alike (senders compute complete
 checksums; each veth's far end runs an XDP_PASS program), because native XDP on the
@@ -36,6 +43,7 @@ from lab.bench.scenario import Family
 from lab.harness.netns import Cgroup, Namespaces, attach_xdp_pass, sh
 
 NODE_INTERFACES = ("eth0", "eth1")  # external side, backend side
+POD_LINK = "pod0"  # the node's side of the pod's link (ebpflb's --pod-interfaces)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,12 @@ def ipv6_on(netns: str, *, forwarding: bool = False) -> None:
     sh("ip", "netns", "exec", netns, "sysctl", "-qw", *settings)
 
 
+def pod_address(family: Family) -> str:
+    """The bench pod's address: the pod network's last but one, used by no endpoint."""
+    cidr = scenario.PLANS[family].endpoint_cidr
+    return str(cidr.broadcast_address - 1)
+
+
 @dataclass
 class BenchTopology(Namespaces):
     cgroups: dict[str, Cgroup] = field(default_factory=dict)
@@ -95,6 +109,14 @@ class BenchTopology(Namespaces):
         return f"{self.prefix}-be"
 
     @property
+    def pod(self) -> str:
+        return f"{self.prefix}-pod"
+
+    @property
+    def pod_address(self) -> str:
+        return pod_address(self.family)
+
+    @property
     def addresses(self) -> Addresses:
         return ADDRESSES[self.family]
 
@@ -111,11 +133,13 @@ class BenchTopology(Namespaces):
         node = self.add_namespace("node", forwarding=True)
         ext = self.add_namespace("ext")
         backends = self.add_namespace("be")
+        pod = self.add_namespace("pod")
         if self.family is Family.IPV6:  # before the links, so their interfaces inherit it
-            for netns in (node, ext, backends):
+            for netns in (node, ext, backends, pod):
                 ipv6_on(netns, forwarding=netns == node)
         self.link(node, "eth0", ext, "eth0")
         self.link(node, "eth1", backends, "eth0")
+        self.link(node, POD_LINK, pod, "eth0")
         nodad = ("nodad",) if self.family is Family.IPV6 else ()
         for netns, address, dev in (
             (node, a.node, "eth0"),
@@ -131,11 +155,35 @@ class BenchTopology(Namespaces):
         sh("ip", "-n", backends, "route", "add", "default", "via", a.node_backend)
         # The no-proxy NodePort floor: the external client reaches a backend directly.
         sh("ip", "-n", ext, "route", "add", endpoints, "via", a.node)
-        for netns in (ext, backends):
+        self._pod_routes(node, backends, pod, nodad)
+        for netns in (ext, backends, pod):
             self.offload(netns, "eth0", False)
             attach_xdp_pass(self, netns, ["eth0"])
         for name in ("lb", "plain"):
             self.cgroups[name] = Cgroup.create(f"{self.prefix}-{name}")
+
+    def _pod_routes(self, node: str, backends: str, pod: str, nodad: tuple[str, ...]) -> None:
+        """The pod: its address on its eth0, a default route through the node; the node
+        routes its address to pod0 (more specific than the pod network's route to the
+        backends). The backends namespace owns the whole pod network as local addresses,
+        and the local table is looked up first: a rule before it sends what is addressed
+        to the pod back through the node."""
+        ipv6 = self.family is Family.IPV6
+        address, width = self.pod_address, 128 if ipv6 else 32
+        sh("ip", "-n", pod, "addr", "add", f"{address}/{width}", "dev", "eth0", *nodad)
+        if ipv6:  # a gateway on the link itself: neighbour discovery answers only for those
+            gateway = "fe80::1"
+            sh("ip", "-n", node, "addr", "add", f"{gateway}/64", "dev", POD_LINK, *nodad)
+        else:  # any node address: ARP answers for it on every link
+            gateway = self.addresses.node
+            sh("ip", "-n", pod, "route", "add", gateway, "dev", "eth0")
+        sh("ip", "-n", pod, "route", "add", "default", "via", gateway, "dev", "eth0")
+        sh("ip", "-n", node, "route", "add", f"{address}/{width}", "dev", POD_LINK)
+        family = "-6" if ipv6 else "-4"
+        sh("ip", family, "-n", backends, "rule", "add", "pref", "10", "to", address,
+           "lookup", "main")  # fmt: skip
+        sh("ip", family, "-n", backends, "rule", "add", "pref", "100", "lookup", "local")
+        sh("ip", family, "-n", backends, "rule", "del", "pref", "0")
 
     def flush_conntrack(self) -> None:
         """Forget the node's connection tracking state (kube-proxy modes NAT through it)."""

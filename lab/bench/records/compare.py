@@ -80,6 +80,11 @@ class DataPlane:
     # Why `nodeport` is missing where the mode has a NodePort path (e.g. IPv6 before the
     # datapath translates it): the table shows "-" and the report says this.
     nodeport_not_measured: str | None = None
+    # The same ClusterIP figures from a pod behind the node (its own namespace and link):
+    # kube-proxy's PREROUTING rules, and ebpflb's per-packet path on the pod's interface
+    # (the client in no socket-LB cgroup). None in reports from before it was measured.
+    pod_latency: ConnectLatency | None = None
+    pod_connections: Rate | None = None
 
 
 # ---- control plane ------------------------------------------------------------------------

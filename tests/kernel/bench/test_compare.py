@@ -1,10 +1,9 @@
 """`ebpflb bench compare` end to end at a small N, in each family: every mode carries real
-traffic through its own namespaces (a mode whose rules or programs did not translate shows
-up as connect errors), and every figure the table needs is measured, but for ebpflb's
-NodePort over IPv6 while its tc/XDP datapath lacks it: then not measured, with the reason.
-
-The ebpflb phase reads the agent's readiness and start-up figures from its /readyz and
-/status endpoints (lab.bench.agent)."""
+traffic through its own namespaces, from the node and from a pod behind it (a mode whose
+rules or programs did not translate shows up as connect errors), and every figure the
+table needs is measured, but for ebpflb's NodePort over IPv6 while its tc/XDP datapath
+lacks it: then not measured, with the reason. The ebpflb phase reads the agent's readiness
+and start-up figures from its /readyz and /status endpoints (lab.bench.agent)."""
 
 from __future__ import annotations
 
@@ -47,6 +46,17 @@ def test_every_mode_measured_with_real_traffic(family: Family) -> None:
             assert summary.errors == 0, (mode, result.data)
         connections = result.data.connections
         assert connections is not None and connections.per_s > 0 and connections.errors == 0
+        # From the pod: an untranslated ClusterIP packet dies in the backends' namespace,
+        # so no error means the mode translated every one of them on the way through the
+        # node (ebpflb: per packet on the pod's link, the pod in no socket-LB cgroup).
+        pod = result.data.pod_latency
+        assert pod is not None, mode
+        for target in Target:
+            assert pod.of(target).samples == settings.batch, (mode, target)
+            assert pod.of(target).errors == 0, (mode, result.data)
+        pod_connections = result.data.pod_connections
+        assert pod_connections is not None and pod_connections.errors == 0, mode
+        assert pod_connections.per_s > 0, mode
     for mode in (*MODES, Mode.EBPFLB_XDP):
         result = size.get(mode)
         assert result is not None, mode
@@ -71,4 +81,5 @@ def test_every_mode_measured_with_real_traffic(family: Family) -> None:
     assert agent.phases["first_sync"] == pytest.approx(agent.start_to_synced_s, abs=1e-3)
     assert agent.lists["Service"].objects == N
     assert report.targets  # judged, whatever the verdicts on a busy test machine
-    assert "ebpflb-xdp" in render(report)
+    text = render(report)
+    assert "ebpflb-xdp" in text and "ebpflb (per packet)" in text

@@ -251,6 +251,7 @@ class FlowRow:
     flags: CtFlags = CtFlags.NONE  # besides SNAT
     packets: int = 1  # client -> backend packets counted
     lifetime_s: int | None = None  # if given: the entry expires this many seconds from now
+    reply_nat: bool = True  # its reply translation still exists
 
 
 @dataclass(frozen=True)
@@ -532,6 +533,25 @@ CASES: tuple[Case, ...] = (
             ),
         ),
         after=(LOCAL_NEW,),
+    ),
+    Case(
+        "a SYN-ACK on a closed flow's ports answers another connection: passed, the stale"
+        " reply translation removed",
+        Program.TC_EGRESS,
+        Frame(MAC["eth0"], MAC[CLIENT], LOCAL, (CLIENT, 40000), tcp_flags="SA", ttl=63),
+        OK,
+        SAME,
+        flows=(
+            FlowRow(
+                (CLIENT, 40000),
+                (NODE, 30080),
+                LOCAL,
+                flags=CtFlags.CLOSING,
+                packets=2,
+                reply_nat=False,
+            ),
+        ),
+        after=(LOCAL_NEW, "RST: the flow is closing"),
     ),
     *ingress(
         HALF_CLOSED,

@@ -373,7 +373,8 @@ class Flows:
                 CtRow(client, frontend, row.proto, backend, flags, snat, row.packets, entry.svc_id)
             )
             nat_flags = NatFlags.SNAT if snat else NatFlags.NONE
-            nat.add(NatRow(backend, snat or client, row.proto, client, frontend, nat_flags))
+            if row.reply_nat:
+                nat.add(NatRow(backend, snat or client, row.proto, client, frontend, nat_flags))
         return conntrack, nat
 
     def diff(self, rows: tuple[FlowRow, ...]) -> list[str]:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from ebpflb.datapath.programs import loader
 from lab.harness.agentproc import AgentProcess, cleanup_datapath
 from lab.harness.netns import Cgroup, Pod, Topology, sh
 from tests import REPO
@@ -103,11 +104,9 @@ class Node:
         return code != 0 and self.cgroup_programs() == []
 
     def cgroup_programs(self) -> list[str]:
-        out = subprocess.run(
-            ["bpftool", "cgroup", "show", str(self.cgroup.path), "--json"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout  # fmt: skip
-        return sorted(p["name"] for p in json.loads(out.strip() or "[]"))
+        """ebpflb's programs on the test cgroup, by the BPF_PROG_QUERY syscall (Bookworm's
+        bpftool sends query flags kernels before 6.0 reject)."""
+        return sorted(name for _hook, name in loader.attached_programs(self.cgroup.path))
 
     def conntrack_clients(self) -> set[str]:
         argv = [sys.executable, "-m", "ebpflb", "maps", "dump", "--json", "--bpffs"]

@@ -4,6 +4,7 @@ run builders here serve the other bench unit tests too."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,30 @@ def test_bulk_report_plots_from_a_saved_report(tmp_path: Path) -> None:
     args = build_parser().parse_args(["bulk", "--from-report", str(report), "--plot", str(out)])
     assert run(args) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_pods_clusterip_figures_get_their_table_and_survive_the_codec() -> None:
+    """ClusterIP from the pod: ebpflb's row named for its per-packet path; a report from
+    before the figures existed still reads, without the table's rows."""
+    from lab.bench import render
+    from lab.bench.records import codec
+
+    summary = LatencySummary(samples=10, errors=0, p50_us=40.0, p99_us=80.0, mean_us=41.0)
+    pod = {"pod_latency": ConnectLatency(summary, summary, summary)}
+    with_pod = size()
+    for mode in (Mode.NONE, Mode.NFTABLES, Mode.EBPFLB):
+        result = with_pod.get(mode)
+        assert result is not None
+        rate = {"pod_connections": Rate(9_000.0, (9_000.0,), 0)}
+        with_pod = replace_mode(
+            with_pod, mode, data=dataclasses.replace(result.data, **pod, **rate)
+        )
+    rows = render.pod_rows(run(with_pod))
+    assert [row[1] for row in rows] == ["none", "nftables", "ebpflb (per packet)"]
+    assert rows[-1][2:] == ["40.0", "40.0", "40.0", "80.0", render._fmt(9_000.0, "/s")]
+    again = codec.from_json(json.loads(codec.to_json(run(with_pod))))
+    assert again == run(with_pod)
+    old = json.loads(codec.to_json(run(size())))
+    for mode in old["sizes"][0]["modes"]:
+        mode["data"].pop("pod_latency", None), mode["data"].pop("pod_connections", None)
+    assert render.pod_rows(codec.from_json(old)) == []  # type: ignore[arg-type]
