@@ -34,6 +34,16 @@ def connect_p50(target: Target) -> Figure:
     return figure
 
 
+def pod_connect_p50(target: Target) -> Figure:
+    """connect() p50 from the pod behind the node (ebpflb: its per-packet path)."""
+
+    def figure(result: ModeResult) -> float | None:
+        latency = result.data.pod_latency
+        return latency.of(target).p50_us if latency else None
+
+    return figure
+
+
 def connections_per_s(result: ModeResult) -> float | None:
     return result.data.connections.per_s if result.data.connections else None
 
@@ -210,6 +220,19 @@ TARGETS: tuple[Rule, ...] = (
         program_s,
         PROGRAM_MAX_S,
         lambda seconds, _result: f"{seconds:.2f} s",
+    ),
+    # Issue 28: the per-packet ClusterIP path at or below nftables' connect p50 from a pod,
+    # and ahead of iptables' (both through the node, as every pod's packets are).
+    *(
+        Ratio(
+            f"per-packet ClusterIP from a pod: connect p50 (random) at most {mode}",
+            pod_connect_p50(Target.RANDOM),
+            1.0,
+            at_least=False,
+            render=lambda mine, theirs: f"{mine:.1f} vs {theirs:.1f} µs",
+            reference=mode,
+        )
+        for mode in (Mode.NFTABLES, Mode.IPTABLES_LEGACY)
     ),
     AtLeastAsFast(
         nodeport_per_s,
