@@ -165,6 +165,12 @@ def _run_client(
     return result
 
 
+# Each connect's (and response's) limit: past the first SYN retransmission (Linux's initial
+# RTO is 1 s), so a SYN dropped by a server's full accept queue on a loaded machine makes a
+# slow sample, not a failed connection; a path that drops every SYN still fails.
+CONNECT_TIMEOUT_S = 3.0
+
+
 def latency(
     netns: str,
     base: str,
@@ -175,7 +181,7 @@ def latency(
     random_count: int | None = None,
     cpu: int | None = None,
     cgroup: Cgroup | None = None,
-    timeout: float = 1.0,
+    timeout: float = CONNECT_TIMEOUT_S,
     seed: int = 1,
 ) -> LatencyResult:
     """`connects` sequential connects from `netns` to service `index` (base + index + 1) or
@@ -203,7 +209,7 @@ def rate(
     cpu: int | None = None,
     cgroup: Cgroup | None = None,
     request: bool = False,
-    timeout: float = 1.0,
+    timeout: float = CONNECT_TIMEOUT_S,
     seed: int = 1,
 ) -> RateResult:
     """Sequential connections from `netns` for `seconds` (with a 16-byte request and
