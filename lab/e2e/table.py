@@ -135,7 +135,8 @@ def render(columns: Sequence[Column], rows: Sequence[Row] = ROWS) -> str:
         cells = [name, test_names(row, columns), *(result(row, c) for c in columns), notes(row)]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     ported = sum(1 for r in rows if r.ported)
-    lines += ["", f"{ported} of {len(rows)} upstream tests ported; the others say why not yet."]
+    rest = "; the others say why not yet." if ported < len(rows) else "."
+    lines += ["", f"{ported} of {len(rows)} upstream tests ported{rest}"]
     return "\n".join(lines) + "\n"
 
 
