@@ -259,7 +259,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
     if config.conntrack_sysctls:
         for outcome in sysctl.ensure_conntrack(config.ct_tcp_close_wait_timeout):
             if not outcome.ok:
-                metrics.sysctl_errors.labels(outcome.name.replace("/", ".")).inc()
+                metrics.sysctl_errors.labels(outcome.key).inc()
     registry.register(StatusCollector(status.phases, status.frontend_changes))
     health = HealthCheckServers()
     # The attached interfaces' addresses are followed while the agent runs (addrwatch).

@@ -430,11 +430,14 @@ static __always_inline enum np_verdict np6_ingress(void *ctx, const struct pkt6 
 /* Egress on a node interface: replies of flows DNATed to a local backend. */
 static __always_inline enum np_verdict np4_egress(const struct pkt4 *pkt, struct xlate4 *out)
 {
-	__u64 now = bpf_ktime_get_ns();
 	struct rnat4_val *rnat;
+	__u64 now;
 
 	rnat = ebpflb_rnat4.lookup((struct flow4 *)&pkt->flow);
-	if (!rnat || (rnat->flags & RNAT_F_SNAT) || rnat4_stale(pkt, rnat, now))
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS; /* every packet into a pod comes here: no clock read for those */
+	now = bpf_ktime_get_ns();
+	if (rnat4_stale(pkt, rnat, now))
 		return NP_PASS;
 	np4_reply(pkt, rnat, now, out);
 	out->daddr = pkt->flow.daddr; /* the client, unchanged */
@@ -445,11 +448,14 @@ static __always_inline enum np_verdict np4_egress(const struct pkt4 *pkt, struct
 /* Egress on a node interface: replies of IPv6 flows DNATed to a local backend. */
 static __always_inline enum np_verdict np6_egress(const struct pkt6 *pkt, struct xlate6 *out)
 {
-	__u64 now = bpf_ktime_get_ns();
 	struct rnat6_val *rnat;
+	__u64 now;
 
 	rnat = ebpflb_rnat6.lookup((struct flow6 *)&pkt->flow);
-	if (!rnat || (rnat->flags & RNAT_F_SNAT) || rnat6_stale(pkt, rnat, now))
+	if (!rnat || (rnat->flags & RNAT_F_SNAT))
+		return NP_PASS; /* every packet into a pod comes here: no clock read for those */
+	now = bpf_ktime_get_ns();
+	if (rnat6_stale(pkt, rnat, now))
 		return NP_PASS;
 	np6_reply(pkt, rnat, now, out);
 	addr6_copy(out->daddr, pkt->flow.daddr); /* the client, unchanged */

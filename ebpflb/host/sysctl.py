@@ -35,6 +35,11 @@ class SysctlOutcome:
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def key(self) -> str:
+        """The sysctl as `sysctl` names it (net.netfilter....)."""
+        return self.name.replace("/", ".")
+
 
 def ensure(name: str, wanted: int, proc_sys: Path = PROC_SYS) -> SysctlOutcome:
     """Set sysctl `name` (a path under /proc/sys) to `wanted` unless it already is."""
@@ -51,8 +56,9 @@ def ensure(name: str, wanted: int, proc_sys: Path = PROC_SYS) -> SysctlOutcome:
         path.write_text(f"{wanted}\n")
     except OSError as exc:
         return SysctlOutcome(name, wanted, before, f"cannot write {path}: {exc.strerror}")
-    log.info("set %s to %d (was %d), as kube-proxy", name.replace("/", "."), wanted, before)
-    return SysctlOutcome(name, wanted, before)
+    outcome = SysctlOutcome(name, wanted, before)
+    log.info("set %s to %d (was %d), as kube-proxy", outcome.key, wanted, before)
+    return outcome
 
 
 def ensure_conntrack(close_wait_s: int, proc_sys: Path = PROC_SYS) -> list[SysctlOutcome]:
@@ -63,7 +69,7 @@ def ensure_conntrack(close_wait_s: int, proc_sys: Path = PROC_SYS) -> list[Sysct
             log.warning(
                 "%s not set to %d (%s): the node's conntrack keeps its own timeout for"
                 " half-closed connections",
-                outcome.name.replace("/", "."),
+                outcome.key,
                 outcome.wanted,
                 outcome.error,
             )

@@ -196,14 +196,17 @@ class EndpointSliceTracker(_ChangeLog[tuple[SliceTranslation, ...]]):
             group[ref] = new
         if not group:
             del self._by_service[service]
-        if self._previous[service] == _merged(group):
+        merged = _merged(group)
+        if self._previous[service] == merged:
             del self._previous[service]
-            self._commit(service)  # trigger times aside, the same slices as synced
+            self._set_synced(service, merged)  # trigger times aside, the same as synced
 
     def _commit(self, ref: NamespacedName) -> None:
-        group = self._by_service.get(ref)
-        if group:
-            self._synced[ref] = _merged(group)
+        self._set_synced(ref, _merged(self._by_service.get(ref, {})))
+
+    def _set_synced(self, ref: NamespacedName, merged: tuple[SliceTranslation, ...]) -> None:
+        if merged:
+            self._synced[ref] = merged
         else:
             self._synced.pop(ref, None)
 

@@ -82,11 +82,11 @@ def pod_rows(run: CompareRun) -> list[list[str]]:
         latency, data = result.data.pod_latency, result.data
         if latency is None:
             continue
-        name = f"{result.mode.value} (per packet)" if result.mode is Mode.EBPFLB else None
+        per_packet = result.mode is Mode.EBPFLB  # the pod is in no socket-LB cgroup
         rows.append(
             [
                 f"{n:,}",
-                name or result.mode.value,
+                f"{result.mode.value} (per packet)" if per_packet else result.mode.value,
                 *(_fmt(latency.of(t).p50_us) for t in Target),
                 _fmt(latency.last.p99_us),
                 _fmt(data.pod_connections.per_s if data.pod_connections else None, "/s"),
