@@ -256,10 +256,12 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
         config = place_snat_ports(config, netdev.ephemeral_port_range())
     registry = CollectorRegistry()
     metrics = Metrics(registry)
+    conntrack_sysctls = sysctl.ConntrackSysctls(
+        config.ct_tcp_close_wait_timeout,
+        on_error=lambda outcome: metrics.sysctl_errors.labels(outcome.key).inc(),
+    )
     if config.conntrack_sysctls:
-        for outcome in sysctl.ensure_conntrack(config.ct_tcp_close_wait_timeout):
-            if not outcome.ok:
-                metrics.sysctl_errors.labels(outcome.key).inc()
+        conntrack_sysctls.ensure()
     registry.register(StatusCollector(status.phases, status.frontend_changes))
     health = HealthCheckServers()
     # The attached interfaces' addresses are followed while the agent runs (addrwatch).
@@ -346,9 +348,7 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
             )
         pinlayout.write(config.bpffs_dir)  # every map is in this agent's layout now
         status.programs_replaced(socket_lb.attach(cgroup))
-        status.socket_lb(
-            config.socket_lb.value, socket_lb.netns_cookie or None, sockdiag.METHOD
-        )
+        status.socket_lb(config.socket_lb.value, socket_lb.netns_cookie or None, sockdiag.METHOD)
         log.info(
             "socket-LB (%s) on cgroup %s; maps pinned under %s",
             config.socket_lb.value,
@@ -377,6 +377,8 @@ def run(config: Config, source_factory: SourceFactory, stop: threading.Event | N
 
             def housekeeping() -> None:
                 maps.expire_flows()
+                if config.conntrack_sysctls:  # nf_conntrack may have loaded since
+                    conntrack_sysctls.ensure()
                 for table in (MapName.CONNTRACK, MapName.CONNTRACK6):  # each on its own
                     try:
                         grown = maps.grow_conntrack(config.ct_max, table)

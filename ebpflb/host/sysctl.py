@@ -5,14 +5,18 @@ kube-proxy raises nf_conntrack's CLOSE_WAIT timeout (`--conntrack-tcp-timeout-cl
 rules) keeps its entry while the other side still sends; the upstream e2e test "KubeProxy
 should set TCP CLOSE_WAIT timeout" checks it. ebpflb sets the same sysctl to the value its
 own conntrack gives half-closed flows. The sysctl is per network namespace: the agent's
-(the node's, with hostNetwork). Absent (nf_conntrack not loaded): nothing to set, as
-kube-proxy. Not writable (a container whose /proc/sys is read-only): a warning and a count,
-the agent runs on.
+(the node's, with hostNetwork). Absent (nf_conntrack not loaded): nothing to set yet.
+ebpflb never needs nf_conntrack itself, so on its nodes the module often loads after the
+agent started (the first rule of a CNI's network policy or a firewall that uses
+conntrack), and its sysctls then start at the kernel's defaults: the agent checks again at
+every full resync (`ConntrackSysctls.ensure`). Not writable (a container whose /proc/sys
+is read-only): a warning and a count once per failure, the agent runs on.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,16 +65,32 @@ def ensure(name: str, wanted: int, proc_sys: Path = PROC_SYS) -> SysctlOutcome:
     return outcome
 
 
-def ensure_conntrack(close_wait_s: int, proc_sys: Path = PROC_SYS) -> list[SysctlOutcome]:
-    """kube-proxy's nf_conntrack settings; failures logged (the caller counts them)."""
-    outcomes = [ensure(CLOSE_WAIT, close_wait_s, proc_sys)]
-    for outcome in outcomes:
-        if not outcome.ok:
-            log.warning(
-                "%s not set to %d (%s): the node's conntrack keeps its own timeout for"
-                " half-closed connections",
-                outcome.key,
-                outcome.wanted,
-                outcome.error,
-            )
-    return outcomes
+class ConntrackSysctls:
+    """kube-proxy's nf_conntrack settings, kept: `ensure` at start and at every full
+    resync. A failure is logged and passed to `on_error` once, until it changes."""
+
+    def __init__(
+        self,
+        close_wait_s: int,
+        on_error: Callable[[SysctlOutcome], None],
+        proc_sys: Path = PROC_SYS,
+    ) -> None:
+        self.wanted = {CLOSE_WAIT: close_wait_s}
+        self.on_error = on_error
+        self.proc_sys = proc_sys
+        self._errors: dict[str, str | None] = {}  # name -> the last error reported
+
+    def ensure(self) -> list[SysctlOutcome]:
+        outcomes = [ensure(name, value, self.proc_sys) for name, value in self.wanted.items()]
+        for outcome in outcomes:
+            if outcome.error is not None and outcome.error != self._errors.get(outcome.name):
+                log.warning(
+                    "%s not set to %d (%s): the node's conntrack keeps its own timeout for"
+                    " half-closed connections",
+                    outcome.key,
+                    outcome.wanted,
+                    outcome.error,
+                )
+                self.on_error(outcome)
+            self._errors[outcome.name] = outcome.error
+        return outcomes

@@ -32,7 +32,8 @@ from dataclasses import replace
 from ipaddress import ip_address
 
 from ebpflb.errors import EbpflbError
-from lab.bench import loadgen, scenario, targets
+from lab.bench import loadgen, progcost, scenario, targets
+from lab.bench.agentrun import RunningAgent
 from lab.bench.measure.cost import bpf_map_bytes, memory_cgroup
 from lab.bench.measure.machine import machine_facts, wait_until_quiet
 from lab.bench.measure.traffic import Client, measure_latency, measure_rates
@@ -44,6 +45,7 @@ from lab.bench.records.compare import (
     DataPlane,
     KernelMemory,
     ModeResult,
+    ProgramCost,
     Rate,
     SizeResult,
 )
@@ -150,6 +152,15 @@ def _nodeport(topo: BenchTopology, mode: Mode, n: int, settings: CompareSettings
     )[mode]
 
 
+def _program_costs(
+    topo: BenchTopology, agent: RunningAgent, program: progcost.Program, settings: CompareSettings
+) -> tuple[ProgramCost, ...]:
+    """After the traffic: the program's cost per packet on its NodePort paths."""
+    return progcost.measure_nodeport(
+        program, agent.bpffs, topo.node, topo.external, settings.family
+    )
+
+
 def kube_proxy_phase(
     mode: Mode, services: list[scenario.BenchService], settings: CompareSettings
 ) -> ModeResult:
@@ -199,12 +210,16 @@ def ebpflb_phase(
             )
             both = _data_plane(topo, [Mode.NONE, Mode.EBPFLB], n, settings)
             nodeport = _nodeport(topo, Mode.EBPFLB, n, settings)
+            costs = _program_costs(topo, agent, progcost.TC_INGRESS, settings)
         none, ebpflb = both[Mode.NONE], both[Mode.EBPFLB]
-        data = replace(ebpflb, nodeport=nodeport)
+        data = replace(ebpflb, nodeport=nodeport, program_costs=costs)
         results.append(ModeResult(Mode.EBPFLB, data, control))
         if settings.xdp:
             with ebpflb_agent(topo, services, memory=None, xdp=True) as agent:
-                xdp_data = DataPlane(nodeport=_nodeport(topo, Mode.EBPFLB, n, settings))
+                xdp_data = DataPlane(
+                    nodeport=_nodeport(topo, Mode.EBPFLB, n, settings),
+                    program_costs=_program_costs(topo, agent, progcost.XDP, settings),
+                )
                 xdp_control = ControlPlane(
                     program_s=agent.startup.start_to_synced_s, agent=agent.startup
                 )

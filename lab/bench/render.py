@@ -95,6 +95,25 @@ def pod_rows(run: CompareRun) -> list[list[str]]:
     return rows
 
 
+def program_cost_rows(run: CompareRun) -> list[list[str]]:
+    """ebpflb's NodePort programs per packet, timed by the kernel (lab.bench.progcost)."""
+    return [
+        [
+            f"{n:,}",
+            result.mode.value,
+            cost.program,
+            cost.path,
+            cost.verdict,
+            f"{cost.median_ns:,}",
+            f"{cost.p10_ns:,}",
+            f"{cost.repeat_mean_ns:,}" if cost.repeat_mean_ns is not None else "-",
+            f"{cost.instructions:,}",
+        ]
+        for n, result in listed(run)
+        for cost in result.data.program_costs
+    ]
+
+
 def control_plane_rows(run: CompareRun) -> list[list[str]]:
     rows = []
     for n, result in listed(run):
@@ -138,6 +157,17 @@ DATA_HEADERS = [
     "NodePort req/s",
 ]
 POD_HEADERS = DATA_HEADERS[:-1]  # no NodePort column: the pod's client is ClusterIP only
+COST_HEADERS = [
+    "N",
+    "mode",
+    "program",
+    "path",
+    "verdict",
+    "ns p50",
+    "ns p10",
+    "ns repeated",
+    "instructions",
+]
 CONTROL_HEADERS = [
     "N",
     "mode",
@@ -167,8 +197,11 @@ def render_compare(run: CompareRun, *, width: int = 140) -> str:
     for title, headers, rows in (
         ("Data plane", DATA_HEADERS, data_plane_rows(run)),
         ("ClusterIP from a pod behind the node", POD_HEADERS, pod_rows(run)),
+        ("NodePort per packet (BPF_PROG_TEST_RUN)", COST_HEADERS, program_cost_rows(run)),
         ("Control plane", CONTROL_HEADERS, control_plane_rows(run)),
     ):
+        if not rows:  # a figure the run (or an older report) does not have
+            continue
         table = Table(title=title, title_justify="left")
         for i, header in enumerate(headers):
             table.add_column(header, justify="left" if i == 1 else "right")
@@ -450,6 +483,16 @@ def render_sync(run: SyncRun) -> str:
                 "kernel memory: agent's cgroup, BPF maps",
                 f"{_fmt(kernel.cgroup_bytes, 'MiB')} MiB, {_fmt(kernel.bpf_map_bytes, 'MiB')}"
                 " MiB (bpftool)",
+            )
+        )
+    cgroup = run.cgroup_memory
+    if cgroup is not None:
+        lines.append(
+            _row(
+                "agent's memory cgroup (a pod's limit)",
+                f"peak {cgroup.peak_mib:.0f} MiB; at the end {cgroup.current_mib:.0f} MiB:"
+                f" anon {cgroup.anon_mib:.0f}, file {cgroup.file_mib:.0f}, kernel"
+                f" {cgroup.kernel_mib:.0f}",
             )
         )
     if run.metrics_scrape_s is not None:

@@ -32,7 +32,7 @@ from ebpflb.errors import ConfigError, EbpflbError
 from lab.bench.agentrun import RunningAgent, running_agent
 from lab.bench.measure.churn import POLL, churn
 from lab.bench.measure.cost import mapped_libraries
-from lab.bench.records.agent import AgentStartup, ProcessMemory
+from lab.bench.records.agent import AgentStartup, CgroupMemory, ProcessMemory
 from lab.bench.records.compare import KernelMemory
 from lab.bench.records.sync import Churn, SyncRun
 from lab.bench.scenario import BenchService, bench_services
@@ -62,6 +62,7 @@ class SyncFigures:
     compiler_libraries: tuple[str, ...] = ()  # mapped into the settled agent
     memory_end: ProcessMemory | None = None
     cpu_s_end: float | None = None
+    cgroup_memory: CgroupMemory | None = None
     restart: AgentStartup | None = None
     restart_memory: ProcessMemory | None = None
     restart_compiler_libraries: tuple[str, ...] = ()
@@ -221,8 +222,11 @@ def drift(settings: SyncSettings, run: RunningAgent, figures: SyncFigures) -> No
 
 
 def end_of_run(settings: SyncSettings, run: RunningAgent, figures: SyncFigures) -> None:
-    """The first agent's memory and CPU at the end of its measurements."""
+    """The first agent's memory and CPU at the end of its measurements, and its memory
+    cgroup's peak (before the restart adds a second process's start-up to it)."""
     figures.memory_end, figures.cpu_s_end = run.memory(), run.cpu_seconds()
+    if run.memory_cgroup is not None:
+        figures.cgroup_memory = run.memory_cgroup.usage()
 
 
 def restart(settings: SyncSettings, run: RunningAgent, figures: SyncFigures) -> None:
@@ -310,5 +314,6 @@ def run_sync_bench(
         churn=figures.churn,
         restart=figures.restart,
         metrics_scrape_s=figures.metrics_scrape_s,
+        cgroup_memory=figures.cgroup_memory,
     )
     return dataclasses.replace(record, targets=judge(record))

@@ -176,6 +176,10 @@ KERNEL_MEMORY_MAX_RATIO = 1.0  # ebpflb / nftables
 KERNEL_MEMORY_AT = frozenset({20_000})
 CHANGE_MAX_S = {20_000: 0.005}
 PROGRAM_MAX_S = {20_000: 5.0, 100_000: 30.0}
+# Issue 28: NodePort's request rate against plain forwarding through the same node (the no
+# proxy mode's external client reaches a backend's own address: routing, no translation).
+NODEPORT_TC_MIN_RATIO = 0.95  # ebpflb / none
+NODEPORT_XDP_MIN_RATIO = 0.99  # ebpflb-xdp / none
 
 
 def _percent(ratio: float) -> str:
@@ -233,6 +237,20 @@ TARGETS: tuple[Rule, ...] = (
             reference=mode,
         )
         for mode in (Mode.NFTABLES, Mode.IPTABLES_LEGACY)
+    ),
+    *(
+        Ratio(
+            f"NodePort via {hook} within {_percent(limit)} of plain forwarding",
+            nodeport_per_s,
+            limit,
+            at_least=True,
+            render=lambda mine, floor: f"{mine:,.0f} vs {floor:,.0f} req/s",
+            mode=mode,
+        )
+        for hook, mode, limit in (
+            ("tc", Mode.EBPFLB, NODEPORT_TC_MIN_RATIO),
+            ("XDP", Mode.EBPFLB_XDP, NODEPORT_XDP_MIN_RATIO),
+        )
     ),
     AtLeastAsFast(
         nodeport_per_s,

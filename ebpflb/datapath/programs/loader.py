@@ -112,6 +112,15 @@ def own_netns_cookie() -> int:
     return int(struct.unpack("=Q", raw)[0])
 
 
+def netns_cookie_available() -> bool:
+    """Whether --socket-lb=hostns-only can run on this kernel (own_netns_cookie answers)."""
+    try:
+        own_netns_cookie()
+    except KernelSetupError:
+        return False
+    return True
+
+
 SO_NETNS_COOKIE = 71  # asm-generic/socket.h
 
 

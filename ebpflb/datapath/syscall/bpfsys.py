@@ -255,6 +255,8 @@ class ProgInfo:
     name: str
     tag: str = ""  # hash of the instructions, map fds left out: equal for equal programs
     map_ids: tuple[int, ...] = ()  # the maps the program uses (kernel ids)
+    xlated_insns: int = 0  # instructions as the verifier left them (8 bytes each)
+    jited_bytes: int = 0  # machine code the JIT made of them
 
 
 def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
@@ -431,6 +433,8 @@ def prog_info(fd: int, what: str = "a program") -> ProgInfo:
         info.name.decode(errors="replace"),
         bytes(info.tag).hex(),
         tuple(ids[: min(info.nr_map_ids, _MAX_PROG_MAPS)]),
+        info.xlated_prog_len // 8,
+        info.jited_prog_len,
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ebpflb.datapath.syscall.mounts import cgroup2_root
 from ebpflb.errors import EbpflbError
-from lab.bench.records.agent import ProcessMemory
+from lab.bench.records.agent import CgroupMemory, ProcessMemory
 from lab.harness.netns import remove_cgroup_dir
 
 
@@ -152,6 +152,27 @@ class KernelMemoryCgroup:
             if key == "kernel":
                 return int(value)
         return None
+
+    def usage(self) -> CgroupMemory | None:
+        """The cgroup's peak and current charge with its parts (v2 with memory.peak,
+        5.19+; None elsewhere)."""
+        peak, current = self.path / "memory.peak", self.path / "memory.current"
+        if not peak.exists() or not current.exists():
+            return None
+        stat = dict(
+            (key, int(value))
+            for key, _, value in (
+                line.partition(" ") for line in (self.path / "memory.stat").read_text().splitlines()
+            )
+        )
+        mib = 2**20
+        return CgroupMemory(
+            peak_mib=int(peak.read_text()) / mib,
+            current_mib=int(current.read_text()) / mib,
+            anon_mib=stat.get("anon", 0) / mib,
+            file_mib=stat.get("file", 0) / mib,
+            kernel_mib=stat.get("kernel", 0) / mib,
+        )
 
     def close(self) -> None:
         # Charges left by exited processes move to the parent when the cgroup goes.

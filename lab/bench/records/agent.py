@@ -54,6 +54,19 @@ class AgentStartup:
 
 
 @dataclass(frozen=True)
+class CgroupMemory:
+    """The agent's memory cgroup: everything its process tree (the agent, its compile
+    children) and the kernel objects it allocates (BPF maps) are charged, which is what
+    a pod's memory limit counts. cgroup v2's memory.peak and memory.stat."""
+
+    peak_mib: float  # memory.peak: the most charged at once since the cgroup was made
+    current_mib: float  # memory.current when read
+    anon_mib: float  # memory.stat when read: the processes' own memory
+    file_mib: float  # page cache (headers read by a compile, the slot pool's mapping)
+    kernel_mib: float  # kernel memory: BPF maps, page tables, slabs
+
+
+@dataclass(frozen=True)
 class ProcessMemory:
     """VmRSS and its parts, and the peak (VmHWM), of one process. `file_mib` counts the
     mapped slot pool's pages: kernel map memory seen through the mapping, not a copy."""

@@ -73,6 +73,22 @@ class Rate:
 
 
 @dataclass(frozen=True)
+class ProgramCost:
+    """What one packet on one path cost one of ebpflb's programs, timed by the kernel
+    (BPF_PROG_TEST_RUN on the running agent's program and maps: lab.bench.progcost)."""
+
+    program: str  # the C entry point (ebpflb_np_in, ebpflb_np_xdp)
+    path: str  # "new flow (SYN)", "known flow (ACK)", "not a NodePort"
+    verdict: str  # what the program returned on every run (REDIRECT, OK, PASS, ...)
+    runs: int
+    median_ns: int  # of single runs, each on a fresh copy of the frame
+    p10_ns: int
+    repeat_mean_ns: int | None  # mean of one call's repeated runs (unchanged frames only)
+    instructions: int  # the program's, after the verifier (xlated)
+    jited_bytes: int
+
+
+@dataclass(frozen=True)
 class DataPlane:
     latency: ConnectLatency | None = None
     connections: Rate | None = None  # new connections/s to the last service
@@ -85,6 +101,9 @@ class DataPlane:
     # (the client in no socket-LB cgroup). None in reports from before it was measured.
     pod_latency: ConnectLatency | None = None
     pod_connections: Rate | None = None
+    # ebpflb's programs per packet (BPF_PROG_TEST_RUN); () for kube-proxy's modes and in
+    # reports from before it was measured.
+    program_costs: tuple[ProgramCost, ...] = ()
 
 
 # ---- control plane ------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lab.bench.records.agent import AgentStartup, ProcessMemory
+from lab.bench.records.agent import AgentStartup, CgroupMemory, ProcessMemory
 from lab.bench.records.compare import KernelMemory, Verdict
 from lab.bench.settings import SyncSettings
 
@@ -75,4 +75,7 @@ class SyncRun:
     kernel_memory: KernelMemory | None = None
     churn: Churn | None = None
     metrics_scrape_s: float | None = None  # one GET /metrics of the synced agent
+    # The agent's memory cgroup at the end of the first agent's measurements: its peak is
+    # the run's (start-up, compile, sync, resync, churn), what a pod's limit must allow.
+    cgroup_memory: CgroupMemory | None = None
     targets: tuple[Verdict, ...] = ()

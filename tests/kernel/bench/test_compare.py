@@ -66,6 +66,20 @@ def test_every_mode_measured_with_real_traffic(family: Family) -> None:
             continue
         assert nodeport is not None and why is None, mode
         assert nodeport.per_s > 0 and nodeport.errors == 0, mode
+    # ebpflb's programs per packet, timed by the kernel on the agent's own maps: each path
+    # gave one verdict on every run (progcost checks), NodePort's SYN not a passer-by's.
+    for mode, program, passed in (
+        (Mode.EBPFLB, "ebpflb_np_in", "OK"),
+        (Mode.EBPFLB_XDP, "ebpflb_np_xdp", "PASS"),
+    ):
+        result = size.get(mode)
+        assert result is not None, mode
+        costs = {c.path: c for c in result.data.program_costs}
+        assert set(costs) == {"new flow (SYN)", "known flow (ACK)", "not a NodePort"}, mode
+        assert {c.program for c in costs.values()} == {program}
+        assert costs["not a NodePort"].verdict == passed, costs
+        assert costs["new flow (SYN)"].verdict != passed, costs
+        assert all(c.median_ns > 0 and c.instructions > 0 for c in costs.values()), costs
     for mode in (Mode.IPTABLES_LEGACY, Mode.IPTABLES_NFT, Mode.NFTABLES, Mode.EBPFLB):
         result = size.get(mode)
         assert result is not None and result.control is not None, mode
@@ -83,3 +97,4 @@ def test_every_mode_measured_with_real_traffic(family: Family) -> None:
     assert report.targets  # judged, whatever the verdicts on a busy test machine
     text = render(report)
     assert "ebpflb-xdp" in text and "ebpflb (per packet)" in text
+    assert "NodePort per packet (BPF_PROG_TEST_RUN)" in text

@@ -20,7 +20,10 @@ host-side links (`p<pod>`) and `--socket-lb=hostns-only`, the setting for meshes
 its pod clients are inside the agent's cgroup as on the first, yet the socket hooks leave
 them alone (another network namespace than the agent's), so the tc programs on their links
 translate every packet. hostNetwork and external clients are the same on both: the
-per-packet cluster serves only pod-client tests.
+per-packet cluster serves only pod-client tests. A kernel without SO_NETNS_COOKIE (before
+5.14: the 5.10 guest) refuses hostns-only, so there the per-packet cluster keeps
+`--socket-lb=all` and its pod clients run outside the agents' cgroups (pods whose cgroups
+the socket programs are not attached to): the same tc programs translate their packets.
 
 Each test builds its Services with names, ClusterIPs and nodePorts of its own
 (`E2E.allocate`) and `E2E` deletes what the test created when it ends: one cluster and one
@@ -42,6 +45,7 @@ import pytest
 
 from ebpflb.datapath.maps import dump
 from ebpflb.datapath.maps.kernel import KernelMapSet
+from ebpflb.datapath.programs.loader import netns_cookie_available
 from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
 from lab.harness.cluster import Cluster
 from lab.harness.fakeapi import FakeApiServer
@@ -80,6 +84,13 @@ class Shared:
     logs: dict[str, Path] = field(default_factory=dict)
     pods: dict[str, Pod] = field(default_factory=dict)
     ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    # Whether pod clients run inside their node's agent cgroup (all but the per-packet
+    # cluster on a kernel that refuses hostns-only, module docstring).
+    pods_in_agent_cgroup: bool = True
+
+    def pod_cgroup(self, node: str) -> Cgroup | None:
+        """The cgroup `node`'s pod clients run in."""
+        return self.nodes[node].cgroup if self.pods_in_agent_cgroup else None
 
     def agent(self, node: str) -> AgentProcess:
         agent = self.nodes[node].agent
@@ -90,12 +101,15 @@ class Shared:
 @contextlib.contextmanager
 def shared_cluster(tmp: Path, *agent_args: str, path: str = SOCKET_LB) -> Iterator[Shared]:
     """The cluster, its API server and both agents (`agent_args` added to each; with
-    `path` PER_PACKET, --pod-interfaces on the pods' links and --socket-lb=hostns-only,
-    else no pod interfaces: the agent's default names common CNIs' links); all of it
-    removed on exit, also on failure."""
+    `path` PER_PACKET, --pod-interfaces on the pods' links and --socket-lb=hostns-only
+    where the kernel allows it, else no pod interfaces: the agent's default names common
+    CNIs' links); all of it removed on exit, also on failure."""
     assert path in PATHS, path
+    hostns_only = netns_cookie_available()
     if path == PER_PACKET:
-        agent_args = (*agent_args, f"--pod-interfaces={POD_LINKS}", "--socket-lb=hostns-only")
+        agent_args = (*agent_args, f"--pod-interfaces={POD_LINKS}")
+        if hostns_only:
+            agent_args = (*agent_args, "--socket-lb=hostns-only")
     else:
         agent_args = (*agent_args, "--pod-interfaces=")
     cluster = Cluster.create()
@@ -105,7 +119,7 @@ def shared_cluster(tmp: Path, *agent_args: str, path: str = SOCKET_LB) -> Iterat
         sh("ip", "-n", cluster.wire_ns, "addr", "add", f"{API_IP}/24", "dev", "br0")
         with thread_in_netns(cluster.wire_ns):  # its threads inherit the wire namespace
             api.start()
-        shared = Shared(cluster, api, path)
+        shared = Shared(cluster, api, path, pods_in_agent_cgroup=path == SOCKET_LB or hostns_only)
         for node, pods in SERVERS.items():
             for name, host in pods.items():
                 pod = cluster.add_pod(node, name, host)
@@ -236,11 +250,11 @@ class E2E:
         self, client: str, mode: str, target: str, count: int = 1, *extra: str, timeout: float = 1.0
     ) -> list[Result]:
         """`count` requests from pod `client` (client1 on node1, client2 on node2, or a
-        server pod: a pod reaching its own Service), inside its node's agent cgroup (the
-        per-packet cluster's socket hooks skip it: --socket-lb=hostns-only)."""
+        server pod: a pod reaching its own Service), in its node's pod cgroup
+        (`Shared.pod_cgroup`)."""
         clients = {name: node for node, (name, _) in CLIENTS.items()}
         node = clients.get(client) or POD_NODE[client]
-        cgroup = self.shared.nodes[node].cgroup
+        cgroup = self.shared.pod_cgroup(node)
         return self.shared.cluster.requests(
             self.shared.pods[client].netns, mode, target, count, cgroup, *extra, timeout=timeout
         )

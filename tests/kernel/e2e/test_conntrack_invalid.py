@@ -117,8 +117,8 @@ def test_drop_invalid_conntrack_entries(e2e: E2E) -> None:
 
 
 def _client(e2e: E2E, pod: str, target: str) -> dict[str, Any]:
-    """The client pod's run, in its node's agent cgroup as E2E.from_pod's clients."""
-    cgroup = e2e.shared.nodes["node1"].cgroup
+    """The client pod's run, in its node's pod cgroup as E2E.from_pod's clients."""
+    cgroup = e2e.shared.pod_cgroup("node1")
     done = e2e.shared.cluster.run(
         e2e.shared.pods[pod].netns,
         [sys.executable, "-c", CLIENT, target, str(SECONDS)],

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -40,19 +39,7 @@ from tests.kernel.conftest import PODS, TCP_PORT, UDP_PORT, served_by
 pytestmark = pytest.mark.kernel
 
 WEB, VIP = "10.96.0.10:80", "10.96.0.10"
-SO_NETNS_COOKIE = 71  # asm-generic/socket.h
-
-
-def kernel_gives_netns_cookie() -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8)
-        except OSError:
-            return False
-    return True
-
-
-HOSTNS_ONLY = kernel_gives_netns_cookie()
+HOSTNS_ONLY = loader.netns_cookie_available()
 PROXY_UID, PROXY_PORT = 1337, 15001
 APP = (
     "import socket, sys\n"
