@@ -36,17 +36,24 @@ from lab.bench import loadgen, progcost, scenario, targets
 from lab.bench.agentrun import RunningAgent
 from lab.bench.measure.cost import bpf_map_bytes, memory_cgroup
 from lab.bench.measure.machine import machine_facts, wait_until_quiet
-from lab.bench.measure.traffic import Client, measure_latency, measure_rates
+from lab.bench.measure.traffic import (
+    Client,
+    measure_latency,
+    measure_rates,
+    measure_request_response,
+)
 from lab.bench.modes import change_picks, ebpflb_agent, program_kube_proxy
 from lab.bench.records.compare import (
     CompareRun,
     ConnectLatency,
     ControlPlane,
     DataPlane,
+    Exchange,
     KernelMemory,
     ModeResult,
     ProgramCost,
     Rate,
+    RequestResponse,
     SizeResult,
 )
 from lab.bench.scenario import Family
@@ -105,6 +112,7 @@ def _network(settings: CompareSettings) -> Iterator[BenchTopology]:
             lifetime=3600,
             owner=topo,
             ipv6=settings.family is Family.IPV6,
+            threads=SERVER_THREADS,
         ):
             yield topo
     finally:
@@ -131,15 +139,45 @@ def _data_plane(
         flush=topo.flush_conntrack,
         request=False,
     )
+    exchanges = (
+        _request_response(topo, modes, n, settings) if n in settings.request_response_at else {}
+    )
     return {
         mode: DataPlane(
             latency=latency[mode, NODE],
             connections=rates[mode, NODE],
             pod_latency=latency[mode, POD],
             pod_connections=rates[mode, POD],
+            request_response=exchanges.get(mode, ()),
         )
         for mode in modes
     }
+
+
+# netperf's TCP_RR and TCP_CRR as Cilium's CNI benchmark runs them: one flow and 32.
+REQUEST_RESPONSE = tuple((e, flows) for e in Exchange for flows in (1, 32))
+# One server thread per long-lived flow, and one for the rest.
+SERVER_THREADS = max(flows for _, flows in REQUEST_RESPONSE) + 1
+
+
+def _request_response(
+    topo: BenchTopology, modes: Sequence[Mode], n: int, settings: CompareSettings
+) -> dict[Mode, tuple[RequestResponse, ...]]:
+    """Each mode's RR and CRR to the last service from the node's client, interleaved."""
+    clients = {mode: (cluster_client(topo, mode), n - 1) for mode in modes}
+    found: dict[Mode, list[RequestResponse]] = {mode: [] for mode in modes}
+    for exchange, flows in REQUEST_RESPONSE:
+        rates = measure_request_response(
+            clients,
+            flows=flows,
+            new_connection=exchange is Exchange.CRR,
+            repeats=settings.rate_repeats,
+            seconds=settings.rate_seconds,
+            flush=topo.flush_conntrack,
+        )
+        for mode, rate in rates.items():
+            found[mode].append(RequestResponse(exchange, flows, rate))
+    return {mode: tuple(rows) for mode, rows in found.items()}
 
 
 def _nodeport(topo: BenchTopology, mode: Mode, n: int, settings: CompareSettings) -> Rate:

@@ -4,6 +4,8 @@
  *                     [--cpu K] [--seed S] [--timeout-ms T]
  *   connbench rate    --base ADDR --port P (--index I | --random N) --seconds D
  *                     [--cpu K] [--seed S] [--timeout-ms T] [--request]
+ *   connbench rr      --base ADDR --port P (--index I | --random N) --seconds D
+ *                     --flows F [--new-connection] [--cpu K] [--seed S] [--timeout-ms T]
  *   connbench serve   --port P [--ipv6] [--cpu K] [--lifetime S] [--threads T]
  *
  * "Service i" is base + i + 1 (lab/bench/scenario.py), so no address table is needed.
@@ -11,6 +13,10 @@
  * (0.0.0.0, or :: IPv6-only with --ipv6), so an IPv4 run measures an IPv4 socket as before.
  * Clients print one JSON line; the server prints "ready" once listening and, when it
  * exits (SIGTERM/SIGINT or --lifetime), one JSON line of counters.
+ * rr: F flows at once (a thread each), each a request and its response after another for
+ * D seconds: on one connection per flow (TCP_RR), or a new connection per request with
+ * --new-connection (TCP_CRR); transactions counted over all flows. The server answers
+ * every request a connection sends until the client closes.
  * Built by lab/bench/loadgen.py: gcc -std=c11 -O2 -Wall -Wextra -Werror -pthread.
  * Over 400 lines: clients, server and options in the one source loadgen.py compiles.
  */
@@ -38,6 +44,7 @@ struct opts {
 	int family;       /* AF_INET or AF_INET6: --base's (clients), --ipv6 (serve) */
 	uint8_t base[16]; /* network byte order: the first 4 bytes for IPv4 */
 	int port, cpu, index, random_n, connects, timeout_ms, threads, request, listen6;
+	int flows, new_connection; /* rr */
 	double seconds, lifetime;
 	uint64_t seed;
 };
@@ -134,6 +141,26 @@ static void note_error(struct client *c, int err)
 	}
 }
 
+/* One request and its whole response on connected socket fd; 0 after counting an error. */
+static int exchange(struct client *c, int fd)
+{
+	char buf[MSG_SIZE];
+	size_t got = 0;
+	if (send(fd, REQUEST, MSG_SIZE, MSG_NOSIGNAL) != MSG_SIZE) {
+		note_error(c, errno);
+		return 0;
+	}
+	while (got < MSG_SIZE) {
+		ssize_t n = recv(fd, buf + got, MSG_SIZE - got, 0);
+		if (n <= 0) {
+			note_error(c, n == 0 ? ECONNRESET : errno);
+			return 0;
+		}
+		got += (size_t)n;
+	}
+	return 1;
+}
+
 /* One connection: returns the connect() time in ns, or 0 after counting an error. */
 static uint64_t one_connection(struct client *c)
 {
@@ -147,7 +174,6 @@ static uint64_t one_connection(struct client *c)
 	/* RST on close: no TIME_WAIT, so a long run never runs out of local ports. */
 	struct linger rst = { 1, 0 };
 	uint64_t took = 0;
-	char buf[MSG_SIZE];
 
 	int fd = socket(o->family, SOCK_STREAM, 0);
 	if (fd < 0)
@@ -163,23 +189,8 @@ static uint64_t one_connection(struct client *c)
 		goto out;
 	}
 	took = end > start ? end - start : 1; /* a sample is never 0: 0 means "failed" */
-	if (o->request) {
-		size_t got = 0;
-		if (send(fd, REQUEST, MSG_SIZE, MSG_NOSIGNAL) != MSG_SIZE) {
-			note_error(c, errno);
-			took = 0;
-			goto out;
-		}
-		while (got < MSG_SIZE) {
-			ssize_t n = recv(fd, buf + got, MSG_SIZE - got, 0);
-			if (n <= 0) {
-				note_error(c, n == 0 ? ECONNRESET : errno);
-				took = 0;
-				goto out;
-			}
-			got += (size_t)n;
-		}
-	}
+	if (o->request && !exchange(c, fd))
+		took = 0;
 out:
 	setsockopt(fd, SOL_SOCKET, SO_LINGER, &rst, sizeof(rst));
 	close(fd);
@@ -230,6 +241,80 @@ static int run_rate(const struct opts *o)
 	}
 	printf("{\"connections\":%ld,\"seconds\":%.6f,", connections, (double)(now - start) / 1e9);
 	print_error(&c);
+	return 0;
+}
+
+struct flow {
+	struct client c;
+	long transactions;
+	uint64_t deadline;
+};
+
+/* One rr flow: requests on one connection (re-made after a failure), or a new connection
+ * for each with --new-connection, until the deadline. */
+static void *rr_flow(void *arg)
+{
+	struct flow *f = arg;
+	const struct opts *o = f->c.o;
+	struct timeval tv = { o->timeout_ms / 1000, (o->timeout_ms % 1000) * 1000 };
+	struct linger rst = { 1, 0 };
+	pin(o->cpu);
+	while (now_ns() < f->deadline) {
+		if (o->new_connection) {
+			if (one_connection(&f->c))
+				f->transactions++;
+			continue;
+		}
+		uint32_t i = o->random_n > 0
+			? (uint32_t)(((next_random(&f->c.rng) >> 32) * (uint64_t)o->random_n) >> 32)
+			: (uint32_t)o->index;
+		struct sockaddr_storage to;
+		socklen_t to_len = service_address(o, i, &to);
+		int fd = socket(o->family, SOCK_STREAM, 0);
+		if (fd < 0)
+			die("socket");
+		if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
+		    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0)
+			die("setsockopt timeout");
+		if (connect(fd, (struct sockaddr *)&to, to_len) != 0)
+			note_error(&f->c, errno);
+		else
+			while (now_ns() < f->deadline && exchange(&f->c, fd))
+				f->transactions++;
+		setsockopt(fd, SOL_SOCKET, SO_LINGER, &rst, sizeof(rst));
+		close(fd);
+	}
+	return NULL;
+}
+
+static int run_rr(struct opts *o)
+{
+	struct flow *flows = calloc((size_t)o->flows, sizeof(*flows));
+	pthread_t *tids = calloc((size_t)o->flows, sizeof(*tids));
+	struct client all = { .o = o };
+	long transactions = 0;
+	if (!flows || !tids)
+		die("calloc");
+	o->request = 1; /* --new-connection's connections each carry one exchange */
+	uint64_t start = now_ns(), deadline = start + (uint64_t)(o->seconds * 1e9);
+	for (int k = 0; k < o->flows; k++) {
+		flows[k] = (struct flow){ .c = { .o = o, .rng = o->seed + (uint64_t)k },
+					  .deadline = deadline };
+		if ((errno = pthread_create(&tids[k], NULL, rr_flow, &flows[k])) != 0)
+			die("pthread_create");
+	}
+	for (int k = 0; k < o->flows; k++) {
+		pthread_join(tids[k], NULL);
+		transactions += flows[k].transactions;
+		if (flows[k].c.errors && !all.errors)
+			memcpy(all.first_error, flows[k].c.first_error, sizeof(all.first_error));
+		all.errors += flows[k].c.errors;
+	}
+	printf("{\"transactions\":%ld,\"seconds\":%.6f,\"flows\":%d,", transactions,
+	       (double)(now_ns() - start) / 1e9, o->flows);
+	print_error(&all);
+	free(flows);
+	free(tids);
 	return 0;
 }
 
@@ -287,11 +372,18 @@ static void *serve_loop(void *arg)
 			remember(ntohl(key));
 		}
 		/* A latency/rate client RSTs without sending: read fails (or returns 0) at once.
-		 * A silent client costs at most the inherited 1 s SO_RCVTIMEO, never a wedge. */
-		if (read(fd, buf, sizeof(buf)) > 0) {
-			atomic_fetch_add_explicit(&requests, 1, memory_order_relaxed);
-			/* A failed send means the client gave up (reset): its error, not ours. */
-			send(fd, RESPONSE, MSG_SIZE, MSG_NOSIGNAL);
+		 * A silent client costs at most the inherited 1 s SO_RCVTIMEO, never a wedge.
+		 * An rr client sends request after request: each MSG_SIZE read is answered. */
+		ssize_t n;
+		size_t pending = 0;
+		while ((n = read(fd, buf, sizeof(buf))) > 0) {
+			pending += (size_t)n;
+			for (; pending >= MSG_SIZE; pending -= MSG_SIZE) {
+				atomic_fetch_add_explicit(&requests, 1, memory_order_relaxed);
+				/* A failed send: the client gave up (reset), its error, not ours. */
+				if (send(fd, RESPONSE, MSG_SIZE, MSG_NOSIGNAL) != MSG_SIZE)
+					break;
+			}
 		}
 		close(fd);
 	}
@@ -392,6 +484,10 @@ int main(int argc, char **argv)
 			o.listen6 = 1;
 			continue;
 		}
+		if (!strcmp(f, "--new-connection")) {
+			o.new_connection = 1;
+			continue;
+		}
 		if (k + 1 >= argc)
 			usage("option without a value");
 		const char *v = argv[++k];
@@ -422,7 +518,9 @@ int main(int argc, char **argv)
 		} else if (!strcmp(f, "--timeout-ms")) {
 			o.timeout_ms = integer(f, v, 1, 600000);
 		} else if (!strcmp(f, "--threads")) {
-			o.threads = integer(f, v, 1, 64);
+			o.threads = integer(f, v, 1, 256);
+		} else if (!strcmp(f, "--flows")) {
+			o.flows = integer(f, v, 1, 256);
 		} else {
 			usage("unknown option");
 		}
@@ -444,5 +542,8 @@ int main(int argc, char **argv)
 		return run_latency(&o);
 	if (!strcmp(cmd, "rate") && o.seconds > 0)
 		return run_rate(&o);
-	usage("latency needs --connects, rate needs --seconds; or unknown subcommand");
+	if (!strcmp(cmd, "rr") && o.seconds > 0 && o.flows > 0)
+		return run_rr(&o);
+	usage("latency needs --connects, rate --seconds, rr --seconds and --flows; or unknown"
+	      " subcommand");
 }

@@ -227,6 +227,35 @@ def rate(
         raise EbpflbError(f"connbench rate: unexpected output {out!r:.200}") from exc
 
 
+def request_response(
+    netns: str,
+    base: str,
+    port: int,
+    seconds: float,
+    flows: int,
+    *,
+    new_connection: bool,
+    index: int,
+    cpu: int | None = None,
+    cgroup: Cgroup | None = None,
+    timeout: float = CONNECT_TIMEOUT_S,
+) -> RateResult:
+    """`flows` flows at once from `netns` for `seconds`, each a 16-byte request and its
+    response after another: on one connection per flow (RR), or a new connection per
+    request (CRR, `new_connection`). `connections` of the result counts transactions."""
+    args = ["rr", *_target_args(base, port, index, None, cpu)]
+    args += ["--seconds", str(seconds), "--flows", str(flows)]
+    args += ["--timeout-ms", str(max(1, round(timeout * 1000)))]
+    args += ["--new-connection"] if new_connection else []
+    out = _run_client(netns, args, cgroup, timeout=30 + seconds + 3 * timeout)
+    try:
+        return RateResult(
+            int(out["transactions"]), float(out["seconds"]), int(out["errors"]), out["first_error"]
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EbpflbError(f"connbench rr: unexpected output {out!r:.200}") from exc
+
+
 # ---- server --------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from lab.bench import extras
 from lab.bench.records.agent import AgentStartup
 from lab.bench.records.bulk import BulkRun
 from lab.bench.records.codec import Report
-from lab.bench.records.compare import CompareRun, ModeResult, Target
+from lab.bench.records.compare import CompareRun, Exchange, ModeResult, Target
 from lab.bench.records.maglev import MaglevRun
 from lab.bench.records.sync import SyncRun
 from lab.bench.settings import Mode, SyncSource
@@ -95,6 +95,19 @@ def pod_rows(run: CompareRun) -> list[list[str]]:
     return rows
 
 
+def request_response_rows(run: CompareRun) -> list[list[str]]:
+    """Transactions/s through the ClusterIP: a column per (exchange, flows)."""
+    rows = []
+    for n, result in listed(run):
+        found = {(r.exchange, r.flows): r.rate for r in result.data.request_response}
+        if found:
+            rows.append(
+                [f"{n:,}", result.mode.value]
+                + [_fmt(found[key].per_s, "/s") if key in found else "-" for key in RR_COLUMNS]
+            )
+    return rows
+
+
 def program_cost_rows(run: CompareRun) -> list[list[str]]:
     """ebpflb's NodePort programs per packet, timed by the kernel (lab.bench.progcost)."""
     return [
@@ -157,6 +170,8 @@ DATA_HEADERS = [
     "NodePort req/s",
 ]
 POD_HEADERS = DATA_HEADERS[:-1]  # no NodePort column: the pod's client is ClusterIP only
+RR_COLUMNS = tuple((e, flows) for e in Exchange for flows in (1, 32))
+RR_HEADERS = ["N", "mode", *(f"{e.value} x{flows} /s" for e, flows in RR_COLUMNS)]
 COST_HEADERS = [
     "N",
     "mode",
@@ -197,6 +212,11 @@ def render_compare(run: CompareRun, *, width: int = 140) -> str:
     for title, headers, rows in (
         ("Data plane", DATA_HEADERS, data_plane_rows(run)),
         ("ClusterIP from a pod behind the node", POD_HEADERS, pod_rows(run)),
+        (
+            "Request/response through a ClusterIP (transactions/s, one core)",
+            RR_HEADERS,
+            request_response_rows(run),
+        ),
         ("NodePort per packet (BPF_PROG_TEST_RUN)", COST_HEADERS, program_cost_rows(run)),
         ("Control plane", CONTROL_HEADERS, control_plane_rows(run)),
     ):

@@ -56,6 +56,9 @@ class CompareSettings:
     batch: int = 150  # new connections per batch
     rate_seconds: float = 1.5
     rate_repeats: int = 3
+    # Request/response through the ClusterIP (TCP_RR and TCP_CRR with 1 and 32 flows, each
+    # run rate_seconds, rate_repeats times), at these N only: ~20 s per mode.
+    request_response_at: tuple[int, ...] = (10_000,)
     changes: int = 3  # single-endpoint changes timed per mode
     # kube-proxy modes stop here: kube-proxy's own scalability target is far below 100k.
     kube_proxy_max_services: int = 20_000
@@ -101,6 +104,7 @@ COMPARE_QUICK = CompareSettings(
     batch=100,
     rate_seconds=1.0,
     rate_repeats=2,
+    request_response_at=(1000,),
     changes=2,
 )
 

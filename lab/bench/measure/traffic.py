@@ -112,6 +112,57 @@ def measure_rates(
     """Connections (or request/response exchanges, if `request`) per second to service
     index (the int of each client) on one core, the clients' runs interleaved and their
     order reversed every other repeat; the median of the repeats."""
+
+    def one_run(client: Client, index: int) -> loadgen.RateResult:
+        return loadgen.rate(
+            client.netns,
+            client.base,
+            client.port,
+            seconds,
+            index=index,
+            cpu=CLIENT_CPU,
+            cgroup=client.cgroup,
+            request=request,
+        )
+
+    return _interleaved(clients, repeats, flush, one_run)
+
+
+def measure_request_response(
+    clients: Mapping[K, tuple[Client, int]],
+    *,
+    flows: int,
+    new_connection: bool,
+    repeats: int,
+    seconds: float,
+    flush: Callable[[], None],
+) -> dict[K, Rate]:
+    """Transactions per second of `flows` request/response flows at once (RR, or CRR with
+    `new_connection`) to service index, on one core, interleaved as measure_rates."""
+
+    def one_run(client: Client, index: int) -> loadgen.RateResult:
+        return loadgen.request_response(
+            client.netns,
+            client.base,
+            client.port,
+            seconds,
+            flows,
+            new_connection=new_connection,
+            index=index,
+            cpu=CLIENT_CPU,
+            cgroup=client.cgroup,
+        )
+
+    return _interleaved(clients, repeats, flush, one_run)
+
+
+def _interleaved(
+    clients: Mapping[K, tuple[Client, int]],
+    repeats: int,
+    flush: Callable[[], None],
+    one_run: Callable[[Client, int], loadgen.RateResult],
+) -> dict[K, Rate]:
+    """Each client's runs, interleaved, the order reversed every other repeat; the median."""
     runs: dict[K, list[float]] = {key: [] for key in clients}
     failures: dict[K, int] = dict.fromkeys(clients, 0)
     first_error: dict[K, str] = {}
@@ -120,18 +171,8 @@ def measure_rates(
         if repeat % 2:
             keys.reverse()
         for key in keys:
-            client, index = clients[key]
             flush()
-            result = loadgen.rate(
-                client.netns,
-                client.base,
-                client.port,
-                seconds,
-                index=index,
-                cpu=CLIENT_CPU,
-                cgroup=client.cgroup,
-                request=request,
-            )
+            result = one_run(*clients[key])
             runs[key].append(result.rate)
             failures[key] += result.errors
             if result.errors and result.first_error:

@@ -72,6 +72,23 @@ class Rate:
     first_error: str | None = None
 
 
+class Exchange(StrEnum):
+    """How a request/response flow connects (netperf's names, as Cilium's benchmarks)."""
+
+    RR = "RR"  # one long-lived connection per flow, a request and response after another
+    CRR = "CRR"  # a new connection for each request
+
+
+@dataclass(frozen=True)
+class RequestResponse:
+    """Transactions per second through the ClusterIP (the last service) from the node's
+    client: a 16-byte request and its response each, `flows` at once (lab.bench.loadgen)."""
+
+    exchange: Exchange
+    flows: int
+    rate: Rate
+
+
 @dataclass(frozen=True)
 class ProgramCost:
     """What one packet on one path cost one of ebpflb's programs, timed by the kernel
@@ -104,6 +121,8 @@ class DataPlane:
     # ebpflb's programs per packet (BPF_PROG_TEST_RUN); () for kube-proxy's modes and in
     # reports from before it was measured.
     program_costs: tuple[ProgramCost, ...] = ()
+    # RR and CRR at 1 and 32 flows, where the run measured them (settings.request_response_at).
+    request_response: tuple[RequestResponse, ...] = ()
 
 
 # ---- control plane ------------------------------------------------------------------------

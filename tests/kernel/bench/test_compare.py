@@ -29,6 +29,7 @@ def test_every_mode_measured_with_real_traffic(family: Family) -> None:
         batch=30,
         rate_seconds=0.3,
         rate_repeats=1,
+        request_response_at=(N,),
         changes=1,
         quiet_timeout=5,
     )
@@ -54,6 +55,9 @@ def test_every_mode_measured_with_real_traffic(family: Family) -> None:
         for target in Target:
             assert pod.of(target).samples == settings.batch, (mode, target)
             assert pod.of(target).errors == 0, (mode, result.data)
+        exchanges = {(r.exchange.value, r.flows): r.rate for r in result.data.request_response}
+        assert set(exchanges) == {("RR", 1), ("RR", 32), ("CRR", 1), ("CRR", 32)}, mode
+        assert all(r.per_s > 0 and r.errors == 0 for r in exchanges.values()), (mode, exchanges)
         pod_connections = result.data.pod_connections
         assert pod_connections is not None and pod_connections.errors == 0, mode
         assert pod_connections.per_s > 0, mode

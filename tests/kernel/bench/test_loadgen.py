@@ -92,6 +92,27 @@ def test_rate_with_and_without_a_request(pair: Pair) -> None:
     assert server.stats is not None and server.stats.requests >= talk.connections
 
 
+@pytest.mark.parametrize("flows", [1, 32])
+def test_request_response_on_kept_and_new_connections(pair: Pair, flows: int) -> None:
+    """RR: every flow's requests on its one connection; CRR: a connection per request."""
+    with serve(pair, cpu=1, threads=flows + 1) as server:
+        kept = loadgen.request_response(
+            pair.client, BASE, PORT, 0.5, flows, new_connection=False, index=3, cpu=0
+        )
+    assert kept.connections > flows and (kept.errors, kept.first_error) == (0, None)
+    assert server.stats is not None
+    assert server.stats.accepted == flows  # one connection each, held for the run
+    assert server.stats.requests >= kept.connections
+    with serve(pair, cpu=1, threads=flows + 1) as server:
+        new = loadgen.request_response(
+            pair.client, BASE, PORT, 0.5, flows, new_connection=True, index=3, cpu=0
+        )
+    assert new.connections > 0 and (new.errors, new.first_error) == (0, None)
+    assert server.stats is not None
+    assert server.stats.accepted >= new.connections  # a connection per transaction
+    assert server.stats.requests >= new.connections
+
+
 def test_nothing_listening_counts_every_connect_as_refused(pair: Pair) -> None:
     result = loadgen.latency(pair.client, BASE, CLOSED_PORT, 25, index=0)
     assert result.samples_ns == []

@@ -304,3 +304,22 @@ def test_program_costs_get_their_table_and_survive_the_codec() -> None:
         mode["data"].pop("program_costs", None)
     text = render.render(codec.from_json(old))
     assert "Data plane" in text and "BPF_PROG_TEST_RUN" not in text
+
+
+def test_request_response_gets_its_table() -> None:
+    from lab.bench import render
+    from lab.bench.records import codec
+    from lab.bench.records.compare import Exchange, RequestResponse
+
+    rr = (
+        RequestResponse(Exchange.RR, 1, Rate(40_000.0, (40_000.0,), 0)),
+        RequestResponse(Exchange.CRR, 32, Rate(9_000.0, (9_000.0,), 0)),
+    )
+    e = _ebpflb(size())
+    with_rr = replace_mode(
+        size(), Mode.EBPFLB, data=dataclasses.replace(e.data, request_response=rr)
+    )
+    rows = render.request_response_rows(run(with_rr))
+    assert rows == [["20,000", "ebpflb", "40,000", "-", "-", "9,000"]]
+    assert render.RR_HEADERS[2:] == ["RR x1 /s", "RR x32 /s", "CRR x1 /s", "CRR x32 /s"]
+    assert codec.from_json(json.loads(codec.to_json(run(with_rr)))) == run(with_rr)
