@@ -45,7 +45,7 @@ import pytest
 
 from ebpflb.datapath.maps import dump
 from ebpflb.datapath.maps.kernel import KernelMapSet
-from ebpflb.datapath.programs.loader import netns_cookie_available
+from ebpflb.datapath.programs.loader import netns_cookie_available, probe_features
 from lab.harness.agentproc import TIMEOUT_SCALE, AgentProcess, cleanup_datapath
 from lab.harness.cluster import Cluster
 from lab.harness.fakeapi import FakeApiServer
@@ -87,6 +87,17 @@ class Shared:
     # Whether pod clients run inside their node's agent cgroup (all but the per-packet
     # cluster on a kernel that refuses hostns-only, module docstring).
     pods_in_agent_cgroup: bool = True
+
+    @property
+    def refusal(self) -> str:
+        """What a pod's connect() to a Service without endpoints fails with: upstream's
+        REJECT (ECONNREFUSED), but EPERM where the socket hooks serve the pod on a kernel
+        without bpf_set_retval (before 5.18: a connect hook can refuse, not choose the
+        errno; docs/kernels.md). Either way at once, never a timeout."""
+        socket_lb_serves_pods = self.path == SOCKET_LB
+        if socket_lb_serves_pods and not probe_features().set_retval:
+            return "EPERM"
+        return "ECONNREFUSED"
 
     def pod_cgroup(self, node: str) -> Cgroup | None:
         """The cgroup `node`'s pod clients run in."""

@@ -168,11 +168,12 @@ def test_rejected_when_no_endpoints_exist(e2e: E2E) -> None:
     a = e2e.allocate("no-pods")
     e2e.apply(service(a.name, cluster_ip=a.cluster_ip, ports=[HTTP]), slice_for(a.name, []))
     vip = f"{a.cluster_ip}:80"
+    refusal = e2e.shared.refusal
     for client in ("client1", "client2"):
-        eventually(lambda c=client: answers(pod(e2e, c, vip, 1)) == ["ECONNREFUSED"], "refused")
+        eventually(lambda c=client: answers(pod(e2e, c, vip, 1)) == [refusal], "refused")
         started = time.monotonic()
         results = e2e.from_pod(client, "tcp", vip, 3, timeout=3.0)
-        assert answers(results) == ["ECONNREFUSED"] * 3
+        assert answers(results) == [refusal] * 3
         assert time.monotonic() - started < 3.0 * TIMEOUT_SCALE  # not a timeout
 
 

@@ -37,7 +37,7 @@ def reach(e2e: E2E, client: Any, target: str, expected: set[str], count: int = 2
 
 def refused(e2e: E2E, target: str, client: str = "client1") -> None:
     eventually(
-        lambda: errors(e2e.from_pod(client, "tcp", target, 2)) == {"ECONNREFUSED"},
+        lambda: errors(e2e.from_pod(client, "tcp", target, 2)) == {e2e.shared.refusal},
         f"{target} refused",
     )
 

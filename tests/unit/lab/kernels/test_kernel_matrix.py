@@ -441,6 +441,9 @@ def test_ci_runs_kernel_feature_files_on_every_line_and_leaves_behaviour_to_the_
             assert p.kernel_lines == set(ci.LINES), p
             assert all(p.path in on[line] for line in ci.LINES)
             assert (p.why == ci.SPLIT) == bool(p.left_out), p
+        elif p.why == ci.E2E_ROWS:
+            assert p.kernel_lines and all(p.path in on[line] for line in p.kernel_lines), p
+            assert {line for line, _ in p.only} <= p.kernel_lines and not p.left_out, p
         elif p.why == ci.ONE_LINE:
             (line,) = p.kernel_lines
             assert line in ci.LINES and p.path in on[line], p
@@ -456,6 +459,8 @@ def test_ci_runs_kernel_feature_files_on_every_line_and_leaves_behaviour_to_the_
     assert "tests/kernel/nodeport/test_real_networks.py" in on["6.1"]
     assert "tests/kernel/nodeport/test_bulk.py" in on["6.1"]
     assert "tests/kernel/agent/test_crash.py" not in on["5.10"] | on["6.1"]
+    assert "tests/kernel/e2e/test_close_wait.py" in on["5.10"] & on["6.1"]
+    assert "tests/kernel/e2e/test_service.py" in on["5.10"] - on["6.1"]
     # -k matches module names: each guest file's name must say which file it is.
     for line in ci.LINES:
         modules = [p.module for p in ci.PLACEMENTS if line in p.kernel_lines]
@@ -490,6 +495,13 @@ def test_a_split_file_runs_every_test_on_one_line_at_least() -> None:
         assert in_file and all(0 < len(r) < len(in_file) for r in per_line), p.file
         if p.why == ci.SPLIT:
             assert set().union(*per_line) == in_file, p.file
+    for p in ci.PLACEMENTS:  # an e2e file narrowed on a line runs exactly its rows there
+        for line, fragment in p.only:
+            in_file = {t for t in ran[line] if t.startswith(p.path + "::")}
+            assert in_file and all(fragment in t for t in in_file), (p.file, line)
+            assert len(in_file) == len(
+                {t for t in everything if t.startswith(p.path + "::") and fragment in t}
+            ), (p.file, line)
     on_510 = ci.selection_on("5.10")
     assert on_510[-2] == "-k" and "not (test_nodeport.py and [xdp-native)" in on_510[-1]
     assert ci.selection_on("9.9", ()) == ()
