@@ -37,6 +37,7 @@ from lab.bench.agentrun import RunningAgent
 from lab.bench.measure.cost import bpf_map_bytes, memory_cgroup
 from lab.bench.measure.machine import machine_facts, wait_until_quiet
 from lab.bench.measure.traffic import (
+    CLIENT_CPU,
     Client,
     measure_latency,
     measure_rates,
@@ -52,6 +53,7 @@ from lab.bench.records.compare import (
     KernelMemory,
     ModeResult,
     ProgramCost,
+    ProgramTime,
     Rate,
     RequestResponse,
     SizeResult,
@@ -190,6 +192,29 @@ def _nodeport(topo: BenchTopology, mode: Mode, n: int, settings: CompareSettings
     )[mode]
 
 
+def _nodeport_program_time(
+    topo: BenchTopology, agent: RunningAgent, n: int, settings: CompareSettings
+) -> tuple[ProgramTime, ...]:
+    """One more NodePort run, with bpf_stats on: each program's time per exchange (what
+    the programs add to a request against plain forwarding)."""
+    client, index = nodeport_client(topo, Mode.EBPFLB, n)
+    topo.flush_conntrack()
+    with progcost.bpf_stats():
+        before = progcost.run_totals(agent.bpffs)
+        done = loadgen.rate(
+            client.netns,
+            client.base,
+            client.port,
+            settings.rate_seconds,
+            index=index,
+            cpu=CLIENT_CPU,
+            cgroup=client.cgroup,
+            request=True,
+        )
+        after = progcost.run_totals(agent.bpffs)
+    return progcost.per_exchange(before, after, done.connections)
+
+
 def _program_costs(
     topo: BenchTopology, agent: RunningAgent, program: progcost.Program, settings: CompareSettings
 ) -> tuple[ProgramCost, ...]:
@@ -248,14 +273,18 @@ def ebpflb_phase(
             )
             both = _data_plane(topo, [Mode.NONE, Mode.EBPFLB], n, settings)
             nodeport = _nodeport(topo, Mode.EBPFLB, n, settings)
+            program_time = _nodeport_program_time(topo, agent, n, settings)
             costs = _program_costs(topo, agent, progcost.TC_INGRESS, settings)
         none, ebpflb = both[Mode.NONE], both[Mode.EBPFLB]
-        data = replace(ebpflb, nodeport=nodeport, program_costs=costs)
+        data = replace(
+            ebpflb, nodeport=nodeport, program_costs=costs, nodeport_program_time=program_time
+        )
         results.append(ModeResult(Mode.EBPFLB, data, control))
         if settings.xdp:
             with ebpflb_agent(topo, services, memory=None, xdp=True) as agent:
                 xdp_data = DataPlane(
                     nodeport=_nodeport(topo, Mode.EBPFLB, n, settings),
+                    nodeport_program_time=_nodeport_program_time(topo, agent, n, settings),
                     program_costs=_program_costs(topo, agent, progcost.XDP, settings),
                 )
                 xdp_control = ControlPlane(

@@ -20,11 +20,12 @@ come from the kernel: instructions after the verifier (xlated) and JITed bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from ebpflb.datapath.programs import testrun
 from ebpflb.datapath.syscall import bpfsys
 from ebpflb.errors import EbpflbError
 from lab.bench import scenario
-from lab.bench.records.compare import ProgramCost
+from lab.bench.records.compare import ProgramCost, ProgramTime
 from lab.bench.scenario import Family
 from lab.harness.nshttp import thread_in_netns
 
@@ -147,6 +148,57 @@ def measure(
             f" no service ({verdicts['not a NodePort']}): not the path measured"
         )
     return costs
+
+
+BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+@contextlib.contextmanager
+def bpf_stats() -> Iterator[None]:
+    """Every BPF program's runs timed (kernel.bpf_stats_enabled) for the block; the setting
+    as it was afterwards. Timing costs each run two clock reads: never on while a figure of
+    the data plane is measured."""
+    previous = BPF_STATS.read_text().strip()
+    BPF_STATS.write_text("1\n")
+    try:
+        yield
+    finally:
+        BPF_STATS.write_text(previous + "\n")
+
+
+def run_totals(bpffs: Path, prefix: str = "ebpflb_np_") -> dict[str, tuple[int, int]]:
+    """Each program pinned under `bpffs` whose function starts with `prefix`: (run_time_ns,
+    run_cnt) so far (0, 0 while bpf_stats was never on)."""
+    totals = {}
+    for pin in sorted(bpffs.glob(f"prog-*-{prefix}*")):
+        shown = subprocess.run(
+            ["bpftool", "-j", "prog", "show", "pinned", str(pin)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        info = json.loads(shown.stdout)
+        function = pin.name.split("-", 2)[2]
+        totals[function] = (int(info.get("run_time_ns", 0)), int(info.get("run_cnt", 0)))
+    return totals
+
+
+def per_exchange(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], exchanges: int
+) -> tuple[ProgramTime, ...]:
+    """Each program's time and runs between two run_totals, per exchange."""
+    if exchanges <= 0:
+        return ()
+    return tuple(
+        ProgramTime(
+            program=name,
+            ns_per_exchange=(after[name][0] - before.get(name, (0, 0))[0]) / exchanges,
+            runs_per_exchange=(after[name][1] - before.get(name, (0, 0))[1]) / exchanges,
+        )
+        for name in sorted(after)
+        if after[name][1] > before.get(name, (0, 0))[1]
+    )
 
 
 def measure_nodeport(

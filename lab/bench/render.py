@@ -108,6 +108,33 @@ def request_response_rows(run: CompareRun) -> list[list[str]]:
     return rows
 
 
+def program_time_rows(run: CompareRun) -> list[list[str]]:
+    """ebpflb's NodePort programs per exchange (bpf_stats), their total beside the gap to
+    plain forwarding per exchange in the same size's rates (1/rate - 1/rate of none)."""
+    rows = []
+    for size in sorted(run.sizes, key=lambda s: s.services):
+        none = size.get(Mode.NONE)
+        floor = none.data.nodeport if none else None
+        for result in size.modes:
+            times, rate = result.data.nodeport_program_time, result.data.nodeport
+            if not times or not result.listed:
+                continue
+            n = f"{size.services:,}"
+            for t in times:
+                rows.append(
+                    [n, result.mode.value, t.program, f"{t.ns_per_exchange:,.0f}",
+                     f"{t.runs_per_exchange:.1f}", ""]
+                )  # fmt: skip
+            gap = (
+                f"{(1e9 / rate.per_s - 1e9 / floor.per_s):,.0f}"
+                if rate and floor and rate.per_s and floor.per_s
+                else "-"
+            )
+            total = sum(t.ns_per_exchange for t in times)
+            rows.append([n, result.mode.value, "all", f"{total:,.0f}", "", gap])
+    return rows
+
+
 def program_cost_rows(run: CompareRun) -> list[list[str]]:
     """ebpflb's NodePort programs per packet, timed by the kernel (lab.bench.progcost)."""
     return [
@@ -172,6 +199,14 @@ DATA_HEADERS = [
 POD_HEADERS = DATA_HEADERS[:-1]  # no NodePort column: the pod's client is ClusterIP only
 RR_COLUMNS = tuple((e, flows) for e in Exchange for flows in (1, 32))
 RR_HEADERS = ["N", "mode", *(f"{e.value} x{flows} /s" for e, flows in RR_COLUMNS)]
+TIME_HEADERS = [
+    "N",
+    "mode",
+    "program",
+    "ns per exchange",
+    "runs per exchange",
+    "gap to plain forwarding, ns per exchange",
+]
 COST_HEADERS = [
     "N",
     "mode",
@@ -218,6 +253,7 @@ def render_compare(run: CompareRun, *, width: int = 140) -> str:
             request_response_rows(run),
         ),
         ("NodePort per packet (BPF_PROG_TEST_RUN)", COST_HEADERS, program_cost_rows(run)),
+        ("NodePort programs per exchange (bpf_stats)", TIME_HEADERS, program_time_rows(run)),
         ("Control plane", CONTROL_HEADERS, control_plane_rows(run)),
     ):
         if not rows:  # a figure the run (or an older report) does not have

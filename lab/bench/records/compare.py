@@ -106,6 +106,16 @@ class ProgramCost:
 
 
 @dataclass(frozen=True)
+class ProgramTime:
+    """One of ebpflb's programs over a NodePort run with kernel.bpf_stats_enabled: its time
+    and runs per request/response exchange (every interface it is attached to)."""
+
+    program: str
+    ns_per_exchange: float
+    runs_per_exchange: float
+
+
+@dataclass(frozen=True)
 class DataPlane:
     latency: ConnectLatency | None = None
     connections: Rate | None = None  # new connections/s to the last service
@@ -121,6 +131,8 @@ class DataPlane:
     # ebpflb's programs per packet (BPF_PROG_TEST_RUN); () for kube-proxy's modes and in
     # reports from before it was measured.
     program_costs: tuple[ProgramCost, ...] = ()
+    # ebpflb's NodePort programs per exchange in one more NodePort run, with bpf_stats on.
+    nodeport_program_time: tuple[ProgramTime, ...] = ()
     # RR and CRR at 1 and 32 flows, where the run measured them (settings.request_response_at).
     request_response: tuple[RequestResponse, ...] = ()
 

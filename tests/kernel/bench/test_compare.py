@@ -84,6 +84,10 @@ def test_every_mode_measured_with_real_traffic(family: Family) -> None:
         assert costs["not a NodePort"].verdict == passed, costs
         assert costs["new flow (SYN)"].verdict != passed, costs
         assert all(c.median_ns > 0 and c.instructions > 0 for c in costs.values()), costs
+        # bpf_stats over one more NodePort run: the program ran for every exchange.
+        times = {t.program: t for t in result.data.nodeport_program_time}
+        assert program in times and times[program].runs_per_exchange >= 1, times
+        assert times[program].ns_per_exchange > 0, times
     for mode in (Mode.IPTABLES_LEGACY, Mode.IPTABLES_NFT, Mode.NFTABLES, Mode.EBPFLB):
         result = size.get(mode)
         assert result is not None and result.control is not None, mode

@@ -323,3 +323,22 @@ def test_request_response_gets_its_table() -> None:
     assert rows == [["20,000", "ebpflb", "40,000", "-", "-", "9,000"]]
     assert render.RR_HEADERS[2:] == ["RR x1 /s", "RR x32 /s", "CRR x1 /s", "CRR x32 /s"]
     assert codec.from_json(json.loads(codec.to_json(run(with_rr)))) == run(with_rr)
+
+
+def test_program_time_per_exchange_beside_the_gap_to_plain_forwarding() -> None:
+    from lab.bench import progcost, render
+    from lab.bench.records.compare import ProgramTime
+
+    before = {"ebpflb_np_in": (1_000, 10), "ebpflb_np_out": (0, 0)}
+    after = {"ebpflb_np_in": (9_001_000, 40_010), "ebpflb_np_out": (0, 0)}
+    (t,) = progcost.per_exchange(before, after, 5_000)  # np_out never ran: left out
+    assert t == ProgramTime("ebpflb_np_in", 1_800.0, 8.0)
+    assert progcost.per_exchange(before, after, 0) == ()
+    e = _ebpflb(size())  # ebpflb 12,000/s, none 12,500/s: 3,333 ns more per exchange
+    timed = replace_mode(
+        size(), Mode.EBPFLB, data=dataclasses.replace(e.data, nodeport_program_time=(t,))
+    )
+    assert render.program_time_rows(run(timed)) == [
+        ["20,000", "ebpflb", "ebpflb_np_in", "1,800", "8.0", ""],
+        ["20,000", "ebpflb", "all", "1,800", "", "3,333"],
+    ]
