@@ -154,24 +154,32 @@ class KernelMemoryCgroup:
         return None
 
     def usage(self) -> CgroupMemory | None:
-        """The cgroup's peak and current charge with its parts (v2 with memory.peak,
-        5.19+; None elsewhere)."""
-        peak, current = self.path / "memory.peak", self.path / "memory.current"
-        if not peak.exists() or not current.exists():
-            return None
+        """The cgroup's peak and current charge with its parts: v2's memory.peak (5.19+)
+        and memory.stat, or v1's max_usage_in_bytes, memory.stat and kmem counter (kernel
+        memory counts in v1's usage too). None where neither is there."""
         stat = dict(
             (key, int(value))
             for key, _, value in (
                 line.partition(" ") for line in (self.path / "memory.stat").read_text().splitlines()
             )
         )
+        v1_peak = self.path / "memory.max_usage_in_bytes"
+        if v1_peak.exists():
+            peak, current = v1_peak, self.path / "memory.usage_in_bytes"
+            anon, file = stat.get("rss", 0), stat.get("cache", 0)
+            kernel = self.kernel_bytes() or 0
+        else:
+            peak, current = self.path / "memory.peak", self.path / "memory.current"
+            if not peak.exists() or not current.exists():
+                return None
+            anon, file, kernel = stat.get("anon", 0), stat.get("file", 0), stat.get("kernel", 0)
         mib = 2**20
         return CgroupMemory(
             peak_mib=int(peak.read_text()) / mib,
             current_mib=int(current.read_text()) / mib,
-            anon_mib=stat.get("anon", 0) / mib,
-            file_mib=stat.get("file", 0) / mib,
-            kernel_mib=stat.get("kernel", 0) / mib,
+            anon_mib=anon / mib,
+            file_mib=file / mib,
+            kernel_mib=kernel / mib,
         )
 
     def close(self) -> None:
