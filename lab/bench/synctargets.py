@@ -53,7 +53,7 @@ def cgroup_peak_at(services: int) -> Callable[[SyncRun], Outcome]:
             return None, f"(run at {_n(run)})"
         cgroup = run.cgroup_memory
         if cgroup is None:
-            return None, "(no memory.peak in this run)"
+            return None, "(no memory cgroup figures in this run)"
         rss = run.memory_after_sync
         detail = (
             f"peak {cgroup.peak_mib:.0f} MiB; at the end anon {cgroup.anon_mib:.0f}, file"

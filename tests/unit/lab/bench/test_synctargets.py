@@ -76,7 +76,7 @@ def test_every_target_is_listed_and_says_what_was_not_measured() -> None:
     assert details["restart -> ready < 0.5 s at 1,000 services"] == "(run at 10,000 services)"
     assert (
         details["agent's memory cgroup (a pod's limit) peak <= 150 MiB at 10,000 services"]
-        == "(no memory.peak in this run)"
+        == "(no memory cgroup figures in this run)"
     )
     judged = {v.target: v.detail for v in synctargets.judge(full())}
     assert judged["restart -> ready < 1 s at 10,000 services"] == "300.0 ms (api)"
