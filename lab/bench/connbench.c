@@ -161,26 +161,41 @@ static int exchange(struct client *c, int fd)
 	return 1;
 }
 
-/* One connection: returns the connect() time in ns, or 0 after counting an error. */
-static uint64_t one_connection(struct client *c)
+/* A TCP socket with the client's timeouts, and the address of its next target service
+ * (the fixed index, or a uniformly random one). */
+static int client_socket(struct client *c, struct sockaddr_storage *to, socklen_t *to_len)
 {
 	const struct opts *o = c->o;
 	uint32_t i = o->random_n > 0
 		? (uint32_t)(((next_random(&c->rng) >> 32) * (uint64_t)o->random_n) >> 32)
 		: (uint32_t)o->index;
-	struct sockaddr_storage to;
-	socklen_t to_len = service_address(o, i, &to);
 	struct timeval tv = { o->timeout_ms / 1000, (o->timeout_ms % 1000) * 1000 };
-	/* RST on close: no TIME_WAIT, so a long run never runs out of local ports. */
-	struct linger rst = { 1, 0 };
-	uint64_t took = 0;
-
+	*to_len = service_address(o, i, to);
 	int fd = socket(o->family, SOCK_STREAM, 0);
 	if (fd < 0)
 		die("socket");
 	if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
 	    (o->request && setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0))
 		die("setsockopt timeout");
+	return fd;
+}
+
+/* RST on close: no TIME_WAIT, so a long run never runs out of local ports. */
+static void close_rst(int fd)
+{
+	struct linger rst = { 1, 0 };
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &rst, sizeof(rst));
+	close(fd);
+}
+
+/* One connection: returns the connect() time in ns, or 0 after counting an error. */
+static uint64_t one_connection(struct client *c)
+{
+	const struct opts *o = c->o;
+	struct sockaddr_storage to;
+	socklen_t to_len;
+	uint64_t took = 0;
+	int fd = client_socket(c, &to, &to_len);
 	uint64_t start = now_ns();
 	int rc = connect(fd, (struct sockaddr *)&to, to_len);
 	uint64_t end = now_ns();
@@ -192,8 +207,7 @@ static uint64_t one_connection(struct client *c)
 	if (o->request && !exchange(c, fd))
 		took = 0;
 out:
-	setsockopt(fd, SOL_SOCKET, SO_LINGER, &rst, sizeof(rst));
-	close(fd);
+	close_rst(fd);
 	return took;
 }
 
@@ -256,8 +270,6 @@ static void *rr_flow(void *arg)
 {
 	struct flow *f = arg;
 	const struct opts *o = f->c.o;
-	struct timeval tv = { o->timeout_ms / 1000, (o->timeout_ms % 1000) * 1000 };
-	struct linger rst = { 1, 0 };
 	pin(o->cpu);
 	while (now_ns() < f->deadline) {
 		if (o->new_connection) {
@@ -265,24 +277,15 @@ static void *rr_flow(void *arg)
 				f->transactions++;
 			continue;
 		}
-		uint32_t i = o->random_n > 0
-			? (uint32_t)(((next_random(&f->c.rng) >> 32) * (uint64_t)o->random_n) >> 32)
-			: (uint32_t)o->index;
 		struct sockaddr_storage to;
-		socklen_t to_len = service_address(o, i, &to);
-		int fd = socket(o->family, SOCK_STREAM, 0);
-		if (fd < 0)
-			die("socket");
-		if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
-		    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0)
-			die("setsockopt timeout");
+		socklen_t to_len;
+		int fd = client_socket(&f->c, &to, &to_len); /* run_rr set o->request */
 		if (connect(fd, (struct sockaddr *)&to, to_len) != 0)
 			note_error(&f->c, errno);
 		else
 			while (now_ns() < f->deadline && exchange(&f->c, fd))
 				f->transactions++;
-		setsockopt(fd, SOL_SOCKET, SO_LINGER, &rst, sizeof(rst));
-		close(fd);
+		close_rst(fd);
 	}
 	return NULL;
 }

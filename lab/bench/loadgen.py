@@ -219,12 +219,17 @@ def rate(
     args += ["--timeout-ms", str(max(1, round(timeout * 1000)))]
     args += ["--request"] if request else []
     out = _run_client(netns, args, cgroup, timeout=30 + seconds + 3 * timeout)
+    return _rate_result(out, "connections", "rate")
+
+
+def _rate_result(out: dict[str, Any], count: str, command: str) -> RateResult:
+    """A rate or rr client's JSON line; `count` names its successes' field."""
     try:
         return RateResult(
-            int(out["connections"]), float(out["seconds"]), int(out["errors"]), out["first_error"]
+            int(out[count]), float(out["seconds"]), int(out["errors"]), out["first_error"]
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise EbpflbError(f"connbench rate: unexpected output {out!r:.200}") from exc
+        raise EbpflbError(f"connbench {command}: unexpected output {out!r:.200}") from exc
 
 
 def request_response(
@@ -248,12 +253,7 @@ def request_response(
     args += ["--timeout-ms", str(max(1, round(timeout * 1000)))]
     args += ["--new-connection"] if new_connection else []
     out = _run_client(netns, args, cgroup, timeout=30 + seconds + 3 * timeout)
-    try:
-        return RateResult(
-            int(out["transactions"]), float(out["seconds"]), int(out["errors"]), out["first_error"]
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise EbpflbError(f"connbench rr: unexpected output {out!r:.200}") from exc
+    return _rate_result(out, "transactions", "rr")
 
 
 # ---- server --------------------------------------------------------------------------
