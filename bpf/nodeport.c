@@ -240,9 +240,11 @@ int NP_ENTRY_IN(struct __sk_buff *skb)
 	if ((void *)(eth + 1) > data_end)
 		return TC_ACT_OK;
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		pkt_pull_headers(skb, PKT6_PULL_LEN);
 		rc = np6_in(skb);
 		return rc == NP_RC_ICMP ? np6_icmp_in(skb) : rc;
 	}
+	pkt_pull_headers(skb, PKT4_PULL_LEN);
 	rc = np4_in(skb);
 	return rc == NP_RC_ICMP ? np4_icmp_in(skb) : rc;
 }
@@ -349,9 +351,11 @@ int NP_ENTRY_OUT(struct __sk_buff *skb)
 	if ((void *)(eth + 1) > data_end)
 		return TC_ACT_OK;
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		pkt_pull_headers(skb, PKT6_PULL_LEN);
 		rc = np6_out(skb);
 		return rc == NP_RC_ICMP ? np6_icmp_out(skb) : rc;
 	}
+	pkt_pull_headers(skb, PKT4_PULL_LEN);
 	rc = np4_out(skb);
 	return rc == NP_RC_ICMP ? np4_icmp_out(skb) : rc;
 }

@@ -24,6 +24,7 @@ packages=(python3-bpfcc libbpfcc bpftool linux-headers-amd64 iproute2 iptables n
           python3-venv python3-dev util-linux procps kmod ethtool  # python3-dev: ebpflb/maglev/fill.c
           gcc libc6-dev conntrack nfacct  # ebpflb bench: its client, conntrack flushes, kube-proxy counters
           iperf3  # bulk TCP through a NodePort (tests/kernel/nodeport/test_bulk.py, ebpflb bench bulk)
+          netsniff-ng  # trafgen: ebpflb bench pps, tests/kernel/nodeport/test_paged_headers.py
           nginx-core curl dnsmasq-base bind9-dnsutils  # real servers and clients in namespaces
           prometheus)  # promtool and a server on 127.0.0.1 for deploy/monitoring's tests
 # `kubectl kustomize` renders deploy/'s overlays (tests/unit/repo/test_kustomize.py).

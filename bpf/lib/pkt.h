@@ -37,6 +37,13 @@
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
+/* The headers the parsers need in an skb's linear data for the common packet: Ethernet,
+ * an IP header without options or extension headers, and a TCP header (a UDP one is
+ * shorter). pkt_pull_headers makes them directly readable when a sender or driver left
+ * them in page fragments. */
+#define PKT4_PULL_LEN (ETH_HLEN + sizeof(struct iphdr) + sizeof(struct tcphdr))
+#define PKT6_PULL_LEN (ETH_HLEN + sizeof(struct ipv6hdr) + sizeof(struct tcphdr))
+
 #define IPV6_MAX_EXT_HEADERS 4 /* extension headers walked before giving up */
 #define PKT6_L4_OFF_MAX 0x1ff  /* L4 header offsets past this are not walked (XDP masks by it) */
 #define NEXTHDR_HOP 0          /* hop-by-hop options */
@@ -147,6 +154,25 @@ static __always_inline bool l4_ports_parse(void *l4, void *data_end, __u8 proto,
 	*sport = udp->source;
 	*dport = udp->dest;
 	return true;
+}
+
+/* An skb's first `want` bytes (all of a shorter one) made directly readable. A frame
+ * whose headers sit in page fragments (an AF_PACKET TX_RING sender, a NIC that splits
+ * headers) shows only its Ethernet header to direct access: parsed as it is, it would
+ * pass untranslated. Pulled only when short: a GRO aggregate's headers are already
+ * linear, and pulling a cloned skb copies its head. Invalidates packet pointers; `want`
+ * is one of the *_PULL_LEN constants. */
+static __always_inline void pkt_pull_headers(struct __sk_buff *skb, const __u32 want)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	/* Opaque to the compiler: every program is one inlined function, and it would fold this
+	 * check and the parsers' into arithmetic on data_end, which the verifier refuses. */
+	asm volatile("" : "+r"(data_end));
+	if (data + want <= data_end)
+		return;
+	bpf_skb_pull_data(skb, skb->len < want ? skb->len : want);
 }
 
 /* An IPv4 TCP/UDP packet or fragment parsed into *pkt (PKT_OK), an ICMP message

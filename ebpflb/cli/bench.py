@@ -18,8 +18,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench = sub.add_parser(
         "bench",
         help="ebpflb vs kube-proxy's modes (compare, the default), Maglev tables (maglev),"
-        " the agent's control plane (sync), bulk TCP through a NodePort (bulk); needs the"
-        " lab (lab/, installed by make setup)",
+        " the agent's control plane (sync), bulk TCP through a NodePort (bulk), packets/s"
+        " through a NodePort (pps); needs the lab (lab/, installed by make setup)",
         add_help=False,
         prefix_chars="\0",
     )

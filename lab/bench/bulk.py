@@ -24,13 +24,12 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import time
 from collections.abc import Callable, Iterator
 
 from ebpflb.errors import EbpflbError
 from lab.bench import scenario
 from lab.bench.measure.machine import machine_facts, wait_until_quiet
-from lab.bench.modes import ebpflb_agent, program_kube_proxy
+from lab.bench.modes import each_mode, ebpflb_agent, program_kube_proxy
 from lab.bench.records.bulk import BulkFigure, BulkResult, BulkRun
 from lab.bench.records.compare import Verdict
 from lab.bench.settings import KUBE_PROXY_MODES, BulkSettings, CompareSettings, Mode
@@ -171,19 +170,9 @@ def judge(results: tuple[BulkResult, ...]) -> tuple[Verdict, ...]:
 
 def run_bulk_bench(settings: BulkSettings, progress: Callable[[str], None] = print) -> BulkRun:
     settings.validate()
-    if os.geteuid() != 0:
-        raise EbpflbError("ebpflb bench creates namespaces and loads BPF programs: run as root")
     if not bulk.available():
         raise EbpflbError("iperf3 not found (Debian package iperf3; `make setup` installs it)")
-    started = time.perf_counter()
-    results = []
-    for mode in settings.modes:
-        progress(f"bench bulk: {settings.family}, {mode}")
-        results.append(measure_mode(mode, settings))
-    return BulkRun(
-        machine=machine_facts(),
-        settings=settings,
-        results=tuple(results),
-        targets=judge(tuple(results)),
-        total_s=time.perf_counter() - started,
+    results, seconds = each_mode(
+        "bulk", settings.modes, settings.family, lambda m: measure_mode(m, settings), progress
     )
+    return BulkRun(machine_facts(), settings, results, judge(results), seconds)

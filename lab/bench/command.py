@@ -1,4 +1,4 @@
-"""`ebpflb bench compare|maglev|sync|bulk`: each sub-command's options, and what it runs.
+"""`ebpflb bench compare|maglev|sync|bulk|pps`: each sub-command's options, and what it runs.
 
 ebpflb's command line hands `ebpflb bench`'s arguments here (ebpflb/cli/bench.py imports
 this module only when the verb runs): `parse_args` reads them, `run` runs them.
@@ -19,7 +19,7 @@ import dataclasses
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ebpflb.errors import ConfigError
 from lab.bench import scenario
@@ -28,20 +28,24 @@ from lab.bench.settings import (
     BULK_QUICK,
     COMPARE_QUICK,
     MAGLEV_QUICK,
+    PPS_QUICK,
     SYNC_QUICK,
     BulkSettings,
     CompareSettings,
     MaglevSettings,
+    PpsSettings,
     SyncSettings,
 )
 
 if TYPE_CHECKING:
     from lab.bench.records.codec import Report
 
-SUBCOMMANDS = ("compare", "maglev", "sync", "bulk")
+SUBCOMMANDS = ("compare", "maglev", "sync", "bulk", "pps")
 COMPARE = CompareSettings()
 SYNC = SyncSettings()
 BULK = BulkSettings()
+PPS = PpsSettings()
+S = TypeVar("S", BulkSettings, PpsSettings)
 
 
 def with_default_subcommand(argv: list[str]) -> list[str]:
@@ -52,11 +56,11 @@ def with_default_subcommand(argv: list[str]) -> list[str]:
     return ["compare", *argv]
 
 
-def _numbers(text: str) -> tuple[int, ...]:
+def _numbers(text: str, option: str = "--services") -> tuple[int, ...]:
     try:
         return tuple(int(n.replace("_", "")) for n in text.split(",") if n)
     except ValueError as exc:
-        raise ConfigError(f"--services: comma-separated numbers, not {text!r}") from exc
+        raise ConfigError(f"{option}: comma-separated numbers, not {text!r}") from exc
 
 
 def _common(parser: argparse.ArgumentParser, quick: str) -> None:
@@ -81,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = argparse.ArgumentParser(
         prog="ebpflb bench",
         description="ebpflb vs kube-proxy's modes (compare, the default), Maglev tables"
-        " (maglev), the agent's control plane (sync), bulk TCP through a NodePort (bulk)."
+        " (maglev), the agent's control plane (sync), bulk TCP through a NodePort (bulk),"
+        " packets/s through a NodePort on one core (pps)."
         " Without a sub-command: compare.",
     )
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -219,12 +224,40 @@ def build_parser() -> argparse.ArgumentParser:
         default=BULK.family.value,
         help="the IP family of every address (default %(default)s)",
     )
+
+    pps = bench_sub.add_parser(
+        "pps",
+        help="packets/s through a UDP NodePort on one node core per mode (trafgen), against"
+        " plain forwarding, and the core's share at fixed rates (root; builds and removes"
+        " its own namespaces)",
+    )
+    _common(pps, f"{PPS_QUICK.repeats} x {PPS_QUICK.seconds:g} s at saturation, one rate")
+    pps.add_argument(
+        "--modes",
+        default=",".join(PPS.modes),
+        help="modes to measure, comma-separated (default %(default)s)",
+    )
+    pps.add_argument(
+        "--seconds", type=float, help=f"per saturation window (default {PPS.seconds:g})"
+    )
+    pps.add_argument("--repeats", type=int, help=f"saturation windows (default {PPS.repeats})")
+    pps.add_argument(
+        "--rates",
+        metavar="PPS,...",
+        help=f"offered rates for the CPU figures (default {','.join(str(r) for r in PPS.rates)})",
+    )
+    pps.add_argument(
+        "--family",
+        choices=[f.value for f in scenario.Family],
+        default=PPS.family.value,
+        help="the IP family of every address (default %(default)s)",
+    )
     return bench
 
 
-def bulk_settings(args: argparse.Namespace) -> BulkSettings:
-    base = BULK_QUICK if args.quick else BULK
-    given = {"seconds": args.seconds, "repeats": args.repeats}
+def _per_mode_settings(base: S, args: argparse.Namespace, given: dict[str, Any]) -> S:
+    """`bench bulk`'s or `bench pps`'s settings: `base`, then --modes, --family and the
+    options given explicitly."""
     settings = dataclasses.replace(
         base,
         modes=bench_settings.parse_bulk_modes(args.modes),
@@ -233,6 +266,18 @@ def bulk_settings(args: argparse.Namespace) -> BulkSettings:
     )
     settings.validate()
     return settings
+
+
+def pps_settings(args: argparse.Namespace) -> PpsSettings:
+    given: dict[str, Any] = {"seconds": args.seconds, "repeats": args.repeats}
+    if args.rates is not None:
+        given["rates"] = _numbers(args.rates, "--rates")
+    return _per_mode_settings(PPS_QUICK if args.quick else PPS, args, given)
+
+
+def bulk_settings(args: argparse.Namespace) -> BulkSettings:
+    given = {"seconds": args.seconds, "repeats": args.repeats}
+    return _per_mode_settings(BULK_QUICK if args.quick else BULK, args, given)
 
 
 def compare_settings(args: argparse.Namespace) -> CompareSettings:
@@ -295,6 +340,10 @@ def measure(args: argparse.Namespace) -> Report:
         return run_bulk_bench(
             bulk_settings(args), progress=lambda line: print(line, file=sys.stderr)
         )
+    if args.bench_command == "pps":
+        from lab.bench.pps import run_pps_bench
+
+        return run_pps_bench(pps_settings(args), progress=lambda line: print(line, file=sys.stderr))
     from lab.bench.sync import run_sync_bench
 
     return run_sync_bench(sync_settings(args))

@@ -18,17 +18,20 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 from ebpflb.errors import EbpflbError
 from lab.bench.agentrun import RunningAgent, running_agent
 from lab.bench.kubeproxy import iptables, nftables
 from lab.bench.measure.cost import KernelMemoryCgroup, Timed, memory_cgroup, run_timed
 from lab.bench.records.compare import ControlPlane, KernelMemory, RulesLoad
-from lab.bench.scenario import AGENT_NODE, BenchService
+from lab.bench.scenario import AGENT_NODE, BenchService, Family
 from lab.bench.settings import IPTABLES_MODES, CompareSettings, Mode
 from lab.bench.topology import NODE_INTERFACES, POD_LINK, BenchTopology
 
+R = TypeVar("R")
 AGENT_CPU = 1  # away from the data-plane client, so its housekeeping never lands inside
 
 
@@ -153,3 +156,22 @@ def ebpflb_agent(
                     f" (its /status: {dict(modes)})"
                 )
         yield agent
+
+
+def each_mode(
+    bench: str,
+    modes: Sequence[Mode],
+    family: Family,
+    measure: Callable[[Mode], R],
+    progress: Callable[[str], None],
+) -> tuple[tuple[R, ...], float]:
+    """`measure` for each mode in turn (as root: it builds namespaces and loads programs),
+    each named on `progress`; the results and the seconds they took."""
+    if os.geteuid() != 0:
+        raise EbpflbError("ebpflb bench creates namespaces and loads BPF programs: run as root")
+    started = time.perf_counter()
+    results = []
+    for mode in modes:
+        progress(f"bench {bench}: {family}, {mode}")
+        results.append(measure(mode))
+    return tuple(results), time.perf_counter() - started

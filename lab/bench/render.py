@@ -15,6 +15,7 @@ from lab.bench.records.bulk import BulkRun
 from lab.bench.records.codec import Report
 from lab.bench.records.compare import CompareRun, Exchange, ModeResult, Target
 from lab.bench.records.maglev import MaglevRun
+from lab.bench.records.pps import PpsRun
 from lab.bench.records.sync import SyncRun
 from lab.bench.settings import Mode, SyncSource
 from lab.bench.stats import spread
@@ -30,6 +31,10 @@ def render(report: Report) -> str:
         from lab.bench.render_bulk import render_bulk
 
         return render_bulk(report)
+    if isinstance(report, PpsRun):
+        from lab.bench.render_pps import render_pps
+
+        return render_pps(report)
     return render_sync(report)
 
 

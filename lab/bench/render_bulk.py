@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lab.bench.records.bulk import BulkFigure, BulkRun
-from lab.bench.texttable import text_table
+from lab.bench.texttable import targets_lines, text_table
 
 FLOOR_NOTE = {
     "none": "plain forwarding (the floor of tc and the kube-proxy modes)",
@@ -38,11 +38,5 @@ def render_bulk(run: BulkRun) -> str:
     ]
     headers = ["mode", "up Gbit/s", "down Gbit/s", "up runs", "down runs", "retrans", "dropped", ""]
     lines += text_table(headers, rows, left=True)
-    lines += ["", "Targets"]
-    lines += text_table(
-        ["target", "", "measured"],
-        [[v.target, v.outcome, v.detail] for v in run.targets],
-        left=True,
-    )
-    lines += ["", f"total bench time {run.total_s:.0f} s"]
+    lines += targets_lines(run.targets, run.total_s)
     return "\n".join(lines)

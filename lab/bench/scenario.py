@@ -146,6 +146,7 @@ class BenchService:
     internal_local: bool = False  # internalTrafficPolicy Local
     external_local: bool = False  # externalTrafficPolicy Local (a NodePort service)
     family: Family = Family.IPV4
+    protocol: str = "TCP"  # as Kubernetes spells it: TCP or UDP (bench pps floods UDP)
 
     @property
     def local_policy(self) -> bool:
@@ -220,7 +221,7 @@ def bench_services(
 def service_object(svc: BenchService) -> dict[str, Any]:
     port: dict[str, Any] = {
         "name": PORT_NAME,
-        "protocol": "TCP",
+        "protocol": svc.protocol,
         "port": PORT,
         "targetPort": TARGET_PORT,
     }
@@ -262,7 +263,7 @@ def slice_object(svc: BenchService, not_ready: int = 0) -> dict[str, Any]:
             "labels": {"kubernetes.io/service-name": svc.name},
         },
         "addressType": svc.family.kubernetes,
-        "ports": [{"name": PORT_NAME, "protocol": "TCP", "port": TARGET_PORT}],
+        "ports": [{"name": PORT_NAME, "protocol": svc.protocol, "port": TARGET_PORT}],
         "endpoints": [
             {
                 "addresses": [ip],

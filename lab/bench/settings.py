@@ -151,6 +151,41 @@ class BulkSettings:
 BULK_QUICK = BulkSettings(seconds=1, repeats=1)
 
 
+PPS_MODES = BULK_MODES
+"""What `bench pps --modes` chooses from, in its table's order."""
+
+
+@dataclass(frozen=True)
+class PpsSettings:
+    """`ebpflb bench pps`: a packet generator (trafgen) floods a UDP NodePort with minimum
+    frames from the external namespace; the node's receive queue runs on one core of its
+    own. Per mode: packets per second delivered at saturation, and the node core's busy
+    share at fixed offered rates."""
+
+    modes: tuple[Mode, ...] = PPS_MODES
+    seconds: float = 5.0  # per saturation measurement
+    repeats: int = 3  # saturation measurements per mode: the median is the figure
+    rates: tuple[int, ...] = (100_000, 300_000)  # offered packets/s for the CPU figures
+    rate_seconds: float = 3.0  # per fixed rate
+    flows: int = 256  # distinct source ports, as many conntrack entries in every mode
+    family: scenario.Family = scenario.Family.IPV4
+    quiet_timeout: float = 120.0
+
+    def validate(self) -> None:
+        for mode in self.modes:
+            if mode not in PPS_MODES:
+                raise ConfigError(f"unknown mode {mode!r}: one of {', '.join(PPS_MODES)}")
+        if self.seconds <= 0 or self.rate_seconds <= 0 or self.repeats < 1:
+            raise ConfigError("pps: seconds > 0, rate seconds > 0, repeats >= 1")
+        if not self.rates or any(rate < 1 for rate in self.rates):
+            raise ConfigError("pps: one offered rate at least, each at least 1 packet/s")
+        if not 1 <= self.flows <= 65_536 - 1024:
+            raise ConfigError("pps: flows between 1 and 64,512 (source ports 1024 and up)")
+
+
+PPS_QUICK = PpsSettings(seconds=1.0, repeats=1, rates=(50_000,), rate_seconds=1.0)
+
+
 class SyncSource(StrEnum):
     """Where `bench sync`'s agent reads the services from."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lab.bench.records.compare import Verdict
+
 
 def text_table(
     headers: Sequence[str], rows: Sequence[Sequence[object]], *, left: bool = False
@@ -18,3 +20,12 @@ def text_table(
         ).rstrip()
         for row in cells
     ]
+
+
+def targets_lines(targets: Sequence[Verdict], total_s: float) -> list[str]:
+    """A report's closing lines: its targets judged, and how long the bench took."""
+    lines = ["", "Targets"]
+    lines += text_table(
+        ["target", "", "measured"], [[v.target, v.outcome, v.detail] for v in targets], left=True
+    )
+    return [*lines, "", f"total bench time {total_s:.0f} s"]

@@ -164,6 +164,9 @@ PLACEMENTS: Sequence[Placement] = (
     _on("5.10", "socketlb/test_socket_lb_scope.py"),
     # The tc path's SNAT and FIB lookup through a VXLAN device: test_nodeport's on each line.
     _covered("nodeport/test_overlay.py"),
+    # bpf_skb_pull_data (4.9+) is in the NodePort programs every line loads; the frames it
+    # is for come from trafgen's TX_RING, which behaves alike on every kernel.
+    _covered("nodeport/test_paged_headers.py"),
     _covered("datapath/test_progcache.py"),
     _covered("datapath/test_restart_adopt.py"),
     _covered("datapath/test_grow.py"),
@@ -176,6 +179,7 @@ PLACEMENTS: Sequence[Placement] = (
     _host("bench/test_bulk.py"),
     _host("bench/test_compare.py"),
     _host("bench/test_loadgen.py"),
+    _host("bench/test_pps.py"),
     _host("bench/test_rules.py"),
     _host("agent/test_crash.py"),
     _host("agent/test_explain.py"),

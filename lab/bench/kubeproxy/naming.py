@@ -31,7 +31,7 @@ MASQ_MARK = "0x00004000"  # fmt.Sprintf("%#08x", 1<<14): Go counts the 8 digits 
 
 @dataclass(frozen=True, slots=True)
 class ServicePort:
-    """One TCP service port as the proxiers see it (BenchService, or a kube-proxy test's)."""
+    """One service port as the proxiers see it (BenchService, or a kube-proxy test's)."""
 
     namespace: str
     name: str
@@ -65,6 +65,7 @@ class ServicePort:
             svc.vip,
             svc.endpoints,
             node_port=svc.node_port,
+            protocol=svc.protocol.lower(),
             affinity_seconds=AFFINITY_TIMEOUT if svc.affinity else None,
             internal_local=svc.internal_local,
             external_local=svc.external_local,

@@ -28,6 +28,19 @@ def cpu_busy_fraction(window: float) -> float:
     return 1 - (idle_after - idle_before) / elapsed
 
 
+def core_times() -> dict[int, tuple[int, int]]:
+    """Each CPU's (busy, total) clock ticks so far, from /proc/stat (idle and iowait are
+    not busy)."""
+    times = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *values = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        ticks = [int(v) for v in values]
+        times[int(name[3:])] = (sum(ticks) - ticks[3] - ticks[4], sum(ticks))
+    return times
+
+
 def wait_until_quiet(
     *, busy_below: float = 0.1, window: float = 0.5, timeout: float = 120
 ) -> float:

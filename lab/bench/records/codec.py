@@ -1,6 +1,6 @@
 """The bench's records as JSON and back: the only code that knows the JSON shape.
 
-A report is one object: {"kind": "compare" | "maglev" | "sync" | "bulk", "schema": 2,
+A report is one object: {"kind": "compare" | "maglev" | "sync" | "bulk" | "pps", "schema": 2,
 ...fields}.
 Fields are the records' own, nested as the dataclasses nest; enums are their values,
 tuples are lists. Decoding follows the records' type hints and names the exact place of
@@ -24,12 +24,13 @@ from lab.bench.records import ReportError, legacy
 from lab.bench.records.bulk import BulkRun
 from lab.bench.records.compare import CompareRun
 from lab.bench.records.maglev import MaglevRun
+from lab.bench.records.pps import PpsRun
 from lab.bench.records.sync import SyncRun
 
 SCHEMA = 2
-Report = CompareRun | MaglevRun | SyncRun | BulkRun
-KINDS: dict[str, type[CompareRun] | type[MaglevRun] | type[SyncRun] | type[BulkRun]] = {
-    cls.KIND: cls for cls in (CompareRun, MaglevRun, SyncRun, BulkRun)
+Report = CompareRun | MaglevRun | SyncRun | BulkRun | PpsRun
+KINDS: dict[str, type[Report]] = {
+    cls.KIND: cls for cls in (CompareRun, MaglevRun, SyncRun, BulkRun, PpsRun)
 }
 T = TypeVar("T")
 
