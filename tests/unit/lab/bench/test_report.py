@@ -203,6 +203,26 @@ def test_verdicts_carry_the_figures() -> None:
     )
 
 
+def test_programming_verdict_says_where_the_time_went() -> None:
+    """A start's compiles, attach and first sync beside its time (the agent's phases)."""
+    e = _ebpflb(size())
+    assert e.control is not None and e.control.agent is not None
+    agent = dataclasses.replace(
+        e.control.agent,
+        first_sync_s=1.7,
+        phases={"attached": 6.6},
+        compile_s={"socket_lb": 1.9, "nodeport": 2.0},
+        program_origin={"socket_lb": "loaded", "nodeport": "compiled"},
+    )
+    slow = _control(size(), program_s=8.3, agent=agent)
+    (verdict,) = [v for v in targets.judge([slow]) if "programmed" in v.target]
+    assert verdict.ok is False
+    assert verdict.detail == (
+        "8.30 s; socket_lb loaded 1.90 s, nodeport compiled 2.00 s; attached at 6.60 s;"
+        " first sync 1.70 s"
+    )
+
+
 def test_targets_only_where_the_figures_exist() -> None:
     names = verdicts(size(1000))
     assert "one endpoint change < 5 ms" not in names  # only judged at 20,000
