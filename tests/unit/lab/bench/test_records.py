@@ -106,10 +106,12 @@ def test_saved_schema_1_reports_load(name: str) -> None:
     for old in ratios:
         new = again[(old.target.replace("5%", "3%"), old.services)]
         assert new.detail == old.detail and new.ok is not None
-    kept = {(v.target, v.services) for v in report.targets}
-    assert {k: v for k, v in again.items() if k in kept} == {
-        (v.target, v.services): v for v in report.targets if (v.target, v.services) in again
-    }
+    # The targets still judged give the same verdicts; a detail may say more than it did
+    # (the programming target now names where the time went).
+    for old in report.targets:
+        judged = again.get((old.target, old.services))
+        if judged is not None:
+            assert judged.ok == old.ok and judged.detail.startswith(old.detail), (old, judged)
     if 20_000 in [s.services for s in report.sizes]:
         assert ("kernel memory at most nftables'", 20_000) in again
     first = report.sizes[0]
