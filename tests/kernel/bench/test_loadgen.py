@@ -8,7 +8,9 @@ address detection, so they are usable at once).
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -69,9 +71,31 @@ def test_latency_times_every_connect_to_one_service(pair: Pair) -> None:
     assert server.stats.requests == 0  # the client reset each connection without a word
 
 
+def accept_queue(netns: str) -> int:
+    """Connections waiting in the listener's accept queue (ss: a LISTEN socket's Recv-Q)."""
+    shown = subprocess.run(
+        ["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{PORT}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return sum(int(line.split()[1]) for line in shown.stdout.splitlines())
+
+
+def wait_accepted(pair: Pair, timeout: float = 10.0) -> None:
+    """Until the server has accepted every connection the client made: its counters are
+    read when it stops, and one server thread can trail a fast client."""
+    deadline = time.monotonic() + timeout
+    while accept_queue(pair.server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.05)  # the last accepted connection's address recorded
+
+
 def test_random_spreads_over_exactly_the_first_n_services(pair: Pair) -> None:
     with serve(pair) as server:
         result = loadgen.latency(pair.client, BASE, PORT, 400, random_count=16, seed=7)
+        wait_accepted(pair)
     assert (len(result.samples_ns), result.errors) == (400, 0)
     # Missing one of the 16 in 400 draws has probability 16 * (15/16)**400 < 1e-10; an
     # address outside base+1..base+16 would make the count exceed 16.
