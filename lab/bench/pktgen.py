@@ -81,6 +81,15 @@ def tx_packets(netns: str, dev: str) -> int:
     return int(json.loads(shown.stdout)[0]["stats64"]["tx"]["packets"])
 
 
+def _argv(netns: str, dev: str, *extra: str) -> list[str]:
+    """trafgen in `netns`, one sender, reading its frames from stdin, leaving the machine's
+    socket memory and IRQ affinities alone."""
+    return [
+        "nsenter", f"--net=/run/netns/{netns}", TRAFGEN, "--dev", dev, "--conf", "-",
+        "--cpus", "1", "--no-sock-mem", "--notouch-irq", "--no-cpu-stats", *extra,
+    ]  # fmt: skip
+
+
 def send(netns: str, dev: str, config: str, count: int) -> None:
     """`count` frames of `config` out of `dev` in `netns` through trafgen's TX_RING (each
     frame's headers in a page of the ring, not in the skb's linear data), then return.
@@ -88,13 +97,12 @@ def send(netns: str, dev: str, config: str, count: int) -> None:
     if not 1 <= count <= MAX_SEND:
         raise ValueError(f"send: 1 to {MAX_SEND} frames, not {count}")
     done = subprocess.run(
-        ["nsenter", f"--net=/run/netns/{netns}", TRAFGEN, "--dev", dev, "--conf", "-",
-         "--cpus", "1", "--num", str(count), "--no-sock-mem", "--notouch-irq", "--no-cpu-stats"],
+        _argv(netns, dev, "--num", str(count)),
         input=config,
         capture_output=True,
         text=True,
         timeout=30,
-    )  # fmt: skip
+    )
     if done.returncode != 0:
         raise EbpflbError(f"bench: trafgen failed ({done.returncode}): {done.stderr[-300:]}")
 
@@ -119,17 +127,12 @@ def flooding(
 ) -> Iterator[None]:
     """trafgen sending `config` out of `dev` in `netns` from `cpu` for the block: as fast
     as it can, or `rate` frames/s. Raises if no frame left within START_TIMEOUT."""
-    argv = [
-        "nsenter", f"--net=/run/netns/{netns}", "taskset", "-c", str(cpu),
-        TRAFGEN, "--dev", dev, "--conf", "-", "--cpus", "1",
-        "--no-sock-mem", "--notouch-irq", "--no-cpu-stats",
-    ]  # fmt: skip
+    argv = ["taskset", "-c", str(cpu), *_argv(netns, dev)]
     if rate is not None:
         argv += ["--rate", f"{rate}pps"]
     before = tx_packets(netns, dev)
     previous = WMEM_DEFAULT.read_text().strip()
     WMEM_DEFAULT.write_text(f"{max(RING_SNDBUF, int(previous))}\n")
-    proc = None
     try:
         proc = subprocess.Popen(
             argv,
@@ -139,22 +142,22 @@ def flooding(
             text=True,
             start_new_session=True,  # its own group: the forked sender stops with it
         )
-        assert proc.stdin is not None
-        proc.stdin.write(config)
-        proc.stdin.close()
-        deadline = time.monotonic() + START_TIMEOUT
-        while tx_packets(netns, dev) == before:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                _stop(proc)
-                stderr = proc.stderr.read() if proc.stderr else ""
-                raise EbpflbError(f"bench: trafgen sent nothing out of {dev}: {stderr[-300:]}")
-            time.sleep(0.05)
-    except BaseException:
-        WMEM_DEFAULT.write_text(previous + "\n")
-        if proc is not None:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(config)
+            proc.stdin.close()
+            deadline = time.monotonic() + START_TIMEOUT
+            while tx_packets(netns, dev) == before:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    _stop(proc)
+                    stderr = proc.stderr.read() if proc.stderr else ""
+                    raise EbpflbError(f"bench: trafgen sent nothing out of {dev}: {stderr[-300:]}")
+                time.sleep(0.05)
+        except BaseException:
             _stop(proc)
-        raise
-    WMEM_DEFAULT.write_text(previous + "\n")
+            raise
+    finally:
+        WMEM_DEFAULT.write_text(previous + "\n")
     try:
         yield
     finally:

@@ -78,7 +78,7 @@ def _in_netns(netns: str, argv: list[str], stdin: str | None = None) -> str:
 
 
 def _mac(netns: str, dev: str) -> str:
-    return str(json.loads(_in_netns(netns, ["ip", "-j", "link", "show", "dev", dev]))[0]["address"])
+    return str(progcost.link(netns, dev)["address"])
 
 
 def frames(topo: BenchTopology, mode: Mode, settings: PpsSettings) -> str:

@@ -61,7 +61,8 @@ TC_INGRESS = Program("ebpflb_np_in", "tc")
 XDP = Program("ebpflb_np_xdp", "xdp")
 
 
-def _link(netns: str, dev: str) -> dict[str, object]:
+def link(netns: str, dev: str) -> dict[str, object]:
+    """`ip -j link show` of one interface: its address, ifindex, ..."""
     shown = subprocess.run(
         ["ip", "-n", netns, "-j", "link", "show", "dev", dev],
         check=True,
@@ -209,7 +210,7 @@ def measure_nodeport(
     from lab.bench.topology import ADDRESSES
 
     a = ADDRESSES[family]
-    node_link, client_link = _link(node_netns, "eth0"), _link(external_netns, "eth0")
+    node_link, client_link = link(node_netns, "eth0"), link(external_netns, "eth0")
     frame = tcp_frames(
         family, a.external, a.node, str(client_link["address"]), str(node_link["address"])
     )

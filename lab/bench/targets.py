@@ -77,7 +77,7 @@ def programmed(seconds: float, result: ModeResult) -> str:
     parts = [f"{seconds:.2f} s"]
     if agent is not None:
         sets = [
-            f"{name} {agent.program_origin.get(name, '')} {s:.2f} s".replace("  ", " ")
+            " ".join(filter(None, (name, agent.program_origin.get(name), f"{s:.2f} s")))
             for name, s in agent.compile_s.items()
         ]
         if sets:
